@@ -1,0 +1,94 @@
+"""The `fedasync` command: one entry point, one subcommand per job.
+
+Later parts (simulate, aggregator, snapshot, up, ...) register here; each subcommand builds its
+settings in its own handler, never at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from shared import __version__
+from shared.params import ParamError
+from shared.policy import Policy
+from shared.settings import SettingsError, load_settings, settings_reference
+from shared.staleness import Decay
+
+
+def _alpha_table(args: argparse.Namespace) -> int:
+    """α for every rule at each τ, so a practitioner sees what a policy does before using it."""
+    base = load_settings().policy.to_policy()
+    overrides = {
+        k: v
+        for k, v in {
+            "alpha0": args.alpha0,
+            "gamma": args.gamma,
+            "lam": args.lam,
+            "hinge_a": args.hinge_a,
+            "hinge_b": args.hinge_b,
+            "tau_max": args.tau_max,
+        }.items()
+        if v is not None
+    }
+    policies = {d: Policy.from_dict(base.to_dict() | overrides | {"decay": d}) for d in Decay}
+    tau_max = policies[Decay.CONSTANT].tau_max
+    last = args.max_tau if args.max_tau is not None else tau_max + 2
+    header = f"{'tau':>4}  " + "  ".join(f"{d.value:>11}" for d in Decay)
+    print(f"alpha = alpha0 * s(tau) at server version t = {args.t}; tau_max = {tau_max}")
+    print(header)
+    for tau in range(last + 1):
+        cells = []
+        for policy in policies.values():
+            value = "dropped" if policy.is_stale(tau) else f"{policy.alpha(tau, args.t):.4f}"
+            cells.append(f"{value:>11}")
+        print(f"{tau:>4}  " + "  ".join(cells))
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> int:
+    if args.docs:
+        print(settings_reference(), end="")
+        return 0
+    print(json.dumps(load_settings().model_dump(mode="json"), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedasync",
+        description="Asynchronous federated learning: staleness-weighted, one update at a time.",
+    )
+    parser.add_argument("--version", action="version", version=f"fedasync {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    alpha = commands.add_parser("alpha", help="show alpha for each staleness rule and tau")
+    alpha.add_argument("--t", type=int, default=0, help="server version, for the progress rule")
+    alpha.add_argument("--max-tau", type=int, default=None, help="last tau shown")
+    alpha.add_argument("--alpha0", type=float)
+    alpha.add_argument("--gamma", type=float)
+    alpha.add_argument("--lam", type=float)
+    alpha.add_argument("--hinge-a", type=float)
+    alpha.add_argument("--hinge-b", type=int)
+    alpha.add_argument("--tau-max", type=int)
+    alpha.set_defaults(handler=_alpha_table)
+
+    settings = commands.add_parser("settings", help="print the validated settings as JSON")
+    settings.add_argument("--docs", action="store_true", help="print the settings reference table")
+    settings.set_defaults(handler=_settings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (SettingsError, ParamError) as exc:
+        print(f"fedasync: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

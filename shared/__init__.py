@@ -1,0 +1,7 @@
+"""fedasync's pure core: staleness rules, policy, aggregation state machine, wire codec, settings.
+
+Nothing in this package performs I/O, reads a clock or draws random numbers; the simulator and
+every service compose it, so the same inputs always give the same decisions.
+"""
+
+__version__ = "0.1.0"

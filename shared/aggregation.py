@@ -1,0 +1,270 @@
+"""The aggregation state machine: one update in, one decision out, strictly one at a time.
+
+This is the only implementation of FedAsync mixing, FedBuff buffering, stale dropping and dedup.
+The aggregator service, the simulator and `ledger verify` all drive this class, so a setting tuned
+in simulation decides exactly as it will in production. No I/O, no clock, no randomness: the same
+initial state and the same updates give bit-identical weights and decisions in any process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.decision import Decision, DropReason, Outcome, RejectReason
+from shared.dedup import DedupMemory
+from shared.layout import Layout
+from shared.policy import Mode, Policy
+from shared.update import MAX_ID_LENGTH, Update
+
+_ACCEPTED_DTYPES = (np.dtype("<f4"), np.dtype("<f2"))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ModelSnapshot:
+    """A version and a private copy of its weights: what a device may train from."""
+
+    version: int
+    weights: np.ndarray
+    layout: Layout
+
+
+@dataclass(slots=True)
+class FedBuffBuffer:
+    """Σ s(τ_i)·Δ_i over the updates buffered since the last server step, in float64."""
+
+    total: np.ndarray
+    count: int = 0
+
+
+class AggregationState:
+    """Model version, weights, dedup memory, FedBuff buffer and history, and decision counters."""
+
+    def __init__(
+        self,
+        weights: np.ndarray,
+        layout: Layout,
+        *,
+        version: int = 0,
+        dedup: DedupMemory | None = None,
+    ) -> None:
+        weights = np.asarray(weights)
+        if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != layout.size:
+            raise ValueError(
+                f"initial weights must be float32 of shape ({layout.size},), "
+                f"got {weights.dtype} {weights.shape}"
+            )
+        if not np.isfinite(weights).all():
+            raise ValueError("initial weights must be finite")
+        self.layout = layout
+        self.version = version
+        self.dedup = dedup if dedup is not None else DedupMemory()
+        self.counters: dict[str, int] = {o.value: 0 for o in Outcome} | {"server_steps": 0}
+        self.buffer = FedBuffBuffer(np.zeros(layout.size, dtype=np.float64))
+        #: FedBuff only: (first version, weights) for each distinct model a base version may name.
+        self.history: list[tuple[int, np.ndarray]] = []
+        self._weights = _frozen(weights.copy())
+
+    # ----------------------------------------------------------------------------- reading
+    def snapshot(self) -> ModelSnapshot:
+        """The current model as a copy: a device must never hold a reference to server memory."""
+        return ModelSnapshot(self.version, self._weights.copy(), self.layout)
+
+    def weights_view(self) -> np.ndarray:
+        """Read-only view of the current weights, for code that only reads (evaluation, commit).
+
+        Weights are replaced, never written in place, so the view stays the model of this version.
+        """
+        return self._weights
+
+    # ----------------------------------------------------------------------------- deciding
+    def apply(self, update: Update, policy: Policy) -> Decision:
+        """Decide one update under `policy` and, if accepted, fold it into the model."""
+        if not _valid_id(update.update_id) or not _valid_id(update.client_id):
+            return self._decide(
+                update,
+                policy,
+                Outcome.REJECTED,
+                reason=RejectReason.BAD_ID,
+                detail=f"update_id and client_id must be 1..{MAX_ID_LENGTH} characters",
+            )
+        if update.update_id in self.dedup:
+            return self._decide(update, policy, Outcome.DUPLICATE)
+        base_ok = _is_count(update.base_version)
+        if base_ok and update.base_version < self.dedup.floor:
+            return self._decide(
+                update,
+                policy,
+                Outcome.DROPPED,
+                tau=self.version - update.base_version,
+                reason=DropReason.BEYOND_DEDUP_HORIZON,
+            )
+
+        key = min(update.base_version, self.version) if base_ok else self.version
+        self.dedup.remember(update.update_id, key)
+        problem = self._validate(update)
+        if problem is not None:
+            reason, detail = problem
+            return self._decide(update, policy, Outcome.REJECTED, reason=reason, detail=detail)
+
+        tau = self.version - update.base_version
+        if policy.is_stale(tau):
+            return self._decide(update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.STALE)
+
+        new = update.weights.astype(np.float32, copy=False)
+        if policy.mode is Mode.FEDASYNC:
+            return self._mix(update, new, tau, policy)
+        return self._buffer(update, new, tau, policy)
+
+    def _validate(self, update: Update) -> tuple[RejectReason, str] | None:
+        if not _is_count(update.base_version):
+            return RejectReason.BAD_BASE_VERSION, f"base version {update.base_version!r}"
+        if update.base_version > self.version:
+            return (
+                RejectReason.FUTURE_BASE_VERSION,
+                f"base version {update.base_version} > model version {self.version}",
+            )
+        if not _is_count(update.num_samples) or update.num_samples < 1:
+            return RejectReason.BAD_NUM_SAMPLES, f"num_samples {update.num_samples!r} < 1"
+        w = update.weights
+        if not isinstance(w, np.ndarray) or w.dtype not in _ACCEPTED_DTYPES:
+            dtype = getattr(w, "dtype", type(w).__name__)
+            return RejectReason.BAD_DTYPE, f"dtype {dtype}, expected float32 or float16"
+        if w.ndim != 1 or w.size != self.layout.size:
+            return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self.layout.size},)"
+        if not np.isfinite(w).all():
+            return RejectReason.NON_FINITE, "weights contain NaN or Inf"
+        return None
+
+    def _mix(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
+        """x ← (1 − α)·x + α·x_new, with α = α0·s(τ) computed afresh."""
+        self._flush_buffer(policy)  # leftovers of a FedBuff period are applied, never lost
+        alpha = policy.alpha(tau, self.version)
+        a = np.float32(alpha)
+        mixed = np.float32(1.0 - alpha) * self._weights
+        mixed += a * new
+        norm = _step_norm(mixed, self._weights)
+        self._weights = _frozen(mixed)
+        self.history.clear()
+        return self._advance(update, policy, tau, alpha, norm, server_step=True)
+
+    def _buffer(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
+        """FedBuff: add s(τ)·(x_new − x_base) to the buffer; step once K are in."""
+        if not self.history:
+            self.history.append((self.version, self._weights))
+        base = self._base_weights(update.base_version)
+        if base is None:
+            return self._decide(
+                update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.BASE_UNAVAILABLE
+            )
+        s = policy.staleness(tau, self.version)
+        self.buffer.total += s * (new.astype(np.float64) - base)
+        self.buffer.count += 1
+        alpha = policy.server_lr * s / policy.buffer_size
+        norm = 0.0
+        stepped = self.buffer.count >= policy.buffer_size
+        if stepped:
+            before = self._weights
+            self._flush_buffer(policy)
+            norm = _step_norm(self._weights, before)
+        decision = self._advance(update, policy, tau, alpha, norm, server_step=stepped)
+        if stepped:
+            self.history.append((self.version, self._weights))
+        self._prune_history(policy.tau_max)
+        return decision
+
+    def _flush_buffer(self, policy: Policy) -> None:
+        """One FedBuff server step: x ← x + η·(Σ s(τ_i)Δ_i)/K, K being the updates buffered."""
+        if self.buffer.count == 0:
+            return
+        step = self.buffer.total * (policy.server_lr / self.buffer.count)
+        self._weights = _frozen((self._weights.astype(np.float64) + step).astype(np.float32))
+        self.buffer.total[:] = 0.0
+        self.buffer.count = 0
+        self.counters["server_steps"] += 1
+
+    def _base_weights(self, base_version: int) -> np.ndarray | None:
+        for first_version, weights in reversed(self.history):
+            if first_version <= base_version:
+                found: np.ndarray = weights
+                return found
+        return None
+
+    def _prune_history(self, tau_max: int) -> None:
+        oldest_needed = self.version - tau_max
+        while len(self.history) > 1 and self.history[1][0] <= oldest_needed:
+            self.history.pop(0)
+
+    def _advance(
+        self,
+        update: Update,
+        policy: Policy,
+        tau: int,
+        alpha: float,
+        norm: float,
+        *,
+        server_step: bool,
+    ) -> Decision:
+        self.version += 1
+        if server_step and policy.mode is Mode.FEDASYNC:
+            self.counters["server_steps"] += 1
+        self.dedup.advance(self.version)
+        return self._decide(
+            update,
+            policy,
+            Outcome.APPLIED,
+            tau=tau,
+            alpha=alpha,
+            step_norm=norm,
+            server_step=server_step,
+        )
+
+    def _decide(
+        self,
+        update: Update,
+        policy: Policy,
+        outcome: Outcome,
+        *,
+        tau: int | None = None,
+        alpha: float | None = None,
+        step_norm: float | None = None,
+        server_step: bool = False,
+        reason: str | None = None,
+        detail: str = "",
+    ) -> Decision:
+        self.counters[outcome.value] += 1
+        return Decision(
+            outcome=outcome,
+            update_id=str(update.update_id),
+            client_id=str(update.client_id),
+            base_version=int(update.base_version),
+            version=self.version,
+            policy_version=policy.version,
+            tau=tau,
+            alpha=alpha,
+            step_norm=step_norm,
+            server_step=server_step,
+            reason=None if reason is None else str(reason),
+            detail=detail,
+        )
+
+
+def _valid_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+def _step_norm(after: np.ndarray, before: np.ndarray) -> float:
+    """‖x_after − x_before‖₂ in float64 with numpy's pairwise sum (deterministic, no BLAS)."""
+    diff = after.astype(np.float64) - before
+    return math.sqrt(float(np.sum(diff * diff)))

@@ -1,0 +1,76 @@
+"""What the aggregator did with an update: the record the ledger keeps for each one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Outcome(StrEnum):
+    APPLIED = "applied"
+    DROPPED = "dropped"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+
+
+class DropReason(StrEnum):
+    """Why a valid update was not used."""
+
+    #: τ > τ_max under the policy in force
+    STALE = "stale"
+    #: FedBuff needs the weights of the base version to form a delta and they are no longer kept
+    BASE_UNAVAILABLE = "base_unavailable"
+    #: older than the dedup horizon: may have been decided before, and is stale under any policy
+    BEYOND_DEDUP_HORIZON = "beyond_dedup_horizon"
+
+
+class RejectReason(StrEnum):
+    """Why an update was invalid. The wire codec has its own reasons for undecodable bytes."""
+
+    SHAPE_MISMATCH = "shape_mismatch"
+    BAD_DTYPE = "bad_dtype"
+    NON_FINITE = "non_finite"
+    BAD_BASE_VERSION = "bad_base_version"
+    FUTURE_BASE_VERSION = "future_base_version"
+    BAD_NUM_SAMPLES = "bad_num_samples"
+    BAD_ID = "bad_id"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One terminal decision about one update.
+
+    `version` is the model version after the decision (the new version when applied). `alpha` is the
+    effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff. `server_step` says
+    whether this decision moved the weights (always for FedAsync; on the K-th update for FedBuff).
+    """
+
+    outcome: Outcome
+    update_id: str
+    client_id: str
+    base_version: int
+    version: int
+    policy_version: int
+    tau: int | None = None
+    alpha: float | None = None
+    step_norm: float | None = None
+    server_step: bool = False
+    reason: str | None = None
+    detail: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome is Outcome.APPLIED
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["outcome"] = self.outcome.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        values = dict(data)
+        values["outcome"] = Outcome(values["outcome"])
+        return cls(**values)

@@ -1,0 +1,156 @@
+"""Settings from the environment (prefix FEDASYNC_, sections joined by a double underscore).
+
+Built once in each entry point's main() and passed down; nothing here runs at import time. The
+policy section is validated by the core's own rules (shared.policy), so a setting and a runtime
+policy change can never disagree on what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
+from shared.params import POLICY_RANGES, ParamError
+from shared.policy import Mode, Policy
+from shared.staleness import Decay
+from shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+ENV_PREFIX = "FEDASYNC_"
+ENV_NESTED_DELIMITER = "__"
+_DEFAULT_POLICY = Policy()
+
+
+class SettingsError(ValueError):
+    """Settings that failed validation; the message names each variable and what is wrong."""
+
+
+class RedisSettings(BaseModel):
+    """Where the broker is and how patiently to talk to it."""
+
+    url: str | None = Field(
+        None, description="Redis URL, e.g. redis://:password@host:6379/0; unset: a private server"
+    )
+    socket_timeout_s: float = Field(10.0, gt=0, description="socket read timeout, seconds")
+    connect_timeout_s: float = Field(5.0, gt=0, description="connect timeout, seconds")
+    reconnect_attempts: int = Field(10, ge=0, description="reconnects before giving up")
+    key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
+
+
+class PolicySettings(BaseModel):
+    """The initial mixing policy; its ranges are the core's (see docs/configuration.md)."""
+
+    mode: Mode = Field(_DEFAULT_POLICY.mode, description="fedasync or fedbuff")
+    decay: Decay = Field(
+        _DEFAULT_POLICY.decay, description="constant, polynomial, progress, exponential or hinge"
+    )
+    alpha0: float = Field(_DEFAULT_POLICY.alpha0, description="α0, the mixing weight at τ = 0")
+    gamma: float = Field(_DEFAULT_POLICY.gamma, description="γ of the polynomial/progress rules")
+    lam: float = Field(_DEFAULT_POLICY.lam, description="λ of the exponential rule")
+    hinge_a: float = Field(_DEFAULT_POLICY.hinge_a, description="a of the hinge rule")
+    hinge_b: int = Field(_DEFAULT_POLICY.hinge_b, description="b of the hinge rule")
+    tau_max: int = Field(_DEFAULT_POLICY.tau_max, description="drop updates with τ above this")
+    buffer_size: int = Field(_DEFAULT_POLICY.buffer_size, description="FedBuff's K")
+    server_lr: float = Field(_DEFAULT_POLICY.server_lr, description="FedBuff's server step size")
+
+    @model_validator(mode="after")
+    def _core_rules(self) -> PolicySettings:
+        try:
+            self.to_policy()
+        except ParamError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def to_policy(self, version: int = 0) -> Policy:
+        return Policy(version=version, **self.model_dump())
+
+
+class BudgetSettings(BaseModel):
+    """Training stops at whichever limit it reaches first."""
+
+    max_updates: int = Field(1000, ge=1, description="applied updates before training is done")
+    max_seconds: float = Field(
+        600.0, gt=0, description="wall-clock seconds before training is done"
+    )
+
+
+class HttpSettings(BaseModel):
+    """Where a service listens."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8080, ge=0, le=65535, description="port; 0 picks a free one")
+
+
+class WireSettings(BaseModel):
+    """Limits of the update message."""
+
+    max_message_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="larger messages are refused unread"
+    )
+    dtype: Literal["float32", "float16"] = Field("float32", description="dtype devices send")
+
+
+class DedupSettings(BaseModel):
+    """How much the aggregator remembers to recognise duplicates."""
+
+    horizon: int = Field(
+        DEFAULT_HORIZON, ge=1000, description="versions of update ids kept (≥ the largest τ_max)"
+    )
+    capacity: int = Field(DEFAULT_CAPACITY, ge=1, description="update ids kept at most")
+
+
+class LogSettings(BaseModel):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    json_format: bool = Field(False, description="one JSON object per line instead of text")
+
+
+class Settings(BaseSettings):
+    """All settings of fedasync; each service reads the sections it needs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+    )
+
+    redis: RedisSettings = RedisSettings()
+    policy: PolicySettings = PolicySettings()
+    budget: BudgetSettings = BudgetSettings()
+    http: HttpSettings = HttpSettings()
+    wire: WireSettings = WireSettings()
+    dedup: DedupSettings = DedupSettings()
+    log: LogSettings = LogSettings()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment (and overrides), or raise one readable SettingsError."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            path = [str(p) for p in error["loc"]]
+            env = ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
+            lines.append(f"  {env}: {error['msg']}")
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def settings_reference() -> str:
+    """Markdown table of every setting: variable, default, meaning (docs/configuration.md)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for section_name, section_field in Settings.model_fields.items():
+        section = section_field.annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            raise TypeError(f"settings section {section_name} is not a model")
+        for name, field in section.model_fields.items():
+            env = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+            default = field.default
+            shown = "unset" if default is None else f"`{getattr(default, 'value', default)}`"
+            meaning = field.description or ""
+            if section is PolicySettings and name in POLICY_RANGES:
+                meaning += f"; allowed {POLICY_RANGES[name]}"
+            rows.append(f"| `{env}` | {shown} | {meaning} |")
+    return "\n".join(rows) + "\n"

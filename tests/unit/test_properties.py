@@ -1,0 +1,289 @@
+"""Laws of the core, checked on hundreds of generated cases each (hypothesis, derandomized)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.aggregation import AggregationState
+from shared.checkpoint import load_state, save_state
+from shared.decision import Decision, DropReason, Outcome
+from shared.layout import Layout
+from shared.params import POLICY_RANGES, TAU_MAX_LIMIT, Range
+from shared.policy import Mode, Policy
+from shared.staleness import Decay
+from shared.update import Update
+from shared.wire import WireError, WireReason, decode_update, encode_update, pack
+
+SIZE = 5
+
+
+def in_range(r: Range) -> st.SearchStrategy[Any]:
+    if r.integer:
+        return st.integers(int(r.low) + r.low_open, int(r.high) - r.high_open)
+    return st.floats(
+        r.low, r.high, exclude_min=r.low_open, exclude_max=r.high_open, allow_nan=False
+    )
+
+
+def policies(**fixed: st.SearchStrategy[Any]) -> st.SearchStrategy[Policy]:
+    """Any valid policy: every parameter drawn from the core's own allowed range."""
+    params: dict[str, st.SearchStrategy[Any]] = {
+        name: in_range(r) for name, r in POLICY_RANGES.items()
+    }
+    params["mode"] = st.sampled_from(Mode)
+    params["decay"] = st.sampled_from(Decay)
+    params.update(fixed)
+    return st.builds(Policy, **params)
+
+
+# --------------------------------------------------------------------------------- staleness
+@given(
+    policy=policies(),
+    tau=st.integers(0, TAU_MAX_LIMIT),
+    t=st.integers(0, 10**12),
+)
+def test_alpha_is_in_zero_alpha0(policy: Policy, tau: int, t: int) -> None:
+    alpha = policy.alpha(tau, t)
+    assert 0.0 < alpha <= policy.alpha0
+
+
+@given(
+    policy=policies(),
+    taus=st.tuples(st.integers(0, TAU_MAX_LIMIT), st.integers(0, TAU_MAX_LIMIT)),
+    t=st.integers(0, 10**12),
+)
+def test_alpha_never_increases_with_tau(policy: Policy, taus: tuple[int, int], t: int) -> None:
+    low, high = sorted(taus)
+    assert policy.alpha(high, t) <= policy.alpha(low, t)
+    assert policy.alpha(low + 1, t) <= policy.alpha(low, t)
+
+
+# --------------------------------------------------------------------------------- state machine
+@dataclass(frozen=True)
+class Op:
+    lag: int  # how many versions behind the current one the device trained from
+    reuse: int | None  # index of an earlier update id to re-publish, or None for a fresh id
+    value: float
+    policy: int  # which of the scenario's policies is in force
+    invalid: bool
+
+
+ops = st.lists(
+    st.builds(
+        Op,
+        lag=st.integers(0, 14),
+        reuse=st.one_of(st.none(), st.none(), st.integers(0, 200)),
+        value=st.floats(-4, 4, allow_nan=False, width=32),
+        policy=st.integers(0, 2),
+        invalid=st.sampled_from([False] * 9 + [True]),
+    ),
+    max_size=60,
+)
+scenario_policies = st.lists(
+    policies(
+        version=st.just(0),
+        tau_max=st.integers(0, 12),
+        buffer_size=st.integers(1, 4),
+        server_lr=st.floats(0.1, 2.0),
+    ),
+    min_size=3,
+    max_size=3,
+).map(lambda ps: [dataclasses.replace(p, version=i) for i, p in enumerate(ps)])
+
+
+def fresh_state() -> AggregationState:
+    return AggregationState(np.linspace(-1, 1, SIZE, dtype=np.float32), Layout.flat(SIZE))
+
+
+def step(state: AggregationState, op: Op, index: int, plan: list[Policy]) -> Decision:
+    update_id = f"u{op.reuse % index}" if op.reuse is not None and index else f"u{index}"
+    weights = np.full(SIZE, op.value, np.float32) + np.arange(SIZE, dtype=np.float32)
+    if op.invalid:
+        weights[0] = np.inf
+    base = max(state.version - op.lag, 0)
+    return state.apply(Update(update_id, f"c{index % 3}", base, 1, weights), plan[op.policy])
+
+
+def fingerprint(state: AggregationState) -> dict[str, Any]:
+    """Everything the state holds except its decision counters."""
+    data: dict[str, Any] = msgpack.unpackb(save_state(state), raw=False)
+    del data["counters"]
+    return data
+
+
+@given(plan=scenario_policies, script=ops)
+def test_drop_iff_tau_above_tau_max(plan: list[Policy], script: list[Op]) -> None:
+    state = fresh_state()
+    for i, op in enumerate(script):
+        seen = f"u{op.reuse % i}" if op.reuse is not None and i else f"u{i}"
+        duplicate = seen in state.dedup
+        version = state.version
+        decision = step(state, op, i, plan)
+        stale = decision.outcome is Outcome.DROPPED and decision.reason == DropReason.STALE
+        if duplicate:
+            assert decision.outcome is Outcome.DUPLICATE
+        elif not op.invalid:
+            tau = version - max(version - op.lag, 0)
+            assert stale == (tau > plan[op.policy].tau_max)
+
+
+@given(plan=scenario_policies, script=ops)
+def test_version_increments_exactly_on_applied(plan: list[Policy], script: list[Op]) -> None:
+    state = fresh_state()
+    for i, op in enumerate(script):
+        before = state.version
+        decision = step(state, op, i, plan)
+        assert state.version == before + (1 if decision.applied else 0)
+        assert decision.version == state.version
+    assert state.version == state.counters["applied"]
+
+
+@given(plan=scenario_policies, script=ops)
+def test_duplicate_never_changes_state(plan: list[Policy], script: list[Op]) -> None:
+    state = fresh_state()
+    for i, op in enumerate(script):
+        before = fingerprint(state)
+        counters = dict(state.counters)
+        decision = step(state, op, i, plan)
+        if decision.outcome is Outcome.DUPLICATE:
+            assert fingerprint(state) == before
+            assert state.counters == counters | {"duplicate": counters["duplicate"] + 1}
+
+
+@given(plan=scenario_policies, script=ops, cut=st.integers(0, 60))
+def test_save_restore_continue_equals_never_stopping(
+    plan: list[Policy], script: list[Op], cut: int
+) -> None:
+    straight = fresh_state()
+    expected = [step(straight, op, i, plan) for i, op in enumerate(script)]
+
+    resumed = fresh_state()
+    got = [step(resumed, op, i, plan) for i, op in enumerate(script[:cut])]
+    resumed = load_state(save_state(resumed))
+    got += [step(resumed, op, i, plan) for i, op in enumerate(script) if i >= cut]
+
+    assert got == expected
+    assert save_state(resumed) == save_state(straight)
+    assert resumed.weights_view().tobytes() == straight.weights_view().tobytes()
+
+
+# --------------------------------------------------------------------------------- codec
+printable_ids = st.text(
+    st.characters(codec="utf-8", categories=["L", "N", "P", "S"]) | st.just(" "),
+    min_size=1,
+    max_size=128,
+)
+updates = st.builds(
+    Update,
+    update_id=printable_ids,
+    client_id=printable_ids,
+    base_version=st.integers(0, 2**63 - 1),
+    num_samples=st.integers(1, 2**31 - 1),
+    weights=st.lists(
+        st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=0, max_size=64
+    ).map(lambda xs: np.array(xs, np.float32)),
+    created_at=st.floats(0, 4e9, allow_nan=False),
+    metrics=st.dictionaries(
+        st.text(min_size=1, max_size=64),
+        st.floats(allow_nan=False, allow_infinity=False),
+        max_size=32,
+    ),
+)
+
+
+@given(update=updates)
+def test_codec_round_trip(update: Update) -> None:
+    raw = encode_update(update)
+    decoded = decode_update(raw)
+    assert (decoded.update_id, decoded.client_id) == (update.update_id, update.client_id)
+    assert (decoded.base_version, decoded.num_samples) == (update.base_version, update.num_samples)
+    assert decoded.created_at == update.created_at
+    assert dict(decoded.metrics) == dict(update.metrics)
+    assert decoded.weights.tobytes() == update.weights.tobytes()
+    assert encode_update(decoded) == raw
+
+
+@given(update=updates, data=st.data())
+def test_every_truncation_is_refused(update: Update, data: st.DataObject) -> None:
+    raw = encode_update(update)
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(WireError) as info:
+        decode_update(raw[:cut])
+    assert info.value.reason is WireReason.MALFORMED
+
+
+@given(update=updates, data=st.data())
+def test_every_oversized_message_is_refused(update: Update, data: st.DataObject) -> None:
+    raw = encode_update(update)
+    limit = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(WireError) as info:
+        decode_update(raw, max_bytes=limit)
+    assert info.value.reason is WireReason.TOO_LARGE
+
+
+@given(update=updates, data=st.data())
+def test_random_byte_mutations_are_refused_or_decode_to_a_valid_update(
+    update: Update, data: st.DataObject
+) -> None:
+    raw = bytearray(encode_update(update))
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        decoded = decode_update(bytes(raw))
+    except WireError as exc:  # the only exception decoding may raise
+        refused = exc
+    else:
+        refused = None
+    if refused is not None:
+        assert refused.reason in set(WireReason)
+        return
+    # a flip inside a float or a string can still give a well-formed message: it must be valid
+    assert decode_update(encode_update(decoded)).update_id == decoded.update_id
+    assert np.isfinite(decoded.weights).all()
+
+
+WRONG_VALUES: dict[str, list[tuple[Any, WireReason]]] = {
+    "schema": [(2, WireReason.UNKNOWN_SCHEMA), ("1", WireReason.WRONG_TYPE)],
+    "update_id": [("", WireReason.BAD_VALUE), (7, WireReason.WRONG_TYPE)],
+    "client_id": [(b"c", WireReason.WRONG_TYPE), ("x" * 200, WireReason.BAD_VALUE)],
+    "base_version": [(-5, WireReason.BAD_VALUE), (None, WireReason.WRONG_TYPE)],
+    "num_samples": [(0, WireReason.BAD_VALUE), (2.5, WireReason.WRONG_TYPE)],
+    "created_at": [(float("nan"), WireReason.BAD_VALUE), ([], WireReason.WRONG_TYPE)],
+    "weights": [({}, WireReason.MISSING_FIELD), ("w", WireReason.WRONG_TYPE)],
+    "metrics": [({"a": float("inf")}, WireReason.NON_FINITE), (1, WireReason.WRONG_TYPE)],
+}
+
+
+@given(update=updates, data=st.data())
+def test_targeted_field_mutations_are_refused_with_their_reason(
+    update: Update, data: st.DataObject
+) -> None:
+    message = msgpack.unpackb(encode_update(update), raw=False)
+    field = data.draw(st.sampled_from(sorted(WRONG_VALUES)))
+    action = data.draw(st.sampled_from(["replace", "drop", "add"]))
+    if action == "replace":
+        value, reason = data.draw(st.sampled_from(WRONG_VALUES[field]))
+        message[field] = value
+    elif action == "drop":
+        if field == "metrics":
+            message["metrics"] = 1
+            reason = WireReason.WRONG_TYPE
+        else:
+            del message[field]
+            reason = WireReason.MISSING_FIELD
+    else:
+        message[field + "_x"] = 1
+        reason = WireReason.UNKNOWN_FIELD
+    if field == "schema" and action == "drop":
+        reason = WireReason.MISSING_FIELD
+    with pytest.raises(WireError) as info:
+        decode_update(pack(message))
+    assert info.value.reason is reason
