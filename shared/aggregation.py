@@ -66,6 +66,7 @@ class AggregationState:
         #: FedBuff only: (first version, weights) for each distinct model a base version may name.
         self.history: list[tuple[int, np.ndarray]] = []
         self._weights = _frozen(weights.copy())
+        self._scratch_buffer: np.ndarray | None = None
 
     # ----------------------------------------------------------------------------- reading
     def snapshot(self) -> ModelSnapshot:
@@ -134,18 +135,43 @@ class AggregationState:
             return RejectReason.BAD_DTYPE, f"dtype {dtype}, expected float32 or float16"
         if w.ndim != 1 or w.size != self.layout.size:
             return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self.layout.size},)"
-        if not np.isfinite(w).all():
-            return RejectReason.NON_FINITE, "weights contain NaN or Inf"
         return None
 
+    def _reject_non_finite(self, update: Update, policy: Policy) -> Decision:
+        return self._decide(
+            update,
+            policy,
+            Outcome.REJECTED,
+            reason=RejectReason.NON_FINITE,
+            detail="weights contain NaN or Inf",
+        )
+
     def _mix(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
-        """x ← (1 − α)·x + α·x_new, with α = α0·s(τ) computed afresh."""
-        self._flush_buffer(policy)  # leftovers of a FedBuff period are applied, never lost
+        """x ← (1 − α)·x + α·x_new, with α = α0·s(τ) computed afresh.
+
+        Evaluated as x + α·(x_new − x): the same rule with one rounding fewer, and the step
+        α·(x_new − x) is at hand for its norm. NaN or Inf in x_new shows up in that norm, so
+        finiteness costs no pass of its own; nothing is committed until it is known.
+        """
+        if self.buffer.count:  # leftovers of a FedBuff period are applied first, never lost
+            if not np.isfinite(new).all():
+                return self._reject_non_finite(update, policy)
+            self._flush_buffer(policy)
         alpha = policy.alpha(tau, self.version)
-        a = np.float32(alpha)
-        mixed = np.float32(1.0 - alpha) * self._weights
-        mixed += a * new
-        norm = _step_norm(mixed, self._weights)
+        x = self._weights
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
+            step = np.subtract(new, x, out=self._scratch())
+            mixed = step * np.float32(alpha)
+            mixed += x
+            squares = _sum_of_squares(step)
+        if not math.isfinite(squares):
+            if not np.isfinite(new).all():
+                return self._reject_non_finite(update, policy)
+            # finite weights so far apart that their float32 difference overflowed: use float64
+            exact = new.astype(np.float64) - x
+            squares = float(np.sum(exact * exact))
+            mixed = (x + alpha * exact).astype(np.float32)
+        norm = alpha * math.sqrt(squares)
         self._weights = _frozen(mixed)
         self.history.clear()
         return self._advance(update, policy, tau, alpha, norm, server_step=True)
@@ -159,6 +185,8 @@ class AggregationState:
             return self._decide(
                 update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.BASE_UNAVAILABLE
             )
+        if not np.isfinite(new).all():
+            return self._reject_non_finite(update, policy)
         s = policy.staleness(tau, self.version)
         self.buffer.total += s * (new.astype(np.float64) - base)
         self.buffer.count += 1
@@ -168,7 +196,7 @@ class AggregationState:
         if stepped:
             before = self._weights
             self._flush_buffer(policy)
-            norm = _step_norm(self._weights, before)
+            norm = math.sqrt(_sum_of_squares(self._weights - before))
         decision = self._advance(update, policy, tau, alpha, norm, server_step=stepped)
         if stepped:
             self.history.append((self.version, self._weights))
@@ -184,6 +212,12 @@ class AggregationState:
         self.buffer.total[:] = 0.0
         self.buffer.count = 0
         self.counters["server_steps"] += 1
+
+    def _scratch(self) -> np.ndarray:
+        """A float32 work buffer reused across updates: no fresh pages to fault in each time."""
+        if self._scratch_buffer is None:
+            self._scratch_buffer = np.empty(self.layout.size, np.float32)
+        return self._scratch_buffer
 
     def _base_weights(self, base_version: int) -> np.ndarray | None:
         for first_version, weights in reversed(self.history):
@@ -264,7 +298,11 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _step_norm(after: np.ndarray, before: np.ndarray) -> float:
-    """‖x_after − x_before‖₂ in float64 with numpy's pairwise sum (deterministic, no BLAS)."""
-    diff = after.astype(np.float64) - before
-    return math.sqrt(float(np.sum(diff * diff)))
+def _sum_of_squares(scratch: np.ndarray) -> float:
+    """Σv² with numpy's pairwise sum, overwriting `scratch` (a temporary of the caller's).
+
+    Not BLAS dot: its threads may split the sum differently on another machine, and decisions
+    must be bit-identical everywhere. Infinite or NaN if v holds one, or if a square overflows.
+    """
+    np.square(scratch, out=scratch)
+    return float(np.sum(scratch))

@@ -7,9 +7,18 @@ policy change can never disagree on what is allowed.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
@@ -27,7 +36,13 @@ class SettingsError(ValueError):
     """Settings that failed validation; the message names each variable and what is wrong."""
 
 
-class RedisSettings(BaseModel):
+class Section(BaseModel):
+    """A settings section: unknown keys are errors, so a misspelt variable is never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RedisSettings(Section):
     """Where the broker is and how patiently to talk to it."""
 
     url: str | None = Field(
@@ -39,7 +54,7 @@ class RedisSettings(BaseModel):
     key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
 
 
-class PolicySettings(BaseModel):
+class PolicySettings(Section):
     """The initial mixing policy; its ranges are the core's (see docs/configuration.md)."""
 
     mode: Mode = Field(_DEFAULT_POLICY.mode, description="fedasync or fedbuff")
@@ -55,6 +70,14 @@ class PolicySettings(BaseModel):
     buffer_size: int = Field(_DEFAULT_POLICY.buffer_size, description="FedBuff's K")
     server_lr: float = Field(_DEFAULT_POLICY.server_lr, description="FedBuff's server step size")
 
+    @field_validator("*")
+    @classmethod
+    def _in_core_range(cls, value: Any, info: ValidationInfo) -> Any:
+        allowed = POLICY_RANGES.get(str(info.field_name))
+        if allowed is not None and not allowed.contains(value):
+            raise ValueError(f"allowed {allowed}, got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _core_rules(self) -> PolicySettings:
         try:
@@ -67,7 +90,7 @@ class PolicySettings(BaseModel):
         return Policy(version=version, **self.model_dump())
 
 
-class BudgetSettings(BaseModel):
+class BudgetSettings(Section):
     """Training stops at whichever limit it reaches first."""
 
     max_updates: int = Field(1000, ge=1, description="applied updates before training is done")
@@ -76,14 +99,14 @@ class BudgetSettings(BaseModel):
     )
 
 
-class HttpSettings(BaseModel):
+class HttpSettings(Section):
     """Where a service listens."""
 
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8080, ge=0, le=65535, description="port; 0 picks a free one")
 
 
-class WireSettings(BaseModel):
+class WireSettings(Section):
     """Limits of the update message."""
 
     max_message_bytes: int = Field(
@@ -92,7 +115,7 @@ class WireSettings(BaseModel):
     dtype: Literal["float32", "float16"] = Field("float32", description="dtype devices send")
 
 
-class DedupSettings(BaseModel):
+class DedupSettings(Section):
     """How much the aggregator remembers to recognise duplicates."""
 
     horizon: int = Field(
@@ -101,7 +124,7 @@ class DedupSettings(BaseModel):
     capacity: int = Field(DEFAULT_CAPACITY, ge=1, description="update ids kept at most")
 
 
-class LogSettings(BaseModel):
+class LogSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     json_format: bool = Field(False, description="one JSON object per line instead of text")
 
@@ -125,8 +148,27 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
 
 
+def setting_names() -> set[str]:
+    """Every environment variable that names a setting."""
+    names = set()
+    for section_name, section in _sections():
+        for name in section.model_fields:
+            names.add(f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}")
+    return names
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Build settings from the environment (and overrides), or raise one readable SettingsError."""
+    """Build settings from the environment (and overrides), or raise one readable SettingsError.
+
+    A FEDASYNC_ variable that names no setting is an error: a typo must not silently leave a
+    default in force.
+    """
+    known = setting_names()
+    unknown = sorted(
+        k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known
+    )
+    if unknown:
+        raise SettingsError("unknown settings (see docs/configuration.md): " + ", ".join(unknown))
     try:
         return Settings(**overrides)
     except ValidationError as exc:
@@ -141,10 +183,7 @@ def load_settings(**overrides: Any) -> Settings:
 def settings_reference() -> str:
     """Markdown table of every setting: variable, default, meaning (docs/configuration.md)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for section_name, section_field in Settings.model_fields.items():
-        section = section_field.annotation
-        if not (isinstance(section, type) and issubclass(section, BaseModel)):
-            raise TypeError(f"settings section {section_name} is not a model")
+    for section_name, section in _sections():
         for name, field in section.model_fields.items():
             env = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
             default = field.default
@@ -154,3 +193,13 @@ def settings_reference() -> str:
                 meaning += f"; allowed {POLICY_RANGES[name]}"
             rows.append(f"| `{env}` | {shown} | {meaning} |")
     return "\n".join(rows) + "\n"
+
+
+def _sections() -> list[tuple[str, type[BaseModel]]]:
+    out = []
+    for section_name, section_field in Settings.model_fields.items():
+        section = section_field.annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            raise TypeError(f"settings section {section_name} is not a model")
+        out.append((section_name, section))
+    return out

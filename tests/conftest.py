@@ -15,4 +15,4 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("thorough", max_examples=3000, deadline=None)
-settings.load_profile(os.environ.get("FEDASYNC_HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -222,3 +222,32 @@ def test_dedup_memory_is_bounded_when_the_version_stalls() -> None:
     assert state.dedup.floor == 1  # version 0 forgotten: anything trained from it is dropped
     assert state.apply(make_update("s5", 0), policy).reason == DropReason.BEYOND_DEDUP_HORIZON
     assert state.apply(make_update("fresh", 1), policy).applied
+
+
+def test_finite_weights_whose_float32_difference_overflows_still_mix_exactly() -> None:
+    big = np.finfo(np.float32).max
+    state = make_state(size=2, value=-big)
+    decision = state.apply(make_update("far", 0, np.array([big, big], np.float32)), Policy())
+    assert decision.applied
+    assert np.isfinite(state.weights_view()).all()
+    expected = (-float(big) + 0.6 * 2 * float(big)) * np.ones(2)
+    np.testing.assert_allclose(state.weights_view(), expected.astype(np.float32), rtol=1e-6)
+    assert decision.step_norm == pytest.approx(0.6 * 2 * float(big) * np.sqrt(2), rel=1e-6)
+
+
+def test_a_stale_update_is_dropped_without_reading_its_weights() -> None:
+    state = make_state()
+    policy = Policy(tau_max=0)
+    state.apply(make_update("a", 0), policy)
+    nan = make_update("nan", 0, np.full(4, np.nan, np.float32))
+    assert state.apply(nan, policy).reason == DropReason.STALE
+
+
+def test_non_finite_update_with_a_pending_fedbuff_buffer_changes_nothing() -> None:
+    state = make_state(size=1, value=0.0)
+    state.apply(make_update("a", 0, 2.0, size=1), Policy.fedbuff(buffer_size=3))
+    bad = make_update("b", 1, np.array([np.nan], np.float32), size=1)
+    decision = state.apply(bad, Policy())
+    assert decision.reason == RejectReason.NON_FINITE
+    assert state.buffer.count == 1
+    assert state.weights_view()[0] == 0.0

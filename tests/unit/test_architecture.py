@@ -1,0 +1,80 @@
+"""The tree keeps its shape: a pure core, no pickle anywhere, one implementation of the rule."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = sorted((ROOT / "shared").glob("*.py"))
+ALL_CODE = sorted(
+    p for d in ("shared", "services", "tests", "bench") for p in (ROOT / d).rglob("*.py")
+)
+
+# I/O, concurrency, clocks and randomness stay out of the core; settings read the environment
+# through pydantic-settings only when load_settings() is called.
+FORBIDDEN_IN_CORE = {
+    "asyncio",
+    "aiohttp",
+    "redis",
+    "logging",
+    "socket",
+    "time",
+    "datetime",
+    "random",
+    "threading",
+    "subprocess",
+    "pickle",
+    "torch",
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
+def test_core_module_does_no_io(path: Path) -> None:
+    assert imported_modules(path) & FORBIDDEN_IN_CORE == set()
+    assert "open(" not in path.read_text()
+
+
+def test_core_never_imports_services() -> None:
+    for path in CORE:
+        assert "services" not in imported_modules(path), path.name
+
+
+@pytest.mark.parametrize("path", ALL_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_pickle_anywhere(path: Path) -> None:
+    text = path.read_text()
+    if path.name == "test_architecture.py":
+        return
+    assert "pickle" not in imported_modules(path)
+    assert "allow_pickle=True" not in text
+
+
+def test_mixing_rule_is_written_once() -> None:
+    """Only shared/aggregation.py may compute α = α0·s(τ) and mix; everything else calls it."""
+    callers_of_staleness = [
+        p.relative_to(ROOT)
+        for p in ALL_CODE
+        if "staleness.factor(" in p.read_text() and not p.name.startswith("test_")
+    ]
+    assert callers_of_staleness == [Path("shared/policy.py")]
+    mixers = [  # bench/ keeps a bare copy of the arithmetic on purpose, as its baseline
+        p.relative_to(ROOT)
+        for p in ALL_CODE
+        if "np.float32(alpha)" in p.read_text()
+        and not p.name.startswith("test_")
+        and p.parts[-2] != "bench"
+    ]
+    assert mixers == [Path("shared/aggregation.py")]

@@ -1,0 +1,49 @@
+"""Checkpoints: a mid-buffer FedBuff state survives save and load; corrupt bytes are refused."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from shared.checkpoint import CheckpointError, load_state, save_state
+from shared.policy import Policy
+from shared.wire import pack
+from tests.unit.helpers import make_state, make_update
+
+
+def test_mid_buffer_fedbuff_state_round_trips() -> None:
+    state = make_state(size=3)
+    policy = Policy.fedbuff(buffer_size=3)
+    for i in range(5):
+        state.apply(make_update(f"u{i}", state.version, float(i), size=3), policy)
+    again = load_state(save_state(state))
+    assert again.version == state.version == 5
+    assert again.buffer.count == state.buffer.count == 2
+    np.testing.assert_array_equal(again.buffer.total, state.buffer.total)
+    assert [v for v, _ in again.history] == [v for v, _ in state.history]
+    assert again.counters == state.counters
+    assert "u3" in again.dedup
+    assert save_state(again) == save_state(state)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"\xc1",
+        pack({"format": 99}),
+        pack([1, 2]),
+        pack({"format": 1, "version": 0}),
+    ],
+)
+def test_corrupt_checkpoints_are_refused(raw: bytes) -> None:
+    with pytest.raises(CheckpointError):
+        load_state(raw)
+
+
+def test_wrong_weight_length_is_refused() -> None:
+    data = msgpack.unpackb(save_state(make_state(size=3)), raw=False)
+    data["weights"] = np.zeros(2, "<f4").tobytes()
+    with pytest.raises(CheckpointError, match="byte length"):
+        load_state(pack(data))

@@ -1,0 +1,83 @@
+"""Settings: environment parsing, validation with the core's ranges, docs kept in sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import shared.settings as settings_module
+from shared.policy import Policy
+from shared.settings import Settings, SettingsError, load_settings, settings_reference
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in settings_module.setting_names():
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_are_the_core_defaults() -> None:
+    settings = load_settings()
+    assert settings.policy.to_policy() == Policy()
+    assert settings.redis.url is None
+    assert settings.budget.max_updates >= 1
+
+
+def test_nested_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDASYNC_POLICY__ALPHA0", "0.4")
+    monkeypatch.setenv("FEDASYNC_POLICY__DECAY", "hinge")
+    monkeypatch.setenv("FEDASYNC_BUDGET__MAX_SECONDS", "30")
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", "redis://127.0.0.1:6390/0")
+    settings = load_settings()
+    policy = settings.policy.to_policy(version=3)
+    assert (policy.alpha0, policy.decay.value, policy.version) == (0.4, "hinge", 3)
+    assert settings.budget.max_seconds == 30.0
+    assert settings.redis.url == "redis://127.0.0.1:6390/0"
+
+
+def test_invalid_values_name_the_variable_and_the_core_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FEDASYNC_POLICY__ALPHA0", "2")
+    monkeypatch.setenv("FEDASYNC_POLICY__TAU_MAX", "5000")
+    monkeypatch.setenv("FEDASYNC_HTTP__PORT", "-1")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    text = str(info.value)
+    assert "FEDASYNC_POLICY__ALPHA0" in text
+    assert "[0.001, 1]" in text
+    assert "FEDASYNC_POLICY__TAU_MAX" in text
+    assert "integer in [0, 1000]" in text
+    assert "FEDASYNC_HTTP__PORT" in text
+
+
+@pytest.mark.parametrize(
+    "name", ["FEDASYNC_POLICY__ALPHA", "FEDASYNC_POLCY__ALPHA0", "FEDASYNC_TYPO"]
+)
+def test_unknown_variables_are_errors_not_ignored(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(name, "0.5")
+    with pytest.raises(SettingsError, match=name):
+        load_settings()
+
+
+def test_settings_are_immutable() -> None:
+    settings = load_settings()
+    with pytest.raises(ValueError, match="frozen"):
+        settings.policy.alpha0 = 0.1  # type: ignore[misc]
+
+
+def test_nothing_is_built_at_import_time() -> None:
+    built = [v for v in vars(settings_module).values() if isinstance(v, Settings)]
+    assert built == []
+
+
+def test_configuration_doc_lists_every_setting_with_its_default() -> None:
+    reference = settings_reference()
+    assert reference in DOC.read_text()
+    for name in settings_module.setting_names():
+        assert f"`{name}`" in reference
