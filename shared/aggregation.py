@@ -174,10 +174,15 @@ class AggregationState:
         norm = alpha * math.sqrt(squares)
         self._weights = _frozen(mixed)
         self.history.clear()
+        self.counters["server_steps"] += 1
         return self._advance(update, policy, tau, alpha, norm, server_step=True)
 
     def _buffer(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
-        """FedBuff: add s(τ)·(x_new − x_base) to the buffer; step once K are in."""
+        """FedBuff: add s(τ)·(x_new − x_base) to the buffer; step once K are in.
+
+        The update counts as applied (the version rises) when it enters the buffer; the weights
+        change at the server step. A partial buffer is stepped when the mode returns to FedAsync.
+        """
         if not self.history:
             self.history.append((self.version, self._weights))
         base = self._base_weights(update.base_version)
@@ -242,8 +247,6 @@ class AggregationState:
         server_step: bool,
     ) -> Decision:
         self.version += 1
-        if server_step and policy.mode is Mode.FEDASYNC:
-            self.counters["server_steps"] += 1
         self.dedup.advance(self.version)
         return self._decide(
             update,

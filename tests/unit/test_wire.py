@@ -37,18 +37,19 @@ def sample(**changes: Any) -> Update:
     return Update(**fields)
 
 
-def message(**changes: Any) -> dict[str, Any]:
-    """A valid message as a plain dict, to corrupt one field at a time."""
-    out: dict[str, Any] = msgpack.unpackb(encode_update(sample()), raw=False)
-    for key, value in changes.items():
-        if value is _DELETE:
-            del out[key]
-        else:
-            out[key] = value
+_DELETE = object()
+
+
+def changed(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` with some keys replaced, added, or removed (value _DELETE)."""
+    out = {k: v for k, v in base.items() if changes.get(k) is not _DELETE}
+    out.update({k: v for k, v in changes.items() if v is not _DELETE})
     return out
 
 
-_DELETE = object()
+def message(**changes: Any) -> dict[str, Any]:
+    """A valid message as a plain dict, to corrupt one field at a time."""
+    return changed(msgpack.unpackb(encode_update(sample()), raw=False), changes)
 
 
 def reason_of(raw: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> WireReason:
@@ -173,17 +174,8 @@ def test_field_refusals(changes: dict[str, Any], reason: WireReason) -> None:
 
 
 def weights_field(**changes: Any) -> dict[str, Any]:
-    field: dict[str, Any] = {
-        "dtype": "float32",
-        "shape": [3],
-        "data": np.array([0.5, -1.25, 2.0], "<f4").tobytes(),
-    }
-    for key, value in changes.items():
-        if value is _DELETE:
-            del field[key]
-        else:
-            field[key] = value
-    return field
+    """The sample's valid weights map, to corrupt one key at a time."""
+    return changed(message()["weights"], changes)
 
 
 @pytest.mark.parametrize(
