@@ -10,7 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CORE = sorted((ROOT / "shared").glob("*.py"))
 ALL_CODE = sorted(
-    p for d in ("shared", "services", "tests", "bench") for p in (ROOT / d).rglob("*.py")
+    p
+    for d in ("shared", "services", "learning", "sim", "tests", "bench")
+    for p in (ROOT / d).rglob("*.py")
 )
 
 # I/O, concurrency, clocks and randomness stay out of the core; settings read the environment

@@ -1,0 +1,1 @@
+"""Local learning: tasks, data partitions, models and training, shared by the simulator and the device worker."""

@@ -1,0 +1,1 @@
+"""The deterministic, event-driven simulator: the core in shared/ plus virtual time."""
