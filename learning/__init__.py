@@ -1,1 +1,4 @@
-"""Local learning: tasks, data partitions, models and training, shared by the simulator and the device worker."""
+"""Local learning: tasks, data, partitions, models and training.
+
+Shared by the simulator and the device worker, so both train the same way.
+"""
