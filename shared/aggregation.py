@@ -65,6 +65,8 @@ class AggregationState:
         self.buffer = FedBuffBuffer(np.zeros(layout.size, dtype=np.float64))
         #: FedBuff only: (first version, weights) for each distinct model a base version may name.
         self.history: list[tuple[int, np.ndarray]] = []
+        #: why training ended (e.g. "max_updates"), or None while it runs
+        self.closed: str | None = None
         self._weights = _frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
 
@@ -81,6 +83,15 @@ class AggregationState:
         return self._weights
 
     # ----------------------------------------------------------------------------- deciding
+    def close(self, reason: str) -> None:
+        """End training: every later update is decided as dropped (closed), none applied.
+
+        A budget ends training between two updates; closing is part of the state, so a restored
+        aggregator and a ledger replay agree on where it happened.
+        """
+        if self.closed is None:
+            self.closed = reason
+
     def apply(self, update: Update, policy: Policy) -> Decision:
         """Decide one update under `policy` and, if accepted, fold it into the model."""
         if not _valid_id(update.update_id) or not _valid_id(update.client_id):
@@ -93,6 +104,11 @@ class AggregationState:
             )
         if update.update_id in self.dedup:
             return self._decide(update, policy, Outcome.DUPLICATE)
+        if self.closed is not None:
+            self.dedup.remember(update.update_id, self.version)
+            return self._decide(
+                update, policy, Outcome.DROPPED, reason=DropReason.CLOSED, detail=self.closed
+            )
         base_ok = _is_count(update.base_version)
         if base_ok and update.base_version < self.dedup.floor:
             return self._decide(

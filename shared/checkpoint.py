@@ -25,29 +25,42 @@ class CheckpointError(ValueError):
     """Bytes that are not a checkpoint this build can restore."""
 
 
-def save_state(state: AggregationState) -> bytes:
-    """Everything `apply` depends on, in a deterministic byte string."""
+def save_state(state: AggregationState, *, include_weights: bool = True) -> bytes:
+    """Everything `apply` depends on, in a deterministic byte string.
+
+    `include_weights=False` leaves out the current weights, for a store that already keeps them
+    (the aggregator's model snapshot of the same version); pass them back to load_state.
+    """
+    buffer = state.buffer
     return pack(
         {
             "format": FORMAT_VERSION,
             "version": state.version,
             "layout": state.layout.to_list(),
-            "weights": _bytes(state.weights_view(), _F32),
+            "weights": _bytes(state.weights_view(), _F32) if include_weights else None,
             "counters": dict(state.counters),
+            "closed": state.closed,
             "dedup": {
                 "horizon": state.dedup.horizon,
                 "capacity": state.dedup.capacity,
                 "floor": state.dedup.floor,
                 "ids": [[update_id, key] for update_id, key in state.dedup.items()],
             },
-            "buffer": {"count": state.buffer.count, "total": _bytes(state.buffer.total, _F64)},
+            # an empty FedBuff buffer is all zeros: not worth 8 bytes a parameter
+            "buffer": {
+                "count": buffer.count,
+                "total": _bytes(buffer.total, _F64) if buffer.count else None,
+            },
             "history": [[first, _bytes(w, _F32)] for first, w in state.history],
         }
     )
 
 
-def load_state(raw: bytes) -> AggregationState:
-    """Inverse of save_state; refuses anything it does not recognise."""
+def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationState:
+    """Inverse of save_state; refuses anything it does not recognise.
+
+    `weights` must be given exactly when the checkpoint was saved without them.
+    """
     try:
         data = unpack(raw, max_bytes=len(raw))
     except WireError as exc:
@@ -64,15 +77,21 @@ def load_state(raw: bytes) -> AggregationState:
             dedup_data["floor"],
             ((str(i), int(k)) for i, k in dedup_data["ids"]),
         )
+        saved = data["weights"]
+        if (saved is None) == (weights is None):
+            raise CheckpointError("weights must come from the checkpoint or the caller, not both")
         state = AggregationState(
-            _array(data["weights"], _F32, layout.size),
+            _array(saved, _F32, layout.size) if weights is None else weights,
             layout,
             version=int(data["version"]),
             dedup=dedup,
         )
         state.counters = {str(k): int(v) for k, v in data["counters"].items()}
+        closed = data["closed"]
+        state.closed = None if closed is None else str(closed)
         state.buffer.count = int(data["buffer"]["count"])
-        state.buffer.total = _array(data["buffer"]["total"], _F64, layout.size).copy()
+        if state.buffer.count:
+            state.buffer.total = _array(data["buffer"]["total"], _F64, layout.size).copy()
         state.history = [(int(first), _array(w, _F32, layout.size)) for first, w in data["history"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"corrupt checkpoint: {exc!r}") from None

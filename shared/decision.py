@@ -24,6 +24,8 @@ class DropReason(StrEnum):
     BASE_UNAVAILABLE = "base_unavailable"
     #: older than the dedup horizon: may have been decided before, and is stale under any policy
     BEYOND_DEDUP_HORIZON = "beyond_dedup_horizon"
+    #: training is over (a budget was reached): the model no longer changes
+    CLOSED = "closed"
 
 
 class RejectReason(StrEnum):

@@ -99,11 +99,41 @@ class BudgetSettings(Section):
     )
 
 
-class HttpSettings(Section):
-    """Where a service listens."""
+class TaskSettings(Section):
+    """What is learned, from which data split; the aggregator, workers and evaluator agree on it."""
+
+    name: str = Field(
+        "digits", min_length=1, description="learning task (digits, linear, synthetic)"
+    )
+    seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
+    num_devices: int = Field(10, ge=1, description="devices the training data is split across")
+    partition: str = Field("iid", min_length=1, description="how data is split across devices")
+
+
+class AggregatorSettings(Section):
+    """The single consumer of the updates stream."""
+
+    consumer: str = Field("aggregator", min_length=1, description="consumer name in the group")
+    batch_max: int = Field(32, ge=1, le=10_000, description="updates per group commit, at most")
+    batch_ms: int = Field(50, ge=0, description="longest a decided update waits for its commit, ms")
+    block_ms: int = Field(1000, ge=1, description="blocking read timeout, ms")
+    keep_versions: int = Field(20, ge=1, description="committed model versions kept for download")
+    keep_payloads: bool = Field(
+        True, description="keep update payloads in the stream for `ledger verify` (audit)"
+    )
+    deadletter_payload_bytes: int = Field(
+        65536, ge=0, description="bytes of a refused message kept in the dead-letter stream"
+    )
+
+
+class SnapshotSettings(Section):
+    """The HTTP service devices download models from."""
 
     host: str = Field("127.0.0.1", description="bind address")
-    port: int = Field(8080, ge=0, le=65535, description="port; 0 picks a free one")
+    port: int = Field(8081, ge=0, le=65535, description="port; 0 picks a free one")
+    long_poll_max_s: float = Field(30.0, gt=0, description="longest a long-poll may wait, seconds")
+    max_waiters: int = Field(1000, ge=1, description="long-polls waiting at once, at most")
+    cache_versions: int = Field(8, ge=1, description="older versions kept in memory")
 
 
 class WireSettings(Section):
@@ -142,7 +172,9 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     policy: PolicySettings = PolicySettings()
     budget: BudgetSettings = BudgetSettings()
-    http: HttpSettings = HttpSettings()
+    task: TaskSettings = TaskSettings()
+    aggregator: AggregatorSettings = AggregatorSettings()
+    snapshot: SnapshotSettings = SnapshotSettings()
     wire: WireSettings = WireSettings()
     dedup: DedupSettings = DedupSettings()
     log: LogSettings = LogSettings()

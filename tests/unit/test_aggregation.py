@@ -251,3 +251,19 @@ def test_non_finite_update_with_a_pending_fedbuff_buffer_changes_nothing() -> No
     assert decision.reason == RejectReason.NON_FINITE
     assert state.buffer.count == 1
     assert state.weights_view()[0] == 0.0
+
+
+def test_closed_state_drops_everything_new_and_keeps_dedup() -> None:
+    state = make_state()
+    state.apply(make_update("a", 0), Policy())
+    state.close("max_updates")
+    state.close("max_seconds")  # the first reason stands
+    late = state.apply(make_update("b", 1), Policy())
+    assert (late.outcome, late.reason, late.detail) == (
+        Outcome.DROPPED,
+        DropReason.CLOSED,
+        "max_updates",
+    )
+    assert state.apply(make_update("a", 0), Policy()).outcome is Outcome.DUPLICATE
+    assert state.apply(make_update("b", 1), Policy()).outcome is Outcome.DUPLICATE
+    assert state.version == 1

@@ -47,3 +47,18 @@ def test_wrong_weight_length_is_refused() -> None:
     data["weights"] = np.zeros(2, "<f4").tobytes()
     with pytest.raises(CheckpointError, match="byte length"):
         load_state(pack(data))
+
+
+def test_weights_can_be_kept_elsewhere() -> None:
+    state = make_state(size=3)
+    state.apply(make_update("u", 0, 2.0, size=3), Policy())
+    state.close("max_updates")
+    raw = save_state(state, include_weights=False)
+    assert len(raw) < len(save_state(state))
+    with pytest.raises(CheckpointError, match="weights"):
+        load_state(raw)
+    again = load_state(raw, weights=state.weights_view())
+    assert save_state(again) == save_state(state)
+    assert again.closed == "max_updates"
+    with pytest.raises(CheckpointError, match="weights"):
+        load_state(save_state(state), weights=state.weights_view())

@@ -43,7 +43,7 @@ def test_invalid_values_name_the_variable_and_the_core_range(
 ) -> None:
     monkeypatch.setenv("FEDASYNC_POLICY__ALPHA0", "2")
     monkeypatch.setenv("FEDASYNC_POLICY__TAU_MAX", "5000")
-    monkeypatch.setenv("FEDASYNC_HTTP__PORT", "-1")
+    monkeypatch.setenv("FEDASYNC_SNAPSHOT__PORT", "-1")
     with pytest.raises(SettingsError) as info:
         load_settings()
     text = str(info.value)
@@ -51,7 +51,7 @@ def test_invalid_values_name_the_variable_and_the_core_range(
     assert "[0.001, 1]" in text
     assert "FEDASYNC_POLICY__TAU_MAX" in text
     assert "integer in [0, 1000]" in text
-    assert "FEDASYNC_HTTP__PORT" in text
+    assert "FEDASYNC_SNAPSHOT__PORT" in text
 
 
 @pytest.mark.parametrize(

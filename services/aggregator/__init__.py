@@ -1,0 +1,1 @@
+"""The aggregator service: `python -m services.aggregator` or `fedasync aggregator`."""

@@ -1,0 +1,266 @@
+"""The aggregator: the single consumer of the updates stream, a thin adapter around the core.
+
+Read a few entries, decide each through `AggregationState.apply`, then commit the decisions, the
+new model and the acknowledgements together (services/aggregator/commit.py). Nothing is
+acknowledged before its decision is durable, and a decision is durable only with the state it
+produced, so a kill -9 at any instant loses nothing and applies nothing twice: on restart the
+last commit is restored and the entries it did not cover are decided again, from that state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from services.aggregator.commit import Batch, Committer, DeadLetter
+from services.keys import AGGREGATOR_GROUP, Keys
+from services.lifecycle import stop_on_signals
+from services.policy_store import ensure_policy, read_policy
+from services.redis_conn import connect, get_bytes, retrying
+from shared.aggregation import AggregationState, ModelSnapshot
+from shared.checkpoint import load_state, save_state
+from shared.decision import Outcome
+from shared.dedup import DedupMemory
+from shared.model_format import decode_model, encode_model
+from shared.policy import Policy
+from shared.settings import Settings
+from shared.wire import WireError, decode_update, pack
+
+log = logging.getLogger(__name__)
+
+#: how often the policy record is re-read between batches, seconds
+POLICY_REFRESH_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a run ended with; tests and `fedasync up` read it."""
+
+    version: int
+    closed: str | None
+    commits: int
+
+
+class Aggregator:
+    """One epoch of the aggregator: restores the last commit and carries on from it."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis, keys: Keys) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.keys = keys
+        self.state: AggregationState
+        self.policy: Policy
+        self.committer: Committer
+        self.started_at = 0.0
+        self._policy_read_at = 0.0
+        self._committed_version = -1
+        self._closed_committed = False
+        #: cursor in our own pending entries (re-read first after a restart); None once done
+        self._backlog: str | None = "0"
+
+    # ------------------------------------------------------------------------------ start-up
+    async def start(self, initial: AggregationState | None) -> None:
+        """Fence off older aggregators, restore (or create) the state, take over pending work."""
+        r, keys, cfg = self.redis, self.keys, self.settings.aggregator
+        epoch = int(await r.incr(keys.epoch))
+        seq = int(await r.get(keys.commit_seq) or 0)
+        self.committer = Committer(
+            r, keys, epoch, seq, cfg.keep_versions, self.settings.redis.reconnect_attempts
+        )
+        try:
+            await r.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
+        await r.set(keys.started, repr(time.time()), nx=True)
+        self.started_at = float(await r.get(keys.started) or time.time())
+        if seq == 0:
+            self.state = initial if initial is not None else self._initial_state()
+            # the exact starting point, kept for ever so `ledger verify` can replay from it
+            await r.set(keys.genesis, save_state(self.state))
+            await self._commit(Batch(b"", 0, b""), model=True)
+        else:
+            self.state = await self._restore()
+            self._committed_version = self.state.version
+            self._closed_committed = self.state.closed is not None
+        claimed = await self._claim_pending()
+        log.info(
+            "aggregator epoch %d at version %d (commit %d); %d pending entries taken over",
+            epoch,
+            self.state.version,
+            self.committer.seq,
+            claimed,
+        )
+
+    def _initial_state(self) -> AggregationState:
+        from learning.tasks import get_task  # numpy only: no torch needed to build the model
+
+        task = get_task(self.settings.task.name)
+        weights = task.init_weights(np.random.default_rng(self.settings.task.seed))
+        return AggregationState(weights, task.layout, dedup=self._dedup())
+
+    def _dedup(self) -> DedupMemory:
+        return DedupMemory(self.settings.dedup.horizon, self.settings.dedup.capacity)
+
+    async def _restore(self) -> AggregationState:
+        raw_state = await get_bytes(self.redis, self.keys.state)
+        version = int(await get_bytes(self.redis, self.keys.version) or 0)
+        raw_model = await get_bytes(self.redis, self.keys.model(version))
+        if raw_state is None or raw_model is None:
+            raise RuntimeError(f"commit found but state or model {version} is missing in Redis")
+        model = decode_model(raw_model, max_bytes=len(raw_model))
+        return load_state(raw_state, weights=model.snapshot.weights)
+
+    async def _claim_pending(self) -> int:
+        """Entries delivered to an earlier aggregator and never acknowledged become ours.
+
+        The earlier one is dead or fenced off (its commits are refused), so no idle time is
+        waited for. XPENDING + XCLAIM JUSTID moves ids only, never payloads.
+        """
+        me, start, claimed = self.settings.aggregator.consumer, "-", 0
+        while True:
+            pending: Any = await self.redis.xpending_range(
+                self.keys.updates, AGGREGATOR_GROUP, min=start, max="+", count=1000
+            )
+            theirs = [p["message_id"] for p in pending if p["consumer"].decode() != me]
+            if theirs:
+                await self.redis.xclaim(
+                    self.keys.updates, AGGREGATOR_GROUP, me, 0, theirs, justid=True
+                )
+                claimed += len(theirs)
+            if len(pending) < 1000:
+                return claimed
+            start = "(" + pending[-1]["message_id"].decode()
+
+    # ------------------------------------------------------------------------------ the loop
+    async def run(self, stopping: asyncio.Event, *, burst: bool = False) -> RunResult:
+        """Decide and commit until `stopping` is set (or, in burst mode, the stream is empty)."""
+        while not stopping.is_set():
+            await self._refresh_policy()
+            self._check_time_budget()
+            batch = Batch(b"", self.state.version, b"")
+            deadline = time.monotonic() + self.settings.aggregator.batch_ms / 1000
+            while len(batch.acks) < self.settings.aggregator.batch_max:
+                backlog = self._backlog is not None
+                idle = not (batch.acks or burst or backlog)
+                block = self.settings.aggregator.block_ms if idle else None
+                entries = await self._read(self._backlog or ">", batch, block)
+                if backlog and not entries:
+                    self._backlog = None  # our pending entries are all decided: new ones next
+                    continue
+                if not entries or time.monotonic() >= deadline or stopping.is_set():
+                    break
+            newly_closed = self.state.closed is not None and not self._closed_committed
+            if batch.acks or newly_closed:
+                await self._commit(batch, model=self.state.version != self._committed_version)
+            elif burst:
+                break
+        return RunResult(self.state.version, self.state.closed, self.committer.seq)
+
+    async def _read(self, start: str, batch: Batch, block: int | None) -> int:
+        room = self.settings.aggregator.batch_max - len(batch.acks)
+        reply: Any = await retrying(
+            "XREADGROUP",
+            lambda: self.redis.xreadgroup(
+                AGGREGATOR_GROUP,
+                self.settings.aggregator.consumer,
+                {self.keys.updates: start},
+                count=room,
+                block=block,
+            ),
+            self.settings.redis,
+        )
+        entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
+        for stream_id, fields in entries:
+            self._decide(stream_id, fields, batch)
+        if entries and self._backlog is not None:
+            self._backlog = entries[-1][0].decode()
+        return len(entries)
+
+    def _decide(self, stream_id: bytes, fields: dict[bytes, bytes] | None, batch: Batch) -> None:
+        batch.acks.append(stream_id)
+        raw = (fields or {}).get(b"m")
+        if raw is None:  # trimmed while pending, or written by something else
+            batch.dead.append(DeadLetter("missing_payload", "entry has no field m", stream_id, b""))
+            return
+        try:
+            update = decode_update(raw, self.settings.wire.max_message_bytes)
+        except WireError as exc:
+            keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
+            batch.dead.append(DeadLetter(exc.reason.value, exc.detail, stream_id, keep))
+            log.warning("dead-lettered %s: %s", stream_id.decode(), exc)
+            return
+        decision = self.state.apply(update, self.policy)
+        record = decision.to_dict() | {"stream_id": stream_id.decode(), "at": time.time()}
+        batch.ledger.append(pack(record))
+        if decision.outcome is Outcome.REJECTED:  # invalid content: also a dead letter
+            keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
+            batch.dead.append(DeadLetter(str(decision.reason), decision.detail, stream_id, keep))
+        if not self.state.closed and self.state.version >= self.settings.budget.max_updates:
+            self.state.close("max_updates")
+            log.info("budget reached: %d updates applied", self.state.version)
+
+    def _check_time_budget(self) -> None:
+        elapsed = time.time() - self.started_at
+        if not self.state.closed and elapsed >= self.settings.budget.max_seconds:
+            self.state.close("max_seconds")
+            log.info("budget reached: %.0f s of training", elapsed)
+
+    async def _refresh_policy(self) -> None:
+        """Policy changes take effect between batches: a deterministic, recorded point."""
+        now = time.monotonic()
+        if now - self._policy_read_at < POLICY_REFRESH_S:
+            return
+        self._policy_read_at = now
+        policy = await retrying(
+            "GET policy", lambda: read_policy(self.redis, self.keys), self.settings.redis
+        )
+        if policy.version != self.policy.version:
+            log.info("policy %d → %d", self.policy.version, policy.version)
+            self.policy = policy
+
+    async def _commit(self, batch: Batch, *, model: bool) -> None:
+        state = self.state
+        batch.state = save_state(state, include_weights=False)
+        batch.version = state.version
+        if model:
+            snapshot = ModelSnapshot(state.version, state.weights_view(), state.layout)
+            batch.model = encode_model(snapshot, created_at=time.time())
+        batch.done_reason = state.closed or ""
+        await self.committer.commit(batch, now=time.time())
+        self._committed_version = state.version
+        self._closed_committed = state.closed is not None
+        if not self.settings.aggregator.keep_payloads and batch.acks:
+            # everything up to the last acknowledged entry is decided and durable
+            await self.redis.xtrim(self.keys.updates, minid=batch.acks[-1])
+
+
+async def run(
+    settings: Settings,
+    *,
+    redis: aioredis.Redis | None = None,
+    initial: AggregationState | None = None,
+    handle_signals: bool = True,
+    burst: bool = False,
+    stopping: asyncio.Event | None = None,
+) -> RunResult:
+    """Run one aggregator until stopped; tests pass their own client and use burst mode."""
+    stopping = stopping or asyncio.Event()
+    client = redis if redis is not None else connect(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
+    try:
+        with stop_on_signals(stopping, handle_signals):
+            aggregator = Aggregator(settings, client, keys)
+            await aggregator.start(initial)
+            return await aggregator.run(stopping, burst=burst)
+    finally:
+        if redis is None:
+            await client.aclose()

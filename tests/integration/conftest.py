@@ -1,0 +1,52 @@
+"""Integration fixtures: a private, real redis-server per test module, clients, settings."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+from services.redis_conn import connect
+from services.redis_server import RedisServer
+from shared.settings import Settings, load_settings
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of our own (AOF, appendfsync always), never the shared one on 6379."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def settings(redis_server: RedisServer, request: pytest.FixtureRequest) -> Settings:
+    """Settings pointing at the private server, with a key prefix unique to the test."""
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
+    prefix = f"t-{request.node.originalname[:40]}-{digest}"
+    return load_settings(
+        redis={"url": redis_server.url, "key_prefix": prefix, "socket_timeout_s": 5.0},
+        task={"name": "linear"},
+        aggregator={"batch_ms": 20, "block_ms": 100},
+    )
+
+
+@pytest_asyncio.fixture
+async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
+    client = connect(settings.redis)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path

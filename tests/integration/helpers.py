@@ -1,0 +1,47 @@
+"""Builders for integration tests: updates on the stream, a small initial model, ledger reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from services.keys import Keys
+from services.ledger import records
+from shared.aggregation import AggregationState
+from shared.dedup import DedupMemory
+from shared.layout import Layout
+from shared.settings import Settings
+from shared.update import Update
+from shared.wire import encode_update
+
+SIZE = 8
+
+
+def initial_state(settings: Settings, size: int = SIZE) -> AggregationState:
+    return AggregationState(
+        np.linspace(-1, 1, size, dtype=np.float32),
+        Layout.of([("w", (size - 1,)), ("b", (1,))]),
+        dedup=DedupMemory(settings.dedup.horizon, settings.dedup.capacity),
+    )
+
+
+def make_update(update_id: str, base: int, value: float = 1.0, *, client: str = "c0") -> Update:
+    weights = np.full(SIZE, value, np.float32) + np.arange(SIZE, dtype=np.float32) / 10
+    return Update(update_id, client, base, 10, weights, created_at=1.0, metrics={"loss": 0.5})
+
+
+async def publish(redis: aioredis.Redis, keys: Keys, payload: bytes | Update) -> bytes:
+    raw = encode_update(payload) if isinstance(payload, Update) else payload
+    entry_id: bytes = await redis.xadd(keys.updates, {"m": raw})
+    return entry_id
+
+
+async def ledger(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    return [r async for r in records(redis, keys)]
+
+
+async def dead_letters(redis: aioredis.Redis, keys: Keys) -> list[dict[bytes, bytes]]:
+    entries: Any = await redis.xrange(keys.deadletter)
+    return [fields for _, fields in entries]
