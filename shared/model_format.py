@@ -7,9 +7,12 @@ Snapshots come from our own aggregator, but devices parse them, so decoding is j
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from shared.aggregation import ModelSnapshot
 from shared.layout import Layout, LayoutError
@@ -90,3 +93,21 @@ def summary(message: ModelMessage) -> dict[str, Any]:
         "parameters": snap.layout.size,
         "created_at": message.created_at,
     }
+
+
+def to_safetensors(snapshot: ModelSnapshot) -> bytes:
+    """The same weights as a safetensors file, for tools that read that format (no torch needed).
+
+    Layout: 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape
+    and byte range, then the raw little-endian float32 data, which is our flat vector as is.
+    """
+    header: dict[str, Any] = {"__metadata__": {"version": str(snapshot.version)}}
+    offset = 0
+    for name, shape in snapshot.layout.tensors:
+        size = math.prod(shape) * 4
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8
+    data = np.ascontiguousarray(snapshot.weights, dtype="<f4").tobytes()
+    return len(text).to_bytes(8, "little") + text + data

@@ -1,0 +1,1 @@
+"""The snapshot service: `python -m services.snapshot` or `fedasync snapshot`."""

@@ -1,0 +1,279 @@
+"""HTTP API of the snapshot service (docs/http-api.md): versioned, immutable models, cheaply.
+
+The newest model lives in memory as bytes with a strong ETag, so `GET /v1/models/latest` is a
+dictionary lookup, and an unchanged version costs a 304. A background task follows commits by
+pub/sub (re-reading the latest version whenever it (re)subscribes, so a missed message only
+delays, never loses, a version) and wakes long-polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from services.keys import Keys
+from services.lifecycle import cancel_tasks
+from services.redis_conn import TRANSIENT, get_bytes
+from services.snapshot.cache import ModelCache, Served, TooManyWaiters
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MODEL_CONTENT_TYPE = "application/vnd.fedasync.model+msgpack"
+SAFETENSORS_CONTENT_TYPE = "application/vnd.safetensors"
+VERSION_HEADER = "X-Fedasync-Version"
+DONE_HEADER = "X-Fedasync-Training-Done"
+
+SETTINGS = web.AppKey("settings", Settings)
+REDIS = web.AppKey("redis", aioredis.Redis)
+KEYS = web.AppKey("keys", Keys)
+CACHE = web.AppKey("cache", ModelCache)
+
+
+class SnapshotMetrics:
+    """Prometheus metrics of one app (own registry: several apps may live in one test process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "fedasync_snapshot_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.sent = Counter(
+            "fedasync_snapshot_sent_bytes", "Model bytes sent", registry=self.registry
+        )
+        self.not_modified = Counter(
+            "fedasync_snapshot_not_modified",
+            "Requests answered 304 Not Modified",
+            registry=self.registry,
+        )
+        self.waiters = Gauge(
+            "fedasync_snapshot_long_poll_waiters",
+            "Long-polls waiting for a newer version",
+            registry=self.registry,
+        )
+        self.version = Gauge(
+            "fedasync_snapshot_model_version",
+            "Newest model version held in memory",
+            registry=self.registry,
+        )
+
+
+METRICS = web.AppKey("metrics", SnapshotMetrics)
+
+
+# ---------------------------------------------------------------------------------- handlers
+def _headers(served: Served, done: dict[str, str], immutable: bool) -> dict[str, str]:
+    headers = {
+        "ETag": served.etag,
+        VERSION_HEADER: str(served.version),
+        "Cache-Control": "public, max-age=31536000, immutable" if immutable else "no-cache",
+    }
+    if done:
+        headers[DONE_HEADER] = done.get("reason", "done")
+    return headers
+
+
+def _send(request: web.Request, served: Served, route: str, immutable: bool) -> web.Response:
+    cache, metrics = request.app[CACHE], request.app[METRICS]
+    headers = _headers(served, cache.done, immutable)
+    if served.etag in _etags(request.headers.get("If-None-Match", "")):
+        metrics.not_modified.inc()
+        metrics.requests.labels(route, "304").inc()
+        return web.Response(status=304, headers=headers)
+    if request.query.get("format") == "safetensors":
+        body, content_type = served.safetensors(), SAFETENSORS_CONTENT_TYPE
+    else:
+        body, content_type = served.body, MODEL_CONTENT_TYPE
+    metrics.sent.inc(len(body))
+    metrics.requests.labels(route, "200").inc()
+    return web.Response(body=body, content_type=content_type, headers=headers)
+
+
+def _etags(header: str) -> set[str]:
+    return {tag.strip() for tag in header.split(",") if tag.strip()}
+
+
+def _error(status: int, message: str, route: str, request: web.Request) -> web.Response:
+    request.app[METRICS].requests.labels(route, str(status)).inc()
+    return web.json_response({"error": message}, status=status)
+
+
+async def latest(request: web.Request) -> web.StreamResponse:
+    """The newest committed model; `?newer_than=N&wait=S` long-polls for a version above N."""
+    cache, settings = request.app[CACHE], request.app[SETTINGS]
+    newer_than = request.query.get("newer_than")
+    if newer_than is not None:
+        try:
+            than = int(newer_than)
+            wait = float(request.query.get("wait", settings.snapshot.long_poll_max_s))
+        except ValueError:
+            return _error(400, "newer_than must be an int and wait a number", "latest", request)
+        wait = max(0.0, min(wait, settings.snapshot.long_poll_max_s))
+        try:
+            served = await cache.wait_newer(than, wait)
+        except TooManyWaiters as exc:
+            response = _error(503, str(exc), "latest", request)
+            response.headers["Retry-After"] = "1"
+            return response
+        if served is None:
+            if cache.closing:
+                return _error(503, "shutting down", "latest", request)
+            request.app[METRICS].requests.labels("latest", "204").inc()
+            return web.Response(status=204, headers={"Cache-Control": "no-cache"})
+        return _send(request, served, "latest", immutable=False)
+    if cache.latest is None:
+        return _error(503, "no model committed yet", "latest", request)
+    return _send(request, cache.latest, "latest", immutable=False)
+
+
+async def by_version(request: web.Request) -> web.StreamResponse:
+    """A specific version: immutable, cacheable for ever; 404 once it is no longer kept."""
+    served = await _lookup(request)
+    if served is None:
+        return _error(404, "version not kept", "version", request)
+    return _send(request, served, "version", immutable=True)
+
+
+async def meta(request: web.Request) -> web.StreamResponse:
+    """JSON metadata (version, layout, sha256, size, created) without the weights."""
+    cache = request.app[CACHE]
+    name = request.match_info["version"]
+    served = cache.latest if name == "latest" else await _lookup(request)
+    if served is None:
+        return _error(404, "version not kept", "meta", request)
+    request.app[METRICS].requests.labels("meta", "200").inc()
+    body = served.meta | {"etag": served.etag, "training_done": cache.done or None}
+    return web.json_response(body, headers={VERSION_HEADER: str(served.version)})
+
+
+async def _lookup(request: web.Request) -> Served | None:
+    try:
+        version = int(request.match_info["version"])
+    except ValueError:
+        return None
+    cache = request.app[CACHE]
+    served = cache.get(version)
+    if served is None:
+        raw = await get_bytes(request.app[REDIS], request.app[KEYS].model(version))
+        if raw is None:
+            return None
+        served = Served.from_bytes(raw)
+        cache.remember(served)
+    return served
+
+
+async def livez(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready once a model is held in memory and Redis answers."""
+    cache = request.app[CACHE]
+    try:
+        await request.app[REDIS].ping()
+    except TRANSIENT as exc:
+        return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
+    if cache.latest is None:
+        return web.json_response({"status": "no model yet"}, status=503)
+    return web.json_response({"status": "ready", "version": cache.latest.version})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# ---------------------------------------------------------------------------------- following
+async def refresh(app: web.Application) -> None:
+    """Load the newest committed version (and the done flag) into the cache."""
+    redis, keys, cache = app[REDIS], app[KEYS], app[CACHE]
+    version = await get_bytes(redis, keys.version)
+    done_raw: Any = await redis.hgetall(keys.done)
+    done = {k.decode(): v.decode() for k, v in done_raw.items()}
+    if version is None:
+        return
+    number = int(version)
+    if cache.latest is not None and cache.latest.version >= number and done == cache.done:
+        return
+    raw = await get_bytes(redis, keys.model(number))
+    if raw is None:
+        log.warning("version %d announced but model missing", number)
+        return
+    await cache.publish(Served.from_bytes(raw), done)
+    app[METRICS].version.set(number)
+
+
+async def follow(app: web.Application) -> None:
+    """Follow commits by pub/sub; on any connection trouble, back off and resubscribe."""
+    backoff = 0.1
+    while True:
+        try:
+            pubsub = app[REDIS].pubsub()
+            async with pubsub:
+                await pubsub.subscribe(app[KEYS].versions_channel)
+                await refresh(app)  # whatever was committed while we were not listening
+                backoff = 0.1
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    # a message means a new version; silence for 5 s re-checks the done flag
+                    await refresh(app)
+                    del message
+        except asyncio.CancelledError:
+            raise
+        except TRANSIENT as exc:
+            log.warning("lost Redis (%s); resubscribing in %.1f s", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(follow(app), name="snapshot-follow")
+    yield
+    await app[CACHE].close()
+    await cancel_tasks([task])
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[REDIS] = redis
+    app[KEYS] = Keys(settings.redis.key_prefix)
+    app[CACHE] = ModelCache(settings.snapshot.cache_versions, settings.snapshot.max_waiters)
+    app[METRICS] = SnapshotMetrics()
+    app[METRICS].waiters.set_function(lambda: app[CACHE].waiters)
+    app.add_routes(
+        [
+            web.get("/v1/models/latest", latest),
+            web.get("/v1/models/{version}/meta", meta),
+            web.get("/v1/models/{version}", by_version),
+            web.get("/livez", livez),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics_endpoint),
+        ]
+    )
+    app.cleanup_ctx.append(_background)
+    return app
+
+
+async def wait_ready(app: web.Application, timeout: float = 10.0) -> None:
+    """For tests and the launcher: return once the first model is in memory."""
+    if await app[CACHE].wait_newer(-1, timeout) is None:
+        raise TimeoutError(f"snapshot service has no model after {timeout} s")

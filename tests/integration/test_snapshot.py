@@ -1,0 +1,131 @@
+"""The snapshot service against a real Redis and real commits: ETags, 304, versions, long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient, TestServer
+from safetensors.numpy import load as load_safetensors
+
+from services.aggregator.service import run as run_aggregator
+from services.keys import Keys
+from services.snapshot.app import (
+    DONE_HEADER,
+    MODEL_CONTENT_TYPE,
+    VERSION_HEADER,
+    create_app,
+    wait_ready,
+)
+from shared.model_format import decode_model
+from shared.settings import Settings
+from tests.integration.helpers import initial_state, make_update, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+async def commit_updates(settings: Settings, redis: aioredis.Redis, ids: list[str]) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    version = int(await redis.get(keys.version) or 0)
+    for update_id in ids:
+        await publish(redis, keys, make_update(update_id, base=version))
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+
+
+@pytest_asyncio.fixture
+async def client(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[TestClient]:
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    app = create_app(settings, redis)
+    async with TestClient(TestServer(app)) as test_client:
+        await wait_ready(app)
+        yield test_client
+
+
+async def test_latest_with_etag_then_304(client: TestClient) -> None:
+    first = await client.get("/v1/models/latest")
+    assert first.status == 200
+    assert first.headers["Content-Type"] == MODEL_CONTENT_TYPE
+    assert first.headers[VERSION_HEADER] == "0"
+    etag = first.headers["ETag"]
+    assert etag.startswith('"v0-')
+    model = decode_model(await first.read()).snapshot
+    assert model.version == 0
+    again = await client.get("/v1/models/latest", headers={"If-None-Match": etag})
+    assert again.status == 304
+    assert await again.read() == b""
+
+
+async def test_new_commit_is_served_and_old_version_stays_immutable(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    old = await client.get("/v1/models/latest")
+    waiting = asyncio.create_task(client.get("/v1/models/latest?newer_than=0&wait=10"))
+    await commit_updates(settings, redis, ["a", "b"])
+    newer = await waiting
+    assert newer.status == 200
+    assert newer.headers[VERSION_HEADER] == "2"
+    stale = await client.get("/v1/models/latest", headers={"If-None-Match": old.headers["ETag"]})
+    assert stale.status == 200  # the ETag no longer matches: a new download
+    pinned = await client.get("/v1/models/0")
+    assert pinned.status == 200
+    assert "immutable" in pinned.headers["Cache-Control"]
+    assert await pinned.read() == await old.read()
+
+
+async def test_long_poll_times_out_with_204(client: TestClient) -> None:
+    response = await client.get("/v1/models/latest?newer_than=0&wait=0.05")
+    assert response.status == 204
+
+
+async def test_evicted_and_unknown_versions_are_404(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keep = settings.aggregator.keep_versions
+    for i in range(keep + 2):
+        await commit_updates(settings, redis, [f"e{i}"])
+    evicted = await client.get("/v1/models/1")
+    assert evicted.status == 404
+    assert (await evicted.json())["error"]
+    assert (await client.get("/v1/models/999")).status == 404
+    assert (await client.get("/v1/models/0")).status == 200  # the initial model is kept
+
+
+async def test_metadata_and_safetensors(client: TestClient) -> None:
+    meta = await (await client.get("/v1/models/latest/meta")).json()
+    assert meta["version"] == 0
+    assert meta["parameters"] == 8
+    assert meta["layout"] == [["w", [7]], ["b", [1]]]
+    assert len(meta["sha256"]) == 64
+    response = await client.get("/v1/models/latest?format=safetensors")
+    tensors = load_safetensors(await response.read())
+    assert tensors["w"].shape == (7,)
+    assert tensors["b"].shape == (1,)
+
+
+async def test_done_flag_is_announced(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    small = settings.model_copy(
+        update={"budget": settings.budget.model_copy(update={"max_updates": 1})}
+    )
+    keys = Keys(settings.redis.key_prefix)
+    await publish(redis, keys, make_update("last", base=0))
+    waiting = asyncio.create_task(client.get("/v1/models/latest?newer_than=0&wait=10"))
+    await run_aggregator(small, redis=redis, handle_signals=False, burst=True)
+    response = await waiting
+    assert response.headers[DONE_HEADER] == "max_updates"
+
+
+async def test_health_and_metrics(client: TestClient) -> None:
+    assert (await client.get("/livez")).status == 200
+    ready = await client.get("/readyz")
+    assert ready.status == 200
+    await client.get("/v1/models/latest")
+    text = await (await client.get("/metrics")).text()
+    assert 'fedasync_snapshot_requests_total{route="latest",status="200"}' in text
+    assert "fedasync_snapshot_model_version 0.0" in text
