@@ -154,6 +154,26 @@ class DedupSettings(Section):
     capacity: int = Field(DEFAULT_CAPACITY, ge=1, description="update ids kept at most")
 
 
+class WorkerSettings(Section):
+    """A device: where it gets models, which data share it holds, how slow it pretends to be."""
+
+    snapshot_url: str = Field("http://127.0.0.1:8081", description="snapshot service base URL")
+    client_id: str | None = Field(None, description="device id; unset: device-<index>")
+    device_index: int = Field(0, ge=0, description="which share of the split data it holds")
+    profile: Literal["longtail", "lognormal", "pareto", "exponential", "none"] = Field(
+        "longtail", description="latency profile its training time follows"
+    )
+    time_scale: float = Field(
+        0.01, ge=0, description="real seconds per profile second (0.01: 30 s runs take 0.3 s)"
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="chance a run is abandoned mid-training")
+    epochs: int | None = Field(None, ge=1, description="local epochs; unset: the task's default")
+    lr: float | None = Field(None, gt=0, description="local learning rate; unset: task default")
+    batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
+    max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
+    download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
+
+
 class LogSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     json_format: bool = Field(False, description="one JSON object per line instead of text")
@@ -175,6 +195,7 @@ class Settings(BaseSettings):
     task: TaskSettings = TaskSettings()
     aggregator: AggregatorSettings = AggregatorSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
+    worker: WorkerSettings = WorkerSettings()
     wire: WireSettings = WireSettings()
     dedup: DedupSettings = DedupSettings()
     log: LogSettings = LogSettings()

@@ -1,0 +1,1 @@
+"""The device worker: `python -m services.worker` or `fedasync worker`."""

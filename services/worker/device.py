@@ -1,0 +1,78 @@
+"""What makes one device this device: its share of the data and how long its runs take.
+
+Drawn from the task seed exactly as the simulator draws them (same SeedSequence streams), so
+device k of a real fleet holds the data and has the speed of device k in simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from learning import partition
+from learning.dataset import Dataset
+from learning.task import Task, TrainParams
+from learning.tasks import get_task
+from shared import fleet
+from shared.settings import TaskSettings, WorkerSettings
+from sim.seeds import DeviceStream, Stream, device_stream, stream
+
+PROFILES: dict[
+    str, fleet.Mixture | fleet.LogNormalFleet | fleet.ParetoFleet | fleet.ExponentialFleet
+] = {
+    "longtail": fleet.LONG_TAIL,
+    "lognormal": fleet.LogNormalFleet(),
+    "pareto": fleet.ParetoFleet(),
+    "exponential": fleet.ExponentialFleet(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    task: Task
+    data: Dataset
+    latency: fleet.DeviceLatency | None  # None: as fast as it trains
+    train: TrainParams
+
+
+def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
+    if worker.device_index >= task_settings.num_devices:
+        raise ValueError(
+            f"device_index {worker.device_index} but the data is split over "
+            f"{task_settings.num_devices} devices"
+        )
+    task = get_task(task_settings.name)
+    seed = task_settings.seed
+    train_data, _ = task.dataset(stream(seed, Stream.DATA))
+    shares = _split(task_settings.partition, train_data, task_settings.num_devices, seed)
+    latency = None
+    if worker.profile != "none":
+        devices = PROFILES[worker.profile].devices(
+            task_settings.num_devices, stream(seed, Stream.FLEET)
+        )
+        latency = devices[worker.device_index].scaled(worker.time_scale)
+    suggested = task.suggested
+    params = TrainParams(
+        epochs=worker.epochs or suggested.epochs,
+        lr=worker.lr or suggested.lr,
+        batch_size=worker.batch_size or suggested.batch_size,
+    )
+    return Device(task, train_data.subset(shares[worker.device_index]), latency, params)
+
+
+def _split(name: str, data: Dataset, devices: int, seed: int) -> list[np.ndarray]:
+    rng = stream(seed, Stream.PARTITION)
+    labels = data.y.astype(np.int64)
+    if name == "iid":
+        return partition.iid(labels, devices, rng)
+    if name == "dirichlet":
+        return partition.dirichlet(labels, devices, rng, beta=0.5)
+    if name == "shards":
+        return partition.shards(labels, devices, rng, classes_per_device=2)
+    raise ValueError(f"unknown partition {name!r}: iid, dirichlet or shards")
+
+
+def run_rng(seed: int, device: int, run: int) -> np.random.Generator:
+    """The generator of one training run (shuffling, dropout, jitter) of one device."""
+    return device_stream(seed, device, DeviceStream.TRAIN, run)

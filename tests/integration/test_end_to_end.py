@@ -1,0 +1,86 @@
+"""Aggregator + snapshot service + device workers, all real, on digits: the model learns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from learning.tasks import get_task
+from services.aggregator.service import run as run_aggregator
+from services.keys import Keys
+from services.ledger import verify
+from services.redis_conn import get_bytes
+from services.snapshot.service import run as run_snapshot
+from services.worker.service import run as run_worker
+from shared.model_format import decode_model
+from shared.settings import Settings
+from sim.seeds import Stream, stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+DEVICES = 4
+
+
+async def test_workers_train_digits_well_above_chance(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "task": settings.task.model_copy(
+                update={"name": "digits", "num_devices": DEVICES, "seed": 3}
+            ),
+            "budget": settings.budget.model_copy(update={"max_updates": 40}),
+            "snapshot": settings.snapshot.model_copy(update={"port": 0}),
+        }
+    )
+    stopping = asyncio.Event()
+    aggregator = asyncio.create_task(
+        run_aggregator(settings, redis=redis, handle_signals=False, stopping=stopping)
+    )
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    snapshot = asyncio.create_task(
+        run_snapshot(
+            settings, redis=redis, handle_signals=False, stopping=stopping, started=started
+        )
+    )
+    port = await started
+    url = f"http://127.0.0.1:{port}"
+    workers = []
+    for device in range(DEVICES):
+        mine = settings.model_copy(
+            update={
+                "worker": settings.worker.model_copy(
+                    update={"device_index": device, "profile": "none", "snapshot_url": url}
+                )
+            }
+        )
+        workers.append(run_worker(mine, redis=redis, handle_signals=False))
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*workers), timeout=240)
+    finally:
+        stopping.set()
+        outcome = await aggregator
+        await snapshot
+
+    assert outcome.closed == "max_updates"
+    assert outcome.version == 40
+    assert all(r.done_reason == "max_updates" for r in results)
+    assert sum(r.published for r in results) >= 40
+    assert sum(r.not_modified for r in results) + sum(r.downloads for r in results) > 0
+
+    keys = Keys(settings.redis.key_prefix)
+    raw = await get_bytes(redis, keys.model(40))
+    assert raw is not None
+    model = decode_model(raw).snapshot
+    task = get_task("digits")
+    _, test = task.dataset(stream(3, Stream.DATA))
+    initial = task.evaluate(task.init_weights(stream(3, Stream.MODEL)), test)
+    final = task.evaluate(model.weights, test)
+    assert final.accuracy is not None
+    assert final.accuracy > 0.6  # chance is 0.1
+    assert initial.accuracy is not None
+    assert final.accuracy > initial.accuracy + 0.3
+    report = await verify(redis, keys, settings.wire.max_message_bytes)
+    assert report.ok, report.describe()
