@@ -92,11 +92,14 @@ class Aggregator:
             self._committed_version = self.state.version
             self._closed_committed = self.state.closed is not None
         claimed = await self._claim_pending()
+        pending: Any = await r.xpending(keys.updates, AGGREGATOR_GROUP)
         log.info(
-            "aggregator epoch %d at version %d (commit %d); %d pending entries taken over",
+            "aggregator epoch %d at version %d (commit %d); %d undecided entries to re-read "
+            "(%d taken over from other consumers)",
             epoch,
             self.state.version,
             self.committer.seq,
+            pending["pending"],
             claimed,
         )
 
