@@ -7,15 +7,19 @@ settings in its own handler, never at import time.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from shared import __version__
 from shared.params import ParamError
 from shared.policy import Policy
 from shared.settings import SettingsError, load_settings, settings_reference
 from shared.staleness import Decay
+from sim.cli import register as register_simulator
 
 
 def _alpha_table(args: argparse.Namespace) -> int:
@@ -56,6 +60,44 @@ def _settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service(module: str) -> Callable[[argparse.Namespace], int]:
+    """Run a service's own main(), which builds its settings and logging."""
+
+    def handler(args: argparse.Namespace) -> int:
+        entry = importlib.import_module(f"services.{module}.__main__")
+        return int(entry.main())
+
+    return handler
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from services import ledger
+    from services.keys import Keys
+    from services.redis_conn import connect
+
+    settings = load_settings()
+
+    async def go() -> int:
+        redis = connect(settings.redis)
+        keys = Keys(settings.redis.key_prefix)
+        try:
+            if args.ledger_command == "export":
+                if args.out is None:
+                    count = await ledger.export(redis, keys, sys.stdout)
+                else:
+                    with args.out.open("w") as out:
+                        count = await ledger.export(redis, keys, out)
+                print(f"{count} decisions exported", file=sys.stderr)
+                return 0
+            report = await ledger.verify(redis, keys, settings.wire.max_message_bytes)
+            print(report.describe())
+            return 0 if report.ok else 1
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(go())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedasync",
@@ -78,6 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     settings = commands.add_parser("settings", help="print the validated settings as JSON")
     settings.add_argument("--docs", action="store_true", help="print the settings reference table")
     settings.set_defaults(handler=_settings)
+
+    for name, text in (
+        ("aggregator", "run the aggregator (the single consumer of the updates stream)"),
+        ("snapshot", "run the snapshot service (models over HTTP)"),
+        ("worker", "run one device worker"),
+    ):
+        commands.add_parser(name, help=text).set_defaults(handler=_service(name))
+
+    ledger = commands.add_parser("ledger", help="export or verify the decision ledger")
+    ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
+    export = ledger_commands.add_parser("export", help="write the ledger as JSON lines")
+    export.add_argument("--out", type=Path, help="file to write (default: standard output)")
+    ledger_commands.add_parser(
+        "verify", help="replay the ledger through the core and check the committed model"
+    )
+    ledger.set_defaults(handler=_ledger)
+
+    register_simulator(commands)
     return parser
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -67,7 +67,8 @@ class Decision:
         return self.outcome is Outcome.APPLIED
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        """Plain msgpack/JSON-safe form (written once per decision: no deep copy)."""
+        out = {f.name: getattr(self, f.name) for f in _FIELDS}
         out["outcome"] = self.outcome.value
         return out
 
@@ -76,3 +77,6 @@ class Decision:
         values = dict(data)
         values["outcome"] = Outcome(values["outcome"])
         return cls(**values)
+
+
+_FIELDS = fields(Decision)

@@ -105,7 +105,11 @@ def to_safetensors(snapshot: ModelSnapshot) -> bytes:
     offset = 0
     for name, shape in snapshot.layout.tensors:
         size = math.prod(shape) * 4
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8

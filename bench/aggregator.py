@@ -1,0 +1,162 @@
+"""Aggregator throughput against raw Redis consumption of the same payloads, side by side.
+
+For each model size, the same updates are put in two streams of one private redis-server (AOF,
+appendfsync always, as in production). Raw: redis-py XREADGROUP + XACK, nothing else. Ours: the
+aggregator in burst mode (decode, decide through the core, group-commit state, model, ledger and
+acknowledgements atomically). Both are timed from "all updates in the stream" to "all consumed
+and acknowledged"; the ratio is what exactly-once costs. Also: seconds from an aggregator
+restart after kill -9 to its next commit.
+
+Run: python bench/aggregator.py [--sizes 10000 100000 1000000] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from services.aggregator.service import run as run_aggregator
+from services.keys import AGGREGATOR_GROUP, Keys
+from services.redis_conn import connect
+from services.redis_server import RedisServer
+from shared.aggregation import AggregationState
+from shared.layout import Layout
+from shared.settings import Settings, load_settings
+from shared.update import Update
+from shared.wire import encode_update
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def payloads(size: int, count: int) -> list[bytes]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        weights = rng.standard_normal(size).astype(np.float32)
+        out.append(encode_update(Update(f"u{i}", f"c{i % 50}", max(i - 3, 0), 10, weights)))
+    return out
+
+
+async def fill(redis: aioredis.Redis, stream: str, raw: list[bytes]) -> None:
+    for start in range(0, len(raw), 16):
+        pipe = redis.pipeline(transaction=False)
+        for message in raw[start : start + 16]:
+            pipe.xadd(stream, {"m": message})
+        await pipe.execute()
+
+
+async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int) -> float:
+    await redis.xgroup_create(stream, "raw", id="0", mkstream=True)
+    start, done = time.perf_counter(), 0
+    while done < count:
+        reply: Any = await redis.xreadgroup("raw", "c", {stream: ">"}, count=batch)
+        ids = [entry_id for entry_id, _ in reply[0][1]]
+        await redis.xack(stream, "raw", *ids)
+        done += len(ids)
+    return count / (time.perf_counter() - start)
+
+
+async def ours(settings: Settings, redis: aioredis.Redis, size: int, raw: list[bytes]) -> float:
+    keys = Keys(settings.redis.key_prefix)
+    initial = AggregationState(np.zeros(size, np.float32), Layout.flat(size))
+    await run_aggregator(settings, redis=redis, initial=initial, handle_signals=False, burst=True)
+    await fill(redis, keys.updates, raw)
+    start = time.perf_counter()
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    elapsed = time.perf_counter() - start
+    pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
+    assert pending["pending"] == 0
+    return len(raw) / elapsed
+
+
+async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServer) -> float:
+    """kill -9 the aggregator process mid-stream; time from restart to its next commit."""
+    keys = Keys(settings.redis.key_prefix)
+    env = dict(
+        os.environ,
+        FEDASYNC_REDIS__URL=server.url,
+        FEDASYNC_REDIS__KEY_PREFIX=settings.redis.key_prefix,
+        FEDASYNC_TASK__NAME="linear",
+        FEDASYNC_LOG__LEVEL="WARNING",
+    )
+    size = 21  # the linear task's model
+    first = subprocess.Popen([sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env)
+    await fill(redis, keys.updates, payloads(size, 200))
+    while int(await redis.get(keys.commit_seq) or 0) < 3:
+        await asyncio.sleep(0.01)
+    first.kill()
+    first.wait()
+    await fill(redis, keys.updates, payloads(size, 50)[::-1])
+    seq = int(await redis.get(keys.commit_seq) or 0)
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.versions_channel)
+    start = time.perf_counter()
+    second = subprocess.Popen([sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env)
+    while int(await redis.get(keys.commit_seq) or 0) <= seq:
+        await pubsub.get_message(timeout=0.01)
+    elapsed = time.perf_counter() - start
+    second.kill()
+    second.wait()
+    await pubsub.aclose()
+    return elapsed
+
+
+async def main_async(sizes: list[int], batch: int) -> None:
+    counts = {10_000: 2000, 100_000: 600, 1_000_000: 100}
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp) / "redis")
+        server.start()
+        try:
+            print(f"{'parameters':>11} {'updates':>8} {'raw/s':>9} {'ours/s':>9} {'ours/raw':>9}")
+            for size in sizes:
+                count = counts.get(size, 200)
+                raw = payloads(size, count)
+                settings = load_settings(
+                    redis={"url": server.url, "key_prefix": f"bench-{size}"},
+                    aggregator={"batch_max": batch},
+                    budget={"max_updates": 10**9, "max_seconds": 10**9},
+                )
+                redis = connect(settings.redis)
+                try:
+                    await fill(redis, f"raw-{size}", raw)
+                    raw_rate = await raw_consume(redis, f"raw-{size}", count, batch)
+                    await redis.delete(f"raw-{size}")
+                    our_rate = await ours(settings, redis, size, raw)
+                    print(
+                        f"{size:>11} {count:>8} {raw_rate:>9.0f} {our_rate:>9.0f} "
+                        f"{our_rate / raw_rate:>9.2f}"
+                    )
+                    await redis.flushall()
+                finally:
+                    await redis.aclose()
+            settings = load_settings(redis={"url": server.url, "key_prefix": "bench-recovery"})
+            redis = connect(settings.redis)
+            try:
+                seconds = await recovery(settings, redis, server)
+                print(f"recovery: restart after kill -9 → next commit in {seconds:.2f} s")
+            finally:
+                await redis.aclose()
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--batch", type=int, default=32)
+    args = parser.parse_args()
+    asyncio.run(main_async(args.sizes, args.batch))
+
+
+if __name__ == "__main__":
+    main()
