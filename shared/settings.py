@@ -200,6 +200,16 @@ class Settings(BaseSettings):
     dedup: DedupSettings = DedupSettings()
     log: LogSettings = LogSettings()
 
+    @model_validator(mode="after")
+    def _read_times_out_after_blocking(self) -> Settings:
+        """A blocking XREADGROUP must return before the socket gives up on it."""
+        if self.redis.socket_timeout_s * 1000 <= self.aggregator.block_ms:
+            raise ValueError(
+                f"redis.socket_timeout_s ({self.redis.socket_timeout_s} s) must exceed "
+                f"aggregator.block_ms ({self.aggregator.block_ms} ms)"
+            )
+        return self
+
 
 def setting_names() -> set[str]:
     """Every environment variable that names a setting."""

@@ -45,3 +45,16 @@ async def ledger(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
 async def dead_letters(redis: aioredis.Redis, keys: Keys) -> list[dict[bytes, bytes]]:
     entries: Any = await redis.xrange(keys.deadletter)
     return [fields for _, fields in entries]
+
+
+async def wait_for_ledger(redis: aioredis.Redis, keys: Keys, after: str, count: int) -> str:
+    """Block on the ledger stream (no polling) until `count` more decisions are committed."""
+    seen = 0
+    while seen < count:
+        reply: Any = await redis.xread({keys.ledger: after}, block=20_000, count=count - seen)
+        if not reply:
+            raise TimeoutError("no decision committed within 20 s")
+        entries = reply[0][1]
+        seen += len(entries)
+        after = entries[-1][0].decode()
+    return after

@@ -129,6 +129,20 @@ async def test_second_aggregator_fences_off_the_first(
         (b"\xc1not msgpack", "malformed"),
         (pack({"schema": 9}), "unknown_schema"),
         (b"\x00" * 2048, "too_large"),
+        (
+            pack(
+                {
+                    "schema": 1,
+                    "update_id": "d",
+                    "client_id": "c",
+                    "base_version": 0,
+                    "num_samples": 1,
+                    "created_at": 0.0,
+                    "weights": {"dtype": "float64", "shape": [8], "data": b"\x00" * 64},
+                }
+            ),
+            "bad_dtype",
+        ),
     ],
 )
 async def test_undecodable_messages_are_dead_lettered_and_acknowledged(
@@ -221,3 +235,19 @@ async def test_update_budget_closes_training_and_marks_done(
     done: Any = await redis.hgetall(keys.done)
     assert done[b"reason"] == b"max_updates"
     assert (await verify(redis, keys, settings.wire.max_message_bytes)).ok
+
+
+async def test_time_budget_closes_training(settings: Settings, redis: aioredis.Redis) -> None:
+    keys = keys_of(settings)
+    await run(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    await redis.set(keys.started, repr(0.0))  # training "started" in 1970: the budget is spent
+    await publish(redis, keys, make_update("late", base=0))
+    result = await run(settings, redis=redis, handle_signals=False, burst=True)
+    assert result.closed == "max_seconds"
+    assert [(e["outcome"], e["reason"]) for e in await ledger(redis, keys)] == [
+        ("dropped", "closed")
+    ]
+    done: Any = await redis.hgetall(keys.done)
+    assert done[b"reason"] == b"max_seconds"

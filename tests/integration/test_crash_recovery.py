@@ -27,6 +27,7 @@ from services.ledger import records, verify
 from shared.settings import Settings
 from shared.update import Update
 from shared.wire import encode_update
+from tests.integration.helpers import wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -53,19 +54,6 @@ def aggregator_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]
         return subprocess.Popen(
             [sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env, stdout=out, stderr=out
         )
-
-
-async def wait_for_ledger(redis: aioredis.Redis, keys: Keys, after: str, count: int) -> str:
-    """Block on the ledger stream (no polling) until `count` more decisions are committed."""
-    seen = 0
-    while seen < count:
-        reply: Any = await redis.xread({keys.ledger: after}, block=20_000, count=count - seen)
-        if not reply:
-            raise TimeoutError("no decision committed within 20 s")
-        entries = reply[0][1]
-        seen += len(entries)
-        after = entries[-1][0].decode()
-    return after
 
 
 async def publish_wave(

@@ -81,3 +81,10 @@ def test_configuration_doc_lists_every_setting_with_its_default() -> None:
     assert reference in DOC.read_text()
     for name in settings_module.setting_names():
         assert f"`{name}`" in reference
+
+
+def test_socket_timeout_must_exceed_the_blocking_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDASYNC_REDIS__SOCKET_TIMEOUT_S", "1")
+    monkeypatch.setenv("FEDASYNC_AGGREGATOR__BLOCK_MS", "2000")
+    with pytest.raises(SettingsError, match="socket_timeout_s"):
+        load_settings()

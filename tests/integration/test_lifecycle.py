@@ -1,0 +1,107 @@
+"""Services as real processes: SIGTERM drains and exits cleanly; publishing rides out Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from learning.tasks import get_task
+from services.keys import AGGREGATOR_GROUP, Keys
+from services.redis_conn import connect
+from services.redis_server import RedisServer, free_port
+from services.worker.service import publish
+from shared.settings import Settings, load_settings
+from shared.update import Update
+from shared.wire import encode_update
+from tests.integration.helpers import ledger, make_update, wait_for_ledger
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "FEDASYNC_REDIS__URL": str(settings.redis.url),
+            "FEDASYNC_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+            "FEDASYNC_TASK__NAME": "linear",
+            "FEDASYNC_AGGREGATOR__BLOCK_MS": "100",
+            **extra,
+        }
+    )
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"services.{module}"], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
+
+
+async def test_aggregator_drains_on_sigterm(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    process = spawn("aggregator", settings, tmp_path / "aggregator.log")
+    size = get_task("linear").layout.size
+    for i in range(20):
+        update = Update(f"s{i}", "c", 0, 1, np.zeros(size, np.float32))
+        await redis.xadd(keys.updates, {"m": encode_update(update)})
+    await wait_for_ledger(redis, keys, "0-0", 20)  # all decided and committed (an event)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    log = (tmp_path / "aggregator.log").read_text()
+    assert "draining and stopping" in log
+    assert "stopped at version 11" in log  # τ_max = 10: the rest trained from version 0 are stale
+    pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
+    assert pending["pending"] == 0
+    assert len(await ledger(redis, keys)) == 20
+
+
+async def test_snapshot_service_stops_cleanly_on_sigterm(
+    settings: Settings, tmp_path: Path
+) -> None:
+    port = free_port()
+    process = spawn(
+        "snapshot", settings, tmp_path / "snapshot.log", FEDASYNC_SNAPSHOT__PORT=str(port)
+    )
+    for _ in range(100):  # until it listens (no event to await from another process)
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+            break
+        except OSError:
+            await asyncio.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert "draining and stopping" in (tmp_path / "snapshot.log").read_text()
+
+
+async def test_publish_retries_with_the_same_bytes_across_a_redis_restart(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    settings = load_settings(redis={"url": server.url, "key_prefix": "restart"})
+    client = connect(settings.redis)
+    keys = Keys("restart")
+    try:
+        raw = encode_update(make_update("once", base=0))
+        await publish(client, keys, raw, attempts=20)
+        server.kill()  # Redis dies; the next publish meets a dead socket
+        publishing = asyncio.create_task(publish(client, keys, raw, attempts=20))
+        await asyncio.sleep(0.2)  # let it fail at least once before Redis is back
+        server.start()  # same port, same AOF
+        await asyncio.wait_for(publishing, timeout=30)
+        entries: Any = await client.xrange(keys.updates)
+        assert [fields[b"m"] for _, fields in entries] == [raw, raw]  # the first survived the kill
+    finally:
+        await client.aclose()
+        server.stop()
