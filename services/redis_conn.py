@@ -9,6 +9,7 @@ off, logs every attempt and gives up after a bounded number.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -44,11 +45,21 @@ def connect(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
     )
 
 
-async def retrying(what: str, action: Callable[[], Awaitable[T]], settings: RedisSettings) -> T:
-    """Run an idempotent Redis action, reconnecting with backoff on transient errors."""
+async def retrying(
+    what: str,
+    action: Callable[[], Awaitable[T]],
+    settings: RedisSettings,
+    stopping: asyncio.Event | None = None,
+) -> T:
+    """Run an idempotent Redis action, reconnecting with backoff on transient errors.
+
+    Gives up at once when `stopping` is set: a service asked to stop must not sit out a backoff.
+    """
     policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts)
 
     async def failed(error: Exception) -> None:
+        if stopping is not None and stopping.is_set():
+            raise error
         log.warning("redis %s failed (%s); retrying", what, error)
 
     return await policy.call_with_retry(action, failed)

@@ -23,7 +23,7 @@ from services.aggregator.commit import Batch, Committer, DeadLetter
 from services.keys import AGGREGATOR_GROUP, Keys
 from services.lifecycle import stop_on_signals
 from services.policy_store import ensure_policy, read_policy
-from services.redis_conn import connect, get_bytes, retrying
+from services.redis_conn import TRANSIENT, connect, get_bytes, retrying
 from shared.aggregation import AggregationState, ModelSnapshot
 from shared.checkpoint import load_state, save_state
 from shared.decision import Outcome
@@ -60,6 +60,7 @@ class Aggregator:
         self.committer: Committer
         self.started_at = 0.0
         self._policy_read_at = 0.0
+        self._stopping: asyncio.Event | None = None
         self._committed_version = -1
         self._closed_committed = False
         #: cursor in our own pending entries (re-read first after a restart); None once done
@@ -146,6 +147,17 @@ class Aggregator:
     # ------------------------------------------------------------------------------ the loop
     async def run(self, stopping: asyncio.Event, *, burst: bool = False) -> RunResult:
         """Decide and commit until `stopping` is set (or, in burst mode, the stream is empty)."""
+        self._stopping = stopping
+        try:
+            await self._loop(stopping, burst)
+        except TRANSIENT as exc:
+            if not stopping.is_set():
+                raise
+            # nothing is lost: whatever was decided but not committed is re-read next time
+            log.warning("stopping without a final commit: Redis unreachable (%s)", exc)
+        return RunResult(self.state.version, self.state.closed, self.committer.seq)
+
+    async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
         while not stopping.is_set():
             await self._refresh_policy()
             self._check_time_budget()
@@ -166,7 +178,6 @@ class Aggregator:
                 await self._commit(batch, model=self.state.version != self._committed_version)
             elif burst:
                 break
-        return RunResult(self.state.version, self.state.closed, self.committer.seq)
 
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
         room = self.settings.aggregator.batch_max - len(batch.acks)
@@ -180,6 +191,7 @@ class Aggregator:
                 block=block,
             ),
             self.settings.redis,
+            self._stopping,
         )
         entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
         for stream_id, fields in entries:
@@ -224,7 +236,10 @@ class Aggregator:
             return
         self._policy_read_at = now
         policy = await retrying(
-            "GET policy", lambda: read_policy(self.redis, self.keys), self.settings.redis
+            "GET policy",
+            lambda: read_policy(self.redis, self.keys),
+            self.settings.redis,
+            self._stopping,
         )
         if policy.version != self.policy.version:
             log.info("policy %d → %d", self.policy.version, policy.version)
