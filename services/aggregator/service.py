@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from services.aggregator.commit import Batch, Committer, DeadLetter
 from services.keys import AGGREGATOR_GROUP, Keys
-from services.lifecycle import stop_on_signals
+from services.lifecycle import cancel_tasks, stop_on_signals
 from services.policy_store import ensure_policy, read_policy
 from services.redis_conn import TRANSIENT, connect, get_bytes, retrying
 from shared.aggregation import AggregationState, ModelSnapshot
@@ -61,6 +61,7 @@ class Aggregator:
         self.started_at = 0.0
         self._policy_read_at = 0.0
         self._stopping: asyncio.Event | None = None
+        self._inflight: asyncio.Task[None] | None = None
         self._committed_version = -1
         self._closed_committed = False
         #: cursor in our own pending entries (re-read first after a restart); None once done
@@ -87,7 +88,7 @@ class Aggregator:
             self.state = initial if initial is not None else self._initial_state()
             # the exact starting point, kept for ever so `ledger verify` can replay from it
             await r.set(keys.genesis, save_state(self.state))
-            await self._commit(Batch(b"", 0, b""), model=True)
+            await self._commit(Batch(b"", 0, b""))
         else:
             self.state = await self._restore()
             self._committed_version = self.state.version
@@ -155,6 +156,9 @@ class Aggregator:
                 raise
             # nothing is lost: whatever was decided but not committed is re-read next time
             log.warning("stopping without a final commit: Redis unreachable (%s)", exc)
+        finally:
+            if self._inflight is not None:  # a commit lands whole or not at all: safe to drop
+                await cancel_tasks([self._inflight])
         return RunResult(self.state.version, self.state.closed, self.committer.seq)
 
     async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
@@ -175,9 +179,13 @@ class Aggregator:
                     break
             newly_closed = self.state.closed is not None and not self._closed_committed
             if batch.acks or newly_closed:
-                await self._commit(batch, model=self.state.version != self._committed_version)
+                self._seal(batch)
+                await self._finish_commit()  # commits stay in order: one in flight at most
+                # the next batch is read and decided while Redis runs this commit
+                self._inflight = asyncio.create_task(self._send(batch), name="commit")
             elif burst:
                 break
+        await self._finish_commit()
 
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
         room = self.settings.aggregator.batch_max - len(batch.acks)
@@ -245,20 +253,38 @@ class Aggregator:
             log.info("policy %d → %d", self.policy.version, policy.version)
             self.policy = policy
 
-    async def _commit(self, batch: Batch, *, model: bool) -> None:
+    def _seal(self, batch: Batch) -> None:
+        """Freeze what the commit will write: the state *now*, after exactly this batch.
+
+        Synchronous on purpose: the next batch may be decided while this one is in flight, and
+        must not leak into it.
+        """
         state = self.state
         batch.state = save_state(state, include_weights=False)
         batch.version = state.version
-        if model:
+        if state.version != self._committed_version:
             snapshot = ModelSnapshot(state.version, state.weights_view(), state.layout)
             batch.model = encode_model(snapshot, created_at=time.time())
         batch.done_reason = state.closed or ""
-        await self.committer.commit(batch, now=time.time())
         self._committed_version = state.version
         self._closed_committed = state.closed is not None
+
+    async def _send(self, batch: Batch) -> None:
+        await self.committer.commit(batch, now=time.time())
         if not self.settings.aggregator.keep_payloads and batch.acks:
             # everything up to the last acknowledged entry is decided and durable
             await self.redis.xtrim(self.keys.updates, minid=batch.acks[-1])
+
+    async def _finish_commit(self) -> None:
+        """Wait for the commit in flight; its failure (e.g. Fenced) surfaces here."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            await inflight
+
+    async def _commit(self, batch: Batch) -> None:
+        self._seal(batch)
+        await self._finish_commit()
+        await self._send(batch)
 
 
 async def run(
