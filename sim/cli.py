@@ -1,0 +1,178 @@
+"""`fedasync simulate` and `fedasync advise`, registered on the main command by services/cli.py.
+
+Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from learning.partition import PartitionError
+from learning.tasks import UnknownTaskError
+from shared.fleet import ReplayedLatency, RunLatency
+from sim.advisor import Advice, advise, estimated_rate
+from sim.config import ConfigError, load_config
+from sim.presets import PRESETS, UnknownPresetError, preset_text
+from sim.result import Progress
+from sim.trace import TraceError, read_durations
+
+_INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, UnknownTaskError)
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `simulate` and `advise` subcommands."""
+    simulate = commands.add_parser(
+        "simulate", help="run FedAsync, FedBuff and FedAvg on a simulated fleet"
+    )
+    _source_arguments(simulate)
+    simulate.add_argument("--out", type=Path, help="output folder (default runs/NAME-seedSEED)")
+    simulate.add_argument("--no-plots", action="store_true", help="summary and CSVs only")
+    simulate.add_argument("--quiet", action="store_true", help="no progress bar")
+    simulate.add_argument("--list-presets", action="store_true", help="list presets and exit")
+    simulate.add_argument(
+        "--show-config", action="store_true", help="print the preset's TOML and exit"
+    )
+    simulate.set_defaults(handler=_simulate)
+
+    advise_cmd = commands.add_parser(
+        "advise", help="recommend tau_max from a fleet's latencies and the update rate"
+    )
+    _source_arguments(advise_cmd)
+    advise_cmd.add_argument(
+        "--trace", type=Path, help="CSV device,duration_s: use these latencies instead"
+    )
+    advise_cmd.add_argument("--rate", type=float, help="updates per second (default: estimated)")
+    advise_cmd.add_argument("--tau-max", type=int, help="tau_max to evaluate (default: advised)")
+    advise_cmd.add_argument("--backoff", type=float, default=0.25, help="back-off (0.2-0.3)")
+    advise_cmd.add_argument("--quantile", type=float, default=0.95, help="the slowest devices")
+    advise_cmd.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advise_cmd.set_defaults(handler=_advise)
+
+
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration")
+    parser.add_argument("--config", type=Path, help="TOML or YAML file (on top of --preset)")
+    parser.add_argument("--seed", type=int, help="overrides the config's seed")
+
+
+def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except _INPUT_ERRORS as exc:
+            print(f"fedasync: {exc}", file=sys.stderr)
+            return 2
+
+    return handler
+
+
+@_guarded
+def _simulate(args: argparse.Namespace) -> int:
+    if args.list_presets:
+        for name in sorted(PRESETS):
+            print(name)
+        return 0
+    if args.show_config:
+        if args.preset is None:
+            raise ConfigError("--show-config needs --preset")
+        print(preset_text(args.preset), end="")
+        return 0
+    from sim.output import write_all, write_data
+    from sim.runner import simulate
+
+    config = load_config(args.config, args.preset, args.seed)
+    out = args.out if args.out is not None else Path("runs") / f"{config.name}-seed{config.seed}"
+    with _progress(config.budget.max_seconds, enabled=not args.quiet) as progress:
+        sim = simulate(config, progress=progress)
+    summary = write_all(sim, out) if not args.no_plots else write_data(sim, out)
+    for name, result in summary["algorithms"].items():
+        reached = result["time_to_target"]["time_s"]
+        when = "not reached" if reached is None else f"at {reached / 60:.1f} min"
+        print(
+            f"{name:>22}: final {result['final']['score']:.3f}, target {when}, "
+            f"{result['updates']['applied']} applied, {result['updates']['dropped']} dropped, "
+            f"ended by {result['ended_by']}"
+        )
+    print(f"wrote {out}/summary.json" + ("" if args.no_plots else f" and {out}/report.md"))
+    return 0
+
+
+@contextmanager
+def _progress(total_s: float, *, enabled: bool) -> Iterator[Callable[[str], Progress] | None]:
+    """A rich progress bar per algorithm over simulated time (display only, never recorded)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+
+    columns = (
+        TextColumn("{task.description:>22}"),
+        BarColumn(),
+        TextColumn("{task.fields[sim]:>9} simulated, {task.fields[applied]:>6} applied"),
+        TimeElapsedColumn(),
+    )
+    with Bar(*columns, console=Console(stderr=True)) as bar:
+
+        def start(name: str) -> Progress:
+            task = bar.add_task(name, total=total_s, sim="0 min", applied=0)
+
+            def advance(sim_s: float, applied: int) -> None:  # cheap: rich redraws at 10 Hz
+                bar.update(task, completed=sim_s, sim=f"{sim_s / 60:.0f} min", applied=applied)
+
+            return advance
+
+        yield start
+
+
+@_guarded
+def _advise(args: argparse.Namespace) -> int:
+    latencies: list[RunLatency]
+    concurrency = None
+    if args.trace is not None:
+        latencies = [ReplayedLatency(d) for d in read_durations(args.trace).values()]
+    else:
+        from sim.runner import fleet_advice
+        from sim.world import build_world
+
+        if args.config is None and args.preset is None:
+            raise ConfigError("give --trace, --preset or --config")
+        world = build_world(load_config(args.config, args.preset, args.seed))
+        latencies = world.new_fleet().latencies
+        concurrency = world.config.fleet.max_concurrency
+        if args.rate is None:
+            args.rate = fleet_advice(world).rate_per_s
+    rate = args.rate if args.rate is not None else estimated_rate(latencies, concurrency)
+    try:
+        advice = advise(latencies, rate, args.tau_max, backoff=args.backoff, quantile=args.quantile)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(json.dumps(advice.to_dict(), sort_keys=True, indent=2))
+    else:
+        print(describe(advice, len(latencies)))
+    return 0
+
+
+def describe(advice: Advice, devices: int) -> str:
+    """The advice in words, with the arithmetic shown."""
+    q = f"P{advice.quantile * 100:g}"
+    low, high = advice.recommended_range
+    return "\n".join(
+        [
+            f"fleet: {devices} devices; update rate r = {advice.rate_per_s:.3f}/s",
+            f"{q} latency of a run: {advice.slow_latency_s:.1f} s",
+            f"expected tau of the slowest devices = r x {q} = {advice.expected_tau_slowest:.1f}",
+            f"recommended tau_max = {advice.recommended_tau_max} "
+            f"(back-off {advice.backoff:.0%}; 30%..20%: {low}..{high})",
+            f"at tau_max = {advice.tau_max}: runs longer than {advice.cutoff_s:.1f} s are dropped;"
+            f" {len(advice.permanently_dropped)} devices ({advice.permanently_dropped_share:.1%})"
+            f" are permanently dropped; {advice.dropped_update_share:.1%} of all updates dropped",
+        ]
+    )

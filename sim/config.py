@@ -1,0 +1,317 @@
+"""A simulation's configuration: TOML or YAML, optionally on top of a named preset, validated.
+
+Every field has a default, a file only states what differs, and unknown keys are errors, so a
+misspelt setting is never silently ignored. Policy parameters are checked by the core's own
+ranges (shared.params), the same that the aggregator service applies.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.params import ParamError
+from shared.policy import Policy
+from shared.staleness import Decay
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be run; the message names each bad key and why."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskConfig(Strict):
+    name: Literal["linear", "synthetic", "digits"] = "digits"
+    #: passed to learning.tasks.get_task, e.g. {hidden = 32} for digits
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataConfig(Strict):
+    partition: Literal["iid", "dirichlet", "shards", "rare_class_on_slow"] = "iid"
+    beta: float = Field(0.5, gt=0, description="Dirichlet concentration")
+    classes_per_device: int = Field(2, ge=1, description="classes each device holds (shards)")
+    rare_class: int = Field(0, ge=0, description="the class only slow devices hold")
+    rare_keep: float = Field(1.0, gt=0, le=1, description="share of the rare class kept")
+    slow_share: float = Field(0.1, gt=0, le=1, description="the slowest devices by median")
+
+
+class LongTailLatency(Strict):
+    """The write-up's mixture; `tiers` are (share of devices, median seconds)."""
+
+    kind: Literal["longtail"]
+    tiers: list[tuple[float, float]] = [(0.70, 30.0), (0.20, 90.0), (0.08, 180.0), (0.02, 600.0)]
+    jitter: float = Field(0.2, ge=0)
+
+    @model_validator(mode="after")
+    def _positive(self) -> LongTailLatency:
+        if not self.tiers or any(s <= 0 or m <= 0 for s, m in self.tiers):
+            raise ValueError("tiers must be non-empty (share > 0, median_s > 0) pairs")
+        return self
+
+
+class LogNormalLatency(Strict):
+    kind: Literal["lognormal"]
+    median_s: float = Field(60.0, gt=0)
+    sigma: float = Field(0.8, ge=0)
+    jitter: float = Field(0.2, ge=0)
+
+
+class ParetoLatency(Strict):
+    kind: Literal["pareto"]
+    scale_s: float = Field(30.0, gt=0)
+    shape: float = Field(1.5, gt=0)
+    jitter: float = Field(0.2, ge=0)
+
+
+class ExponentialLatency(Strict):
+    kind: Literal["exponential"]
+    mean_s: float = Field(60.0, gt=0)
+    minimum_s: float = Field(1.0, gt=0)
+    jitter: float = Field(0.2, ge=0)
+
+
+class FixedLatency(Strict):
+    """Exactly these medians per device (cycled), for closed-form checks."""
+
+    kind: Literal["fixed"]
+    medians_s: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+    jitter: float = Field(0.0, ge=0)
+
+
+class TraceLatency(Strict):
+    """A CSV with columns device,duration_s; each device replays its durations in order."""
+
+    kind: Literal["trace"]
+    path: str
+
+
+Latency = Annotated[
+    LongTailLatency
+    | LogNormalLatency
+    | ParetoLatency
+    | ExponentialLatency
+    | FixedLatency
+    | TraceLatency,
+    Field(discriminator="kind"),
+]
+
+
+class AlwaysAvailable(Strict):
+    kind: Literal["always"]
+
+
+class IntermittentAvailability(Strict):
+    """Alternating online/offline periods, exponential with these means."""
+
+    kind: Literal["intermittent"]
+    online_mean_s: float = Field(3600.0, gt=0)
+    offline_mean_s: float = Field(600.0, gt=0)
+
+
+class TraceAvailability(Strict):
+    """A CSV with columns device,online_from_s,online_until_s; offline outside the windows."""
+
+    kind: Literal["trace"]
+    path: str
+
+
+Availability = Annotated[
+    AlwaysAvailable | IntermittentAvailability | TraceAvailability, Field(discriminator="kind")
+]
+
+
+class FleetConfig(Strict):
+    devices: int = Field(100, ge=1)
+    latency: Latency = LongTailLatency(kind="longtail")
+    availability: Availability = AlwaysAvailable(kind="always")
+    dropout: float = Field(0.0, ge=0, lt=1, description="chance a run fails mid-training")
+    max_concurrency: int | None = Field(None, ge=1, description="devices training at once")
+
+
+class TrainingConfig(Strict):
+    """Local training; unset values take the task's suggestion."""
+
+    epochs: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, ge=1)
+
+
+class BudgetConfig(Strict):
+    max_updates: int = Field(2000, ge=1, description="applied updates")
+    max_seconds: float = Field(3600.0, gt=0, description="simulated seconds")
+
+
+class EvalConfig(Strict):
+    interval_s: float = Field(60.0, gt=0, description="simulated seconds between evaluations")
+    target: float | None = Field(None, description="accuracy (or R²) to time")
+    jitter_window: int = Field(20, ge=2, description="last evaluations for the jitter measure")
+
+
+class FedAsyncConfig(Strict):
+    kind: Literal["fedasync"]
+    name: str | None = None
+    decay: Decay = Decay.POLYNOMIAL
+    alpha0: float = 0.6
+    gamma: float = 0.6
+    lam: float = 0.9
+    hinge_a: float = 10.0
+    hinge_b: int = 4
+    #: "auto": the advisor's recommendation for this fleet (see sim/advisor.py)
+    tau_max: int | Literal["auto"] = 10
+
+    def policy(self, tau_max: int) -> Policy:
+        return Policy(
+            decay=self.decay,
+            alpha0=self.alpha0,
+            gamma=self.gamma,
+            lam=self.lam,
+            hinge_a=self.hinge_a,
+            hinge_b=self.hinge_b,
+            tau_max=tau_max,
+        )
+
+    @model_validator(mode="after")
+    def _core_ranges(self) -> FedAsyncConfig:
+        _check_policy(lambda: self.policy(10 if self.tau_max == "auto" else self.tau_max))
+        return self
+
+
+class FedBuffConfig(Strict):
+    kind: Literal["fedbuff"]
+    name: str | None = None
+    buffer_size: int = 10
+    server_lr: float = 1.0
+    tau_max: int | Literal["auto"] = 100
+
+    def policy(self, tau_max: int) -> Policy:
+        return Policy.fedbuff(self.buffer_size, self.server_lr, tau_max)
+
+    @model_validator(mode="after")
+    def _core_ranges(self) -> FedBuffConfig:
+        _check_policy(lambda: self.policy(100 if self.tau_max == "auto" else self.tau_max))
+        return self
+
+
+class FedAvgConfig(Strict):
+    """Synchronous rounds: select, wait, average by sample count."""
+
+    kind: Literal["fedavg"]
+    name: str | None = None
+    clients_per_round: int = Field(10, ge=1)
+    #: select ceil(m·(1 + over_selection)) and keep the first m to finish
+    over_selection: float = Field(0.0, ge=0)
+    #: results later than this after the round's start are not waited for
+    deadline_s: float | None = Field(None, gt=0)
+    min_clients: int = Field(1, ge=1, description="fewer online devices: wait")
+
+
+Algorithm = Annotated[FedAsyncConfig | FedBuffConfig | FedAvgConfig, Field(discriminator="kind")]
+
+
+class SimConfig(Strict):
+    name: str = "custom"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    task: TaskConfig = TaskConfig()
+    data: DataConfig = DataConfig()
+    fleet: FleetConfig = FleetConfig()
+    training: TrainingConfig = TrainingConfig()
+    budget: BudgetConfig = BudgetConfig()
+    eval: EvalConfig = EvalConfig()
+    algorithms: list[Algorithm] = Field(min_length=1)
+    #: where relative trace paths are resolved from (the config file's folder)
+    base_dir: str = "."
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> SimConfig:
+        names = [label(a) for a in self.algorithms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"algorithm names must be unique, got {names}; set name = ...")
+        return self
+
+
+def label(algorithm: FedAsyncConfig | FedBuffConfig | FedAvgConfig) -> str:
+    """The algorithm's name in outputs: its `name`, or its kind."""
+    return algorithm.name or algorithm.kind
+
+
+def _check_policy(build: Any) -> None:
+    try:
+        build()
+    except ParamError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# ------------------------------------------------------------------------------------ loading
+def parse_file(path: Path) -> dict[str, Any]:
+    """A TOML (.toml) or YAML (.yaml/.yml) file as a dict."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{path}: config files are .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table of settings")
+    return data
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`, table by table; lists (algorithms) are replaced whole."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build(data: Mapping[str, Any]) -> SimConfig:
+    """Validate, or raise one ConfigError listing every problem with its dotted key."""
+    try:
+        return SimConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "(top level)"
+            lines.append(f"  {where}: {error['msg']}")
+        raise ConfigError("invalid simulation config:\n" + "\n".join(lines)) from None
+
+
+def load_config(
+    path: Path | None = None, preset: str | None = None, seed: int | None = None
+) -> SimConfig:
+    """A preset, a file, or a file on top of a preset (named by --preset or its `preset` key)."""
+    from sim.presets import preset_data  # presets are parsed with this module's rules
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = parse_file(path)
+        named = data.pop("preset", None)
+        if named is not None and preset is not None and named != preset:
+            raise ConfigError(f"{path} extends preset {named!r} but --preset is {preset!r}")
+        preset = preset if preset is not None else named
+        data.setdefault("base_dir", str(path.parent))
+    if preset is not None:
+        data = merge(preset_data(preset), data)
+    if not data:
+        raise ConfigError("give a config file, a preset, or both")
+    if seed is not None:
+        data["seed"] = seed
+    return build(data)

@@ -1,0 +1,164 @@
+"""The report's charts, drawn with matplotlib's object API on the Agg canvas (no GUI, no pyplot).
+
+Each chart has axis labels with units, a title and a legend, so a PNG stands on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from sim.result import RunResult
+from sim.runner import Simulation
+
+DPI = 100
+
+
+def _figure() -> Figure:
+    figure = Figure(figsize=(7.5, 4.5), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Figure, path: Path) -> str:
+    figure.savefig(path, metadata={"Software": None})
+    return path.name
+
+
+def _score_name(sim: Simulation) -> str:
+    return "accuracy" if sim.world.task.num_classes else "R²"
+
+
+def _async(sim: Simulation) -> list[RunResult]:
+    return [r for r in sim.results if r.kind != "fedavg"]
+
+
+def curve(sim: Simulation, out: Path, *, by: str) -> str:
+    figure = _figure()
+    ax = figure.add_subplot()
+    name = _score_name(sim)
+    for r in sim.results:
+        points = r.recorder.evals
+        x = [p.time_s / 60 if by == "time" else float(p.updates) for p in points]
+        ax.plot(x, [p.score for p in points], label=r.name, drawstyle="steps-post")
+    target = sim.world.config.eval.target
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    if by == "time":
+        ax.set_xlabel("simulated time (min)")
+        ax.set_title(f"Test {name} against simulated time")
+    else:
+        ax.set_xlabel("updates applied to the model (device results)")
+        ax.set_title(f"Test {name} against updates applied")
+    ax.set_ylabel(f"test {name} (fraction)" if name == "accuracy" else "test R²")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(figure, out / f"{'accuracy' if by == 'time' else 'accuracy_updates'}.png")
+
+
+def loss_curve(sim: Simulation, out: Path) -> str:
+    figure = _figure()
+    ax = figure.add_subplot()
+    for r in sim.results:
+        points = r.recorder.evals
+        ax.plot([p.time_s / 60 for p in points], [p.loss for p in points], label=r.name)
+    ax.set_xlabel("simulated time (min)")
+    ax.set_ylabel("test loss (cross-entropy or MSE)")
+    ax.set_yscale("log")
+    ax.set_title("Test loss against simulated time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(figure, out / "loss.png")
+
+
+def histogram(sim: Simulation, out: Path, *, field: str) -> str:
+    figure = _figure()
+    ax = figure.add_subplot()
+    runs = _async(sim)
+    series = []
+    for r in runs:
+        chosen = (d.tau if field == "tau" else d.alpha for d in r.recorder.decisions)
+        series.append([float(v) for v in chosen if v is not None])
+    everything = [v for values in series for v in values]
+    edges = np.histogram_bin_edges(everything or [0.0, 1.0], bins=60).tolist()
+    for r, values, style in zip(runs, series, ["-", "--", ":", "-."] * 3, strict=False):
+        if values:
+            ax.hist(
+                values, bins=edges, histtype="step", linewidth=1.5, linestyle=style, label=r.name
+            )
+        if field == "tau":
+            ax.axvline(r.settings["tau_max"], linestyle=":", linewidth=1, color="grey")
+    if field == "tau":
+        ax.set_xlabel("staleness τ of each update received (model versions); dotted: τ_max")
+        ax.set_title("Staleness of the updates the server received")
+    else:
+        ax.set_xlabel("effective mixing weight α of each applied update (dimensionless)")
+        ax.set_title("Effective α of applied updates")
+    ax.set_ylabel("updates (count, log scale)")
+    ax.set_yscale("log")  # a long tail of very stale updates next to a tall fresh peak
+    ax.grid(alpha=0.3)
+    if runs:
+        ax.legend()
+    return _save(figure, out / f"{field}.png")
+
+
+def acceptance(sim: Simulation, out: Path) -> str:
+    figure = _figure()
+    ax = figure.add_subplot()
+    medians = np.asarray(sim.world.medians_s)
+    for r, marker in zip(sim.results, "os^vDP*X", strict=False):
+        sub = np.asarray(r.recorder.submitted, dtype=np.float64)
+        used = np.asarray(r.recorder.applied, dtype=np.float64)
+        rate = np.divide(used, sub, out=np.zeros_like(used), where=sub > 0)
+        ax.scatter(medians, rate, marker=marker, s=18, alpha=0.6, label=r.name)
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel("device median latency of a training run (s, log scale)")
+    ax.set_ylabel("share of the device's results applied")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title("Per-client acceptance against device speed")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(figure, out / "acceptance.png")
+
+
+def per_class(sim: Simulation, out: Path) -> str | None:
+    classes = sim.world.task.num_classes
+    if not classes:
+        return None
+    figure = _figure()
+    ax = figure.add_subplot()
+    width = 0.8 / len(sim.results)
+    for i, r in enumerate(sim.results):
+        final = r.recorder.evals[-1].per_class
+        x = np.arange(classes) + i * width - 0.4 + width / 2
+        ax.bar(x, [final.get(k, 0.0) for k in range(classes)], width, label=r.name)
+    ax.set_xticks(range(classes))
+    ax.set_xlabel("class")
+    ax.set_ylabel("final test accuracy of the class (fraction)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Final accuracy per class")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=min(4, len(sim.results)))
+    return _save(figure, out / "per_class.png")
+
+
+def write_plots(sim: Simulation, out: Path) -> list[str]:
+    """Every chart as a PNG in `out`; returns the file names in report order."""
+    images = [
+        curve(sim, out, by="time"),
+        curve(sim, out, by="updates"),
+        loss_curve(sim, out),
+        histogram(sim, out, field="tau"),
+        histogram(sim, out, field="alpha"),
+        acceptance(sim, out),
+    ]
+    classes = per_class(sim, out)
+    if classes is not None:
+        images.append(classes)
+    return images

@@ -1,0 +1,78 @@
+"""report.md: the run's main numbers in one table, the advisor's view, and the charts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _minutes(seconds: Any) -> str:
+    return "not reached" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def table(summary: dict[str, Any]) -> list[str]:
+    rows = [
+        "| algorithm | ended by | final | best | time to target | applied | dropped |"
+        " τ p50 / p95 / max | α mean | applied/h | rounds/h | never applied | loss σ / step σ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, a in summary["algorithms"].items():
+        tau = a["tau"]
+        taus = (
+            "–" if tau["count"] == 0 else f"{tau['p50']:.0f} / {tau['p95']:.0f} / {tau['max']:.0f}"
+        )
+        rows.append(
+            f"| {name} | {a['ended_by']} | {_num(a['final']['score'])} | {_num(a['best']['score'])}"
+            f" | {_minutes(a['time_to_target']['time_s'])} | {a['updates']['applied']}"
+            f" | {a['updates']['dropped']} | {taus} | {_num(a['alpha']['mean'])}"
+            f" | {_num(a['rates']['applied_per_hour'], 0)}"
+            f" | {_num(a['rates']['rounds_per_hour'], 1)}"
+            f" | {a['acceptance']['clients_never_applied']}"
+            f" | {_num(a['jitter']['loss_std'], 4)} / {_num(a['jitter']['loss_step_std'], 4)} |"
+        )
+    return rows
+
+
+def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
+    config = summary["config"]
+    advice = summary["advisor"]
+    lines = [
+        f"# Simulation `{summary['name']}` (seed {summary['seed']})",
+        "",
+        config["description"] or "",
+        "",
+        f"Task `{config['task']['name']}`, partition `{config['data']['partition']}`,"
+        f" {summary['fleet']['devices']} devices, latency `{config['fleet']['latency']['kind']}`."
+        f" Target score: {config['eval']['target']}. Times are simulated.",
+        "",
+        *table(summary),
+        "",
+        "Jitter: σ of the test loss over the last evaluations, and σ of its successive"
+        " differences (the oscillation without the trend).",
+        "",
+        "## τ_max advisor",
+        "",
+        f"Fleet update rate {advice['rate_per_s']:.3f}/s (every device training back to back),"
+        f" P{advice['quantile'] * 100:.0f} latency {advice['slow_latency_s']:.0f} s:"
+        f" expected τ of the slowest devices ≈ {advice['expected_tau_slowest']:.0f};"
+        f" recommended τ_max {advice['recommended_tau_max']}"
+        f" (range {advice['recommended_range'][0]}–{advice['recommended_range'][1]}),"
+        f" which permanently drops {advice['permanently_dropped_share']:.0%} of the devices.",
+        "",
+        "## Charts",
+        "",
+        *[f"![{name}]({name})" for name in images],
+        "",
+        "Files: `summary.json` (every number), `curves.csv`, `decisions.csv`, `clients.csv`,"
+        " `rounds.csv`.",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))

@@ -1,0 +1,35 @@
+"""What one algorithm's run returns to the report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from shared.decision import Decision
+from shared.update import Update
+from sim.recorder import Recorder
+
+EndedBy = Literal["max_updates", "max_seconds", "no_more_events"]
+
+#: called with (simulated seconds, updates applied) as the run advances
+Progress = Callable[[float, int], None]
+#: called with every update the simulator submits and the core's decision about it
+DecisionHook = Callable[[Update, Decision], None]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunResult:
+    name: str
+    kind: str
+    #: the settings that ran: the policy (FedAsync, FedBuff) or the round rules (FedAvg)
+    settings: dict[str, Any]
+    recorder: Recorder
+    ended_by: EndedBy
+    end_s: float
+    version: int
+    weights: np.ndarray
+    #: the core's counters (applied, dropped, ...) or, for FedAvg, rounds and updates
+    counters: dict[str, int]

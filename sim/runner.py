@@ -1,0 +1,59 @@
+"""Run every configured algorithm on one world, in order, and collect their results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sim import config as cfg
+from sim.advisor import Advice, advise, estimated_rate
+from sim.asynchronous import run_async
+from sim.result import DecisionHook, Progress, RunResult
+from sim.synchronous import run_sync
+from sim.world import World, build_world
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Simulation:
+    world: World
+    #: the advisor's view of this fleet at the rate the fleet can sustain
+    advice: Advice
+    results: list[RunResult]
+
+
+def fleet_advice(world: World, tau_max: int | None = None) -> Advice:
+    """Advice from the fleet's latency laws and the rate they sustain with everyone training."""
+    fleet = world.config.fleet
+    share = 1.0
+    if isinstance(fleet.availability, cfg.IntermittentAvailability):
+        on, off = fleet.availability.online_mean_s, fleet.availability.offline_mean_s
+        share = on / (on + off)
+    latencies = world.new_fleet().latencies
+    rate = estimated_rate(latencies, fleet.max_concurrency, share)
+    return advise(latencies, rate, tau_max)
+
+
+def simulate(
+    config: cfg.SimConfig,
+    *,
+    progress: Callable[[str], Progress] | None = None,
+    on_decision: DecisionHook | None = None,
+    world: World | None = None,
+) -> Simulation:
+    """Build the world once, then run each algorithm on it; `progress(name)` gives a callback."""
+    world = world if world is not None else build_world(config)
+    advice = fleet_advice(world)
+    results = []
+    for index, algorithm in enumerate(config.algorithms):
+        callback = progress(cfg.label(algorithm)) if progress is not None else None
+        if isinstance(algorithm, cfg.FedAvgConfig):
+            result = run_sync(world, index, callback)
+        else:
+            tau_max = (
+                advice.recommended_tau_max if algorithm.tau_max == "auto" else algorithm.tau_max
+            )
+            result = run_async(world, index, algorithm.policy(tau_max), callback, on_decision)
+        if callback is not None:
+            callback(result.end_s, result.recorder.updates_applied)
+        results.append(result)
+    return Simulation(world, advice, results)

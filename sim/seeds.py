@@ -1,0 +1,37 @@
+"""One seed, many independent streams: numpy SeedSequence children named by a fixed key.
+
+`SeedSequence(seed, spawn_key=key)` is exactly the child that `spawn` would produce, but needs no
+state, so the k-th run of device d gets the same generator in every algorithm and in any order
+of events. That is what makes FedAsync, FedBuff and FedAvg run on *the same* fleet.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+
+class Stream(IntEnum):
+    DATA = 0
+    PARTITION = 1
+    FLEET = 2
+    MODEL = 3
+    SERVER = 4
+    DEVICE = 5
+
+
+class DeviceStream(IntEnum):
+    LATENCY = 0
+    AVAILABILITY = 1
+    TRAIN = 2
+
+
+def stream(seed: int, *key: int) -> np.random.Generator:
+    """The generator for one purpose; the same (seed, key) always gives the same draws."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
+
+
+def device_stream(seed: int, device: int, kind: DeviceStream, *more: int) -> np.random.Generator:
+    """A device's own generator for latencies, availability, or one run's training."""
+    return stream(seed, Stream.DEVICE, device, kind, *more)

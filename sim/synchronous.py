@@ -1,0 +1,177 @@
+"""Synchronous FedAvg on the same fleet: select, wait for the round, average by sample count.
+
+A round lasts until the last kept device reports: every selected device when there is neither
+over-selection nor a deadline, else the first m to finish, or what arrived by the deadline.
+A device that drops out is noticed when it drops (optimistic for FedAvg: a real server would
+often notice only at its timeout). The average is `shared.fedavg.fedavg`, the core's only one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.fedavg import fedavg
+from sim.asynchronous import make_devices
+from sim.clock import EventQueue
+from sim.config import FedAvgConfig, label
+from sim.device import RunPlan
+from sim.recorder import Recorder, RoundRecord
+from sim.result import EndedBy, Progress, RunResult
+from sim.seeds import Stream, stream
+from sim.world import World
+
+
+@dataclass(frozen=True, slots=True)
+class StartRound:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EndRound:
+    plans: dict[int, RunPlan]
+    kept: tuple[int, ...]
+    start: float
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluate:
+    pass
+
+
+Event = StartRound | EndRound | Evaluate
+
+
+class SyncRun:
+    def __init__(self, spec: FedAvgConfig, world: World, progress: Progress | None = None) -> None:
+        self.spec = spec
+        self.world = world
+        self.progress = progress
+        self.devices = make_devices(world)
+        self.recorder = Recorder(world.num_devices)
+        self.queue: EventQueue[Event] = EventQueue()
+        self.rng = stream(world.seed, Stream.SERVER)
+        self.weights = _read_only(world.init_weights.copy())
+        self.rounds = 0
+        #: a StartRound or EndRound is scheduled; without one, only evaluations are left
+        self.round_pending = True
+
+    def run(self) -> RunResult:
+        budget = self.world.config.budget
+        self.queue.push(0.0, Evaluate())
+        self.queue.push(0.0, StartRound())
+        ended_by: EndedBy = "no_more_events"
+        end = 0.0
+        while True:
+            if not self.round_pending:  # no device will ever be online again
+                end = self.queue.now
+                break
+            if self.queue.peek_time() > budget.max_seconds:
+                ended_by, end = "max_seconds", budget.max_seconds
+                break
+            time, event = self.queue.pop()
+            if isinstance(event, StartRound):
+                self._start(time)
+            elif isinstance(event, EndRound):
+                self._end(time, event)
+                if self.recorder.updates_applied >= budget.max_updates:
+                    ended_by, end = "max_updates", time
+                    break
+                self.queue.push(time, StartRound())
+            else:
+                result = self.world.task.evaluate(self.weights, self.world.test)
+                self.recorder.evaluation(time, self.rounds, result)
+                self.queue.push(time + self.world.config.eval.interval_s, Evaluate())
+        self.recorder.evaluation(
+            end, self.rounds, self.world.task.evaluate(self.weights, self.world.test)
+        )
+        return RunResult(
+            name=label(self.spec),
+            kind="fedavg",
+            settings=self.spec.model_dump(mode="json", exclude={"kind", "name"}),
+            recorder=self.recorder,
+            ended_by=ended_by,
+            end_s=end,
+            version=self.rounds,
+            weights=self.weights,
+            counters={"rounds": self.rounds, "applied": self.recorder.updates_applied},
+        )
+
+    def _start(self, now: float) -> None:
+        online = [d.index for d in self.devices if d.availability.online_at(now)]
+        if len(online) < self.spec.min_clients:
+            backs = [
+                t
+                for d in self.devices
+                if d.index not in online and (t := d.availability.next_online(now)) is not None
+            ]
+            later = [t for t in backs if t > now]
+            if later:
+                self.queue.push(min(later), StartRound())
+            else:
+                self.round_pending = False
+            return
+        m = self.spec.clients_per_round
+        count = min(len(online), math.ceil(m * (1.0 + self.spec.over_selection) - 1e-9))
+        chosen = self.rng.choice(np.asarray(online), size=count, replace=False)
+        selected = sorted(int(d) for d in chosen)
+        plans = {
+            d: self.devices[d].plan_run(now, self.world.config.fleet.dropout) for d in selected
+        }
+        deadline = now + self.spec.deadline_s if self.spec.deadline_s is not None else math.inf
+        finishing = sorted(
+            (p.end, d) for d, p in plans.items() if p.lost_at is None and p.end <= deadline
+        )
+        kept = tuple(sorted(d for _, d in finishing[:m]))
+        if len(kept) == m:
+            end = finishing[m - 1][0]
+        else:  # wait for every selected device to report or drop, or for the deadline
+            end = min(max(p.over_at for p in plans.values()), deadline)
+        self.queue.push(end, EndRound(plans, kept, now))
+
+    def _end(self, now: float, event: EndRound) -> None:
+        params = self.world.training
+        models, counts = [], []
+        for index, plan in event.plans.items():
+            self.recorder.submitted[index] += plan.lost_at is None
+            if plan.lost_at is not None:
+                self.recorder.lost[index] += 1
+            elif index not in event.kept:
+                self.recorder.discarded[index] += 1
+        for index in event.kept:
+            device = self.devices[index]
+            weights, _ = self.world.task.train(
+                self.weights,
+                device.data,
+                device.train_rng(event.plans[index].run),
+                epochs=params.epochs,
+                lr=params.lr,
+                batch_size=params.batch_size,
+            )
+            models.append(weights)
+            counts.append(len(device.data))
+            self.recorder.applied[index] += 1
+        if models:
+            self.weights = _read_only(fedavg(models, counts))
+            self.rounds += 1
+            self.recorder.updates_applied += len(models)
+        self.recorder.rounds.append(
+            RoundRecord(event.start, now, tuple(sorted(event.plans)), event.kept)
+        )
+        if self.progress is not None:
+            self.progress(now, self.recorder.updates_applied)
+
+
+def _read_only(weights: np.ndarray) -> np.ndarray:
+    """The global model is shared by the round's devices only for reading; writing would raise."""
+    weights.flags.writeable = False
+    return weights
+
+
+def run_sync(world: World, algorithm_index: int, progress: Progress | None = None) -> RunResult:
+    spec = world.config.algorithms[algorithm_index]
+    if not isinstance(spec, FedAvgConfig):
+        raise TypeError(f"algorithm {algorithm_index} is not fedavg")
+    return SyncRun(spec, world, progress).run()

@@ -1,0 +1,184 @@
+"""What every algorithm of one simulation shares: task, data, partition, fleet, initial model.
+
+Built once from the config and the seed. The fleet's mutable parts (availability schedules,
+replay cursors) are created afresh for each algorithm by `new_fleet`, from the same streams,
+so every algorithm meets the same devices, the same latencies and the same outages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from learning import partition
+from learning.dataset import Dataset
+from learning.task import Task, TrainParams
+from learning.tasks import get_task
+from shared import fleet as profiles
+from shared.fleet import AlwaysOnline, Availability, Intermittent, RunLatency, Windows
+from sim import config as cfg
+from sim.seeds import DeviceStream, Stream, device_stream, stream
+from sim.trace import read_durations, read_windows
+
+
+@dataclass(slots=True)
+class Fleet:
+    """Per device: how long a run takes and when it is online; fresh for each algorithm."""
+
+    latencies: list[RunLatency]
+    availability: list[Availability]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class World:
+    config: cfg.SimConfig
+    task: Task
+    train: Dataset
+    test: Dataset
+    device_data: list[Dataset]
+    client_ids: list[str]
+    init_weights: np.ndarray
+    training: TrainParams
+    #: typical (median) latency of each device, seconds
+    medians_s: list[float]
+    #: the devices the fleet marks slow (largest medians), ascending
+    slow: list[int]
+    _trace_durations: dict[str, tuple[float, ...]] | None
+    _trace_windows: dict[str, list[tuple[float, float]]] | None
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_data)
+
+    def new_fleet(self) -> Fleet:
+        return Fleet(
+            make_latencies(self.config, self._trace_durations),
+            make_availability(self.config, self._trace_windows, self.client_ids),
+        )
+
+
+def make_latencies(
+    config: cfg.SimConfig, durations: dict[str, tuple[float, ...]] | None
+) -> list[RunLatency]:
+    """Each device's latency law, drawn from the fleet stream (or replayed from a trace)."""
+    spec = config.fleet.latency
+    if durations is not None:
+        return [profiles.ReplayedLatency(d) for d in durations.values()]
+    profile: (
+        profiles.Mixture
+        | profiles.LogNormalFleet
+        | profiles.ParetoFleet
+        | profiles.ExponentialFleet
+        | profiles.FixedFleet
+    )
+    if isinstance(spec, cfg.LongTailLatency):
+        profile = profiles.Mixture(tuple(spec.tiers), spec.jitter)
+    elif isinstance(spec, cfg.LogNormalLatency):
+        profile = profiles.LogNormalFleet(spec.median_s, spec.sigma, spec.jitter)
+    elif isinstance(spec, cfg.ParetoLatency):
+        profile = profiles.ParetoFleet(spec.scale_s, spec.shape, spec.jitter)
+    elif isinstance(spec, cfg.ExponentialLatency):
+        profile = profiles.ExponentialFleet(spec.mean_s, spec.minimum_s, spec.jitter)
+    elif isinstance(spec, cfg.FixedLatency):
+        profile = profiles.FixedFleet(tuple(spec.medians_s), spec.jitter)
+    else:  # pragma: no cover - a trace always comes with durations
+        raise AssertionError(spec)
+    return list(profile.devices(config.fleet.devices, stream(config.seed, Stream.FLEET)))
+
+
+def make_availability(
+    config: cfg.SimConfig,
+    windows: dict[str, list[tuple[float, float]]] | None,
+    client_ids: Sequence[str],
+) -> list[Availability]:
+    """Each device's online schedule, from its own stream (or from a trace)."""
+    spec = config.fleet.availability
+    if isinstance(spec, cfg.IntermittentAvailability):
+        return [
+            Intermittent(
+                spec.online_mean_s,
+                spec.offline_mean_s,
+                device_stream(config.seed, d, DeviceStream.AVAILABILITY),
+            )
+            for d in range(len(client_ids))
+        ]
+    if windows is not None:
+        return [Windows(windows.get(c, [])) for c in client_ids]
+    return [AlwaysOnline() for _ in client_ids]
+
+
+def build_world(config: cfg.SimConfig) -> World:
+    """Load the task's data, split it over the fleet, and draw the initial model."""
+    task = get_task(config.task.name, **config.task.params)
+    base = Path(config.base_dir)
+    durations = windows = None
+    if isinstance(config.fleet.latency, cfg.TraceLatency):
+        durations = read_durations(base / config.fleet.latency.path)
+        if len(durations) != config.fleet.devices:
+            raise cfg.ConfigError(
+                f"fleet.devices is {config.fleet.devices} but the trace has {len(durations)}"
+            )
+    if isinstance(config.fleet.availability, cfg.TraceAvailability):
+        windows = read_windows(base / config.fleet.availability.path)
+    n = config.fleet.devices
+    client_ids = list(durations) if durations else [f"d{i:0{len(str(n - 1))}d}" for i in range(n)]
+    medians = [lat.quantile(0.5) for lat in make_latencies(config, durations)]
+    slow = slowest(medians, config.data.slow_share)
+    train, test = task.dataset(stream(config.seed, Stream.DATA))
+    parts = _partition(config.data, train.y, n, slow, stream(config.seed, Stream.PARTITION))
+    return World(
+        config=config,
+        task=task,
+        train=train,
+        test=test,
+        device_data=[train.subset(p) for p in parts],
+        client_ids=client_ids,
+        init_weights=task.init_weights(stream(config.seed, Stream.MODEL)),
+        training=_training(config.training, task.suggested),
+        medians_s=medians,
+        slow=slow,
+        _trace_durations=durations,
+        _trace_windows=windows,
+    )
+
+
+def slowest(medians: Sequence[float], share: float) -> list[int]:
+    """The ⌈share·n⌉ devices with the largest medians (ties: lower index first), ascending."""
+    count = max(1, min(len(medians), int(np.ceil(share * len(medians) - 1e-9))))
+    ranked = sorted(range(len(medians)), key=lambda d: (-medians[d], d))
+    return sorted(ranked[:count])
+
+
+def _training(spec: cfg.TrainingConfig, suggested: TrainParams) -> TrainParams:
+    return TrainParams(
+        epochs=spec.epochs if spec.epochs is not None else suggested.epochs,
+        lr=spec.lr if spec.lr is not None else suggested.lr,
+        batch_size=spec.batch_size if spec.batch_size is not None else suggested.batch_size,
+    )
+
+
+def _partition(
+    spec: cfg.DataConfig,
+    labels: np.ndarray,
+    n: int,
+    slow: list[int],
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    if spec.partition != "iid" and labels.dtype.kind == "f":
+        raise cfg.ConfigError(f"partition {spec.partition!r} needs class labels (not regression)")
+    if spec.partition == "dirichlet":
+        return partition.dirichlet(labels, n, rng, beta=spec.beta)
+    if spec.partition == "shards":
+        return partition.shards(labels, n, rng, classes_per_device=spec.classes_per_device)
+    if spec.partition == "rare_class_on_slow":
+        return partition.rare_class_on_slow(
+            labels, n, rng, slow=slow, rare_class=spec.rare_class, keep=spec.rare_keep
+        )
+    return partition.iid(labels, n, rng)

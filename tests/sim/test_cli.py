@@ -1,0 +1,78 @@
+"""`fedasync simulate` and `advise`, via a parser built as services/cli.py builds it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import register
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fedasync")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+def test_simulate_writes_summary_and_curves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        '[task]\nname = "linear"\nparams = {samples = 400}\n[fleet]\ndevices = 4\n'
+        '[budget]\nmax_updates = 20\n[[algorithms]]\nkind = "fedasync"\n'
+        '[[algorithms]]\nkind = "fedavg"\nclients_per_round = 2\n'
+    )
+    out = tmp_path / "out"
+    argv = ["simulate", "--config", str(config), "--out", str(out), "--seed", "4"]
+    assert run([*argv, "--no-plots", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seed"] == 4
+    assert set(summary["algorithms"]) == {"fedasync", "fedavg"}
+    assert (out / "curves.csv").read_text().startswith("algorithm,time_s,updates,version,loss")
+    printed = capsys.readouterr().out
+    assert "fedasync: final" in printed
+    assert "ended by max_updates" in printed
+
+
+def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["simulate", "--list-presets"]) == 0
+    assert capsys.readouterr().out.split() == sorted(
+        ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped"]
+    )
+    assert run(["simulate", "--preset", "noniid-jitter", "--show-config"]) == 0
+    assert 'partition = "shards"' in capsys.readouterr().out
+
+
+def test_bad_input_exits_2_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[algorithms]]\nkind = "fedasync"\ngamma = -1\n')
+    assert run(["simulate", "--config", str(bad), "--quiet"]) == 2
+    assert "gamma" in capsys.readouterr().err
+    assert run(["advise"]) == 2
+    assert "--trace" in capsys.readouterr().err
+
+
+def test_advise_from_a_preset_and_from_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["advise", "--preset", "iid-longtail", "--tau-max", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "expected tau of the slowest devices" in text
+    assert "permanently dropped" in text
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "device,duration_s\n" + "".join(f"d{i},{10 + 90 * (i == 9)}\n" for i in range(10))
+    )
+    assert run(["advise", "--trace", str(trace), "--rate", "1", "--json", "--quantile", "0.9"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["slow_latency_s"] == 10.0
+    assert advice["expected_tau_slowest"] == 10.0
+    assert run(["advise", "--trace", str(trace), "--rate", "1", "--tau-max", "50", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["permanently_dropped"] == [9]

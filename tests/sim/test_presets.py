@@ -1,0 +1,39 @@
+"""Each preset runs end to end, shrunk to a few devices and a short budget.
+
+The full-size runs (100 devices, hours of simulated time) are in docs/experiments.md; here
+only the plumbing of each preset's data split and algorithms is exercised.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.config import build, merge
+from sim.presets import PRESETS, preset_data
+from sim.runner import simulate
+from sim.summary import build_summary
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_runs_when_shrunk(name: str) -> None:
+    data = merge(
+        preset_data(name),
+        {
+            "fleet": {"devices": 12},
+            "task": {"params": {"hidden": 8}},
+            "budget": {"max_updates": 30, "max_seconds": 1800},
+        },
+    )
+    sim = simulate(build(data))
+    summary = build_summary(sim)
+    assert list(summary["algorithms"]) == [a["name"] for a in data["algorithms"]]
+    for result in summary["algorithms"].values():
+        assert result["ended_by"] in ("max_updates", "max_seconds")
+        assert result["updates"]["received"] > 0
+        assert 0.0 <= result["final"]["score"] <= 1.0
+    if name == "rare-class-dropped":
+        slow = set(summary["fleet"]["slow_devices"])
+        holders = {
+            sim.world.client_ids[d] for d, data_ in enumerate(sim.world.device_data) if 8 in data_.y
+        }
+        assert holders == slow
