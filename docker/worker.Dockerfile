@@ -12,6 +12,8 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY learning ./learning
+COPY sim ./sim
 RUN pip install ".[worker]" \
     && useradd --create-home --uid 10001 fedasync
 

@@ -117,6 +117,38 @@ def rare_class_on_slow(
     return _finish(devices)
 
 
+#: Partition names, as configs and settings spell them.
+PARTITIONS = ("iid", "dirichlet", "shards", "rare_class_on_slow")
+
+
+def split(
+    name: str,
+    labels: np.ndarray,
+    num_devices: int,
+    rng: np.random.Generator,
+    *,
+    beta: float = 0.5,
+    classes_per_device: int = 2,
+    slow: Sequence[int] = (),
+    rare_class: int = 0,
+    keep: float = 1.0,
+) -> list[np.ndarray]:
+    """The partition called `name`: the one dispatch the simulator and the device worker share."""
+    if name not in PARTITIONS:
+        raise PartitionError(f"unknown partition {name!r}; known: {list(PARTITIONS)}")
+    if name != "iid" and labels.dtype.kind == "f":
+        raise PartitionError(f"partition {name!r} needs class labels (not regression targets)")
+    if name == "dirichlet":
+        return dirichlet(labels, num_devices, rng, beta=beta)
+    if name == "shards":
+        return shards(labels, num_devices, rng, classes_per_device=classes_per_device)
+    if name == "rare_class_on_slow":
+        return rare_class_on_slow(
+            labels, num_devices, rng, slow=slow, rare_class=rare_class, keep=keep
+        )
+    return iid(labels, num_devices, rng)
+
+
 def _check(labels: np.ndarray, num_devices: int) -> None:
     if labels.ndim != 1:
         raise PartitionError(f"labels must be one-dimensional, got shape {labels.shape}")

@@ -107,7 +107,9 @@ class TaskSettings(Section):
     )
     seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
     num_devices: int = Field(10, ge=1, description="devices the training data is split across")
-    partition: str = Field("iid", min_length=1, description="how data is split across devices")
+    partition: Literal["iid", "dirichlet", "shards"] = Field(
+        "iid", description="how data is split across devices (as in the simulator)"
+    )
 
 
 class AggregatorSettings(Section):

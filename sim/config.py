@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.params import ParamError
@@ -257,18 +256,32 @@ def parse_file(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        if path.suffix == ".toml":
+    if path.suffix == ".toml":
+        try:
             data: Any = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"{path}: config files are .toml, .yaml or .yml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    elif path.suffix in (".yaml", ".yml"):
+        data = _parse_yaml(path, text)
+    else:
+        raise ConfigError(f"{path}: config files are .toml, .yaml or .yml")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a table of settings")
     return data
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    """YAML is optional (the `sim` extra): services that never read a config don't need it."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(
+            f"{path}: YAML configs need pyyaml (pip install 'fedasync[sim]')"
+        ) from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

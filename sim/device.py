@@ -8,7 +8,7 @@ import numpy as np
 
 from learning.dataset import Dataset
 from shared.fleet import Availability, RunLatency
-from sim.seeds import DeviceStream, device_stream
+from shared.seeds import DeviceStream, device_stream
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.fedavg import fedavg
+from shared.seeds import Stream, stream
 from sim.asynchronous import make_devices
 from sim.clock import EventQueue
 from sim.config import FedAvgConfig, label
 from sim.device import RunPlan
 from sim.recorder import Recorder, RoundRecord
 from sim.result import EndedBy, Progress, RunResult
-from sim.seeds import Stream, stream
 from sim.world import World
 
 

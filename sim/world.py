@@ -19,8 +19,8 @@ from learning.task import Task, TrainParams
 from learning.tasks import get_task
 from shared import fleet as profiles
 from shared.fleet import AlwaysOnline, Availability, Intermittent, RunLatency, Windows
+from shared.seeds import DeviceStream, Stream, device_stream, stream
 from sim import config as cfg
-from sim.seeds import DeviceStream, Stream, device_stream, stream
 from sim.trace import read_durations, read_windows
 
 
@@ -171,14 +171,17 @@ def _partition(
     slow: list[int],
     rng: np.random.Generator,
 ) -> list[np.ndarray]:
-    if spec.partition != "iid" and labels.dtype.kind == "f":
-        raise cfg.ConfigError(f"partition {spec.partition!r} needs class labels (not regression)")
-    if spec.partition == "dirichlet":
-        return partition.dirichlet(labels, n, rng, beta=spec.beta)
-    if spec.partition == "shards":
-        return partition.shards(labels, n, rng, classes_per_device=spec.classes_per_device)
-    if spec.partition == "rare_class_on_slow":
-        return partition.rare_class_on_slow(
-            labels, n, rng, slow=slow, rare_class=spec.rare_class, keep=spec.rare_keep
+    try:
+        return partition.split(
+            spec.partition,
+            labels,
+            n,
+            rng,
+            beta=spec.beta,
+            classes_per_device=spec.classes_per_device,
+            slow=slow,
+            rare_class=spec.rare_class,
+            keep=spec.rare_keep,
         )
-    return partition.iid(labels, n, rng)
+    except partition.PartitionError as exc:
+        raise cfg.ConfigError(str(exc)) from None

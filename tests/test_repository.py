@@ -89,3 +89,31 @@ def test_mypy_is_clean() -> None:
         [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_services_without_torch_or_sklearn() -> None:
+    """The aggregator and snapshot images carry no torch: their code must not need it."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.modules['sklearn'] = None\n"
+        "import numpy as np\n"
+        "import services.cli, services.aggregator.service, services.snapshot.app\n"
+        "from learning.tasks import get_task\n"
+        "task = get_task('digits')\n"
+        "w = task.init_weights(np.random.default_rng(0))\n"
+        "assert w.dtype == np.float32 and w.size == task.layout.size\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_dockerfiles_copy_every_package() -> None:
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    for path in (ROOT / "docker").glob("*Dockerfile"):
+        text = path.read_text()
+        for package in packages:
+            name = package.rstrip("*")
+            assert f"COPY {name} ./{name}" in text, (path.name, name)

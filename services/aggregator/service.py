@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -30,6 +29,7 @@ from shared.decision import Outcome
 from shared.dedup import DedupMemory
 from shared.model_format import decode_model, encode_model
 from shared.policy import Policy
+from shared.seeds import Stream, stream
 from shared.settings import Settings
 from shared.wire import WireError, decode_update, pack
 
@@ -109,7 +109,7 @@ class Aggregator:
         from learning.tasks import get_task  # numpy only: no torch needed to build the model
 
         task = get_task(self.settings.task.name)
-        weights = task.init_weights(np.random.default_rng(self.settings.task.seed))
+        weights = task.init_weights(stream(self.settings.task.seed, Stream.MODEL))
         return AggregationState(weights, task.layout, dedup=self._dedup())
 
     def _dedup(self) -> DedupMemory:

@@ -15,8 +15,8 @@ from learning.dataset import Dataset
 from learning.task import Task, TrainParams
 from learning.tasks import get_task
 from shared import fleet
+from shared.seeds import DeviceStream, Stream, device_stream, stream
 from shared.settings import TaskSettings, WorkerSettings
-from sim.seeds import DeviceStream, Stream, device_stream, stream
 
 PROFILES: dict[
     str, fleet.Mixture | fleet.LogNormalFleet | fleet.ParetoFleet | fleet.ExponentialFleet
@@ -45,7 +45,12 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
     task = get_task(task_settings.name)
     seed = task_settings.seed
     train_data, _ = task.dataset(stream(seed, Stream.DATA))
-    shares = _split(task_settings.partition, train_data, task_settings.num_devices, seed)
+    shares = partition.split(
+        task_settings.partition,
+        train_data.y,
+        task_settings.num_devices,
+        stream(seed, Stream.PARTITION),
+    )
     latency = None
     if worker.profile != "none":
         devices = PROFILES[worker.profile].devices(
@@ -59,18 +64,6 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
         batch_size=worker.batch_size or suggested.batch_size,
     )
     return Device(task, train_data.subset(shares[worker.device_index]), latency, params)
-
-
-def _split(name: str, data: Dataset, devices: int, seed: int) -> list[np.ndarray]:
-    rng = stream(seed, Stream.PARTITION)
-    labels = data.y.astype(np.int64)
-    if name == "iid":
-        return partition.iid(labels, devices, rng)
-    if name == "dirichlet":
-        return partition.dirichlet(labels, devices, rng, beta=0.5)
-    if name == "shards":
-        return partition.shards(labels, devices, rng, classes_per_device=2)
-    raise ValueError(f"unknown partition {name!r}: iid, dirichlet or shards")
 
 
 def run_rng(seed: int, device: int, run: int) -> np.random.Generator:

@@ -15,8 +15,8 @@ from services.redis_conn import get_bytes
 from services.snapshot.service import run as run_snapshot
 from services.worker.service import run as run_worker
 from shared.model_format import decode_model
+from shared.seeds import Stream, stream
 from shared.settings import Settings
-from sim.seeds import Stream, stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
@@ -73,14 +74,18 @@ async def test_snapshot_service_stops_cleanly_on_sigterm(
     process = spawn(
         "snapshot", settings, tmp_path / "snapshot.log", FEDASYNC_SNAPSHOT__PORT=str(port)
     )
-    for _ in range(100):  # until it listens (no event to await from another process)
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            await writer.wait_closed()
-            break
-        except OSError:
-            await asyncio.sleep(0.05)
+    # another process offers no event to await: poll /livez, with a generous deadline
+    deadline = asyncio.get_running_loop().time() + 60
+    async with aiohttp.ClientSession() as session:
+        while True:
+            assert process.poll() is None, "snapshot service exited early"
+            assert asyncio.get_running_loop().time() < deadline, "not serving within 60 s"
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/livez") as response:
+                    if response.status == 200:
+                        break
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=20) == 0
     assert "draining and stopping" in (tmp_path / "snapshot.log").read_text()
