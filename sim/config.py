@@ -18,6 +18,9 @@ from shared.params import ParamError
 from shared.policy import Policy
 from shared.staleness import Decay
 
+#: the core's defaults, so a simulation and a deployment start from the same policy
+_CORE_DEFAULTS = Policy()
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be run; the message names each bad key and why."""
@@ -157,14 +160,14 @@ class EvalConfig(Strict):
 class FedAsyncConfig(Strict):
     kind: Literal["fedasync"]
     name: str | None = None
-    decay: Decay = Decay.POLYNOMIAL
-    alpha0: float = 0.6
-    gamma: float = 0.6
-    lam: float = 0.9
-    hinge_a: float = 10.0
-    hinge_b: int = 4
+    decay: Decay = _CORE_DEFAULTS.decay
+    alpha0: float = _CORE_DEFAULTS.alpha0
+    gamma: float = _CORE_DEFAULTS.gamma
+    lam: float = _CORE_DEFAULTS.lam
+    hinge_a: float = _CORE_DEFAULTS.hinge_a
+    hinge_b: int = _CORE_DEFAULTS.hinge_b
     #: "auto": the advisor's recommendation for this fleet (see sim/advisor.py)
-    tau_max: int | Literal["auto"] = 10
+    tau_max: int | Literal["auto"] = _CORE_DEFAULTS.tau_max
 
     def policy(self, tau_max: int) -> Policy:
         return Policy(
@@ -186,9 +189,9 @@ class FedAsyncConfig(Strict):
 class FedBuffConfig(Strict):
     kind: Literal["fedbuff"]
     name: str | None = None
-    buffer_size: int = 10
-    server_lr: float = 1.0
-    tau_max: int | Literal["auto"] = 100
+    buffer_size: int = _CORE_DEFAULTS.buffer_size
+    server_lr: float = _CORE_DEFAULTS.server_lr
+    tau_max: int | Literal["auto"] = Policy.fedbuff().tau_max
 
     def policy(self, tau_max: int) -> Policy:
         return Policy.fedbuff(self.buffer_size, self.server_lr, tau_max)
