@@ -116,7 +116,10 @@ class AggregatorSettings(Section):
     """The single consumer of the updates stream."""
 
     consumer: str = Field("aggregator", min_length=1, description="consumer name in the group")
-    batch_max: int = Field(32, ge=1, le=10_000, description="updates per group commit, at most")
+    batch_max: int = Field(256, ge=1, le=10_000, description="updates per group commit, at most")
+    read_count: int = Field(
+        32, ge=1, le=10_000, description="entries per XREADGROUP (bounds memory per read)"
+    )
     batch_ms: int = Field(50, ge=0, description="longest a decided update waits for its commit, ms")
     block_ms: int = Field(1000, ge=1, description="blocking read timeout, ms")
     keep_versions: int = Field(20, ge=1, description="committed model versions kept for download")

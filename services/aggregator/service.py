@@ -188,7 +188,8 @@ class Aggregator:
         await self._finish_commit()
 
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
-        room = self.settings.aggregator.batch_max - len(batch.acks)
+        cfg = self.settings.aggregator
+        room = min(cfg.batch_max - len(batch.acks), cfg.read_count)
         reply: Any = await retrying(
             "XREADGROUP",
             lambda: self.redis.xreadgroup(
