@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from learning.tasks import get_task
 from services.aggregator.service import run as run_aggregator
 from services.keys import AGGREGATOR_GROUP, Keys
 from services.redis_conn import connect
@@ -82,6 +83,14 @@ async def ours(settings: Settings, redis: aioredis.Redis, size: int, raw: list[b
     return len(raw) / elapsed
 
 
+async def next_decision(redis: aioredis.Redis, ledger: str, after: str) -> str:
+    """Block until a commit appends to the ledger after `after`; its entry id."""
+    reply: Any = await redis.xread({ledger: after}, block=30_000, count=1)
+    if not reply:
+        raise TimeoutError("no commit within 30 s")
+    return str(reply[0][1][0][0].decode())
+
+
 async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServer) -> float:
     """kill -9 the aggregator process mid-stream; time from restart to its next commit."""
     keys = Keys(settings.redis.key_prefix)
@@ -92,26 +101,26 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
         FEDASYNC_TASK__NAME="linear",
         FEDASYNC_LOG__LEVEL="WARNING",
     )
-    size = 21  # the linear task's model
+    size = get_task("linear").layout.size
+    work = payloads(size, 400)
     first = subprocess.Popen([sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env)
-    await fill(redis, keys.updates, payloads(size, 200))
-    while int(await redis.get(keys.commit_seq) or 0) < 3:
-        await asyncio.sleep(0.01)
-    first.kill()
-    first.wait()
-    await fill(redis, keys.updates, payloads(size, 50)[::-1])
-    seq = int(await redis.get(keys.commit_seq) or 0)
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.versions_channel)
+    try:
+        await fill(redis, keys.updates, work[:200])
+        last = await next_decision(redis, keys.ledger, "0-0")
+    finally:
+        first.kill()  # mid-stream: whatever it had decided but not committed is lost
+        first.wait()
+    await fill(redis, keys.updates, work[200:])
+    tail: Any = await redis.xrevrange(keys.ledger, count=1)
+    last = tail[0][0].decode()
     start = time.perf_counter()
     second = subprocess.Popen([sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env)
-    while int(await redis.get(keys.commit_seq) or 0) <= seq:
-        await pubsub.get_message(timeout=0.01)
-    elapsed = time.perf_counter() - start
-    second.kill()
-    second.wait()
-    await pubsub.aclose()
-    return elapsed
+    try:
+        await next_decision(redis, keys.ledger, last)
+        return time.perf_counter() - start
+    finally:
+        second.kill()
+        second.wait()
 
 
 async def main_async(sizes: list[int], batch: int) -> None:
