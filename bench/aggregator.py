@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,12 +124,13 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
         second.wait()
 
 
-async def main_async(sizes: list[int], batch: int) -> None:
+async def main_async(sizes: list[int], batch: int, repeat: int) -> None:
     counts = {10_000: 2000, 100_000: 600, 1_000_000: 100}
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis")
         server.start()
         try:
+            print(f"median of {repeat} alternating runs")
             print(f"{'parameters':>11} {'updates':>8} {'raw/s':>9} {'ours/s':>9} {'ours/raw':>9}")
             for size in sizes:
                 count = counts.get(size, 200)
@@ -139,18 +141,23 @@ async def main_async(sizes: list[int], batch: int) -> None:
                     budget={"max_updates": 10**9, "max_seconds": 10**9},
                 )
                 redis = connect(settings.redis)
+                raw_rates, our_rates = [], []
                 try:
-                    await fill(redis, f"raw-{size}", raw)
-                    raw_rate = await raw_consume(redis, f"raw-{size}", count, batch)
-                    await redis.delete(f"raw-{size}")
-                    our_rate = await ours(settings, redis, size, raw)
-                    print(
-                        f"{size:>11} {count:>8} {raw_rate:>9.0f} {our_rate:>9.0f} "
-                        f"{our_rate / raw_rate:>9.2f}"
-                    )
-                    await redis.flushall()
+                    for _ in range(repeat):
+                        await fill(redis, f"raw-{size}", raw)
+                        raw_rates.append(await raw_consume(redis, f"raw-{size}", count, batch))
+                        await redis.flushall()
+                        our_rates.append(await ours(settings, redis, size, raw))
+                        await redis.flushall()
                 finally:
                     await redis.aclose()
+                raw_rate, our_rate = statistics.median(raw_rates), statistics.median(our_rates)
+                ratios = sorted(o / r for o, r in zip(our_rates, raw_rates, strict=True))
+                spread = ", ".join(f"{x:.2f}" for x in ratios)
+                print(
+                    f"{size:>11} {count:>8} {raw_rate:>9.0f} {our_rate:>9.0f} "
+                    f"{statistics.median(ratios):>9.2f}   (ratios {spread})"
+                )
             settings = load_settings(redis={"url": server.url, "key_prefix": "bench-recovery"})
             redis = connect(settings.redis)
             try:
@@ -166,8 +173,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--batch", type=int, default=32, help="entries per XREADGROUP, both sides")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs per size")
     args = parser.parse_args()
-    asyncio.run(main_async(args.sizes, args.batch))
+    asyncio.run(main_async(args.sizes, args.batch, args.repeat))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test started; killed at teardown whatever the test's outcome."""
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
 def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
@@ -48,10 +60,14 @@ def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subproces
 
 
 async def test_aggregator_drains_on_sigterm(
-    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+    settings: Settings,
+    redis: aioredis.Redis,
+    tmp_path: Path,
+    spawned: list[subprocess.Popen[bytes]],
 ) -> None:
     keys = Keys(settings.redis.key_prefix)
     process = spawn("aggregator", settings, tmp_path / "aggregator.log")
+    spawned.append(process)
     size = get_task("linear").layout.size
     for i in range(20):
         update = Update(f"s{i}", "c", 0, 1, np.zeros(size, np.float32))
@@ -68,12 +84,13 @@ async def test_aggregator_drains_on_sigterm(
 
 
 async def test_snapshot_service_stops_cleanly_on_sigterm(
-    settings: Settings, tmp_path: Path
+    settings: Settings, tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
 ) -> None:
     port = free_port()
     process = spawn(
         "snapshot", settings, tmp_path / "snapshot.log", FEDASYNC_SNAPSHOT__PORT=str(port)
     )
+    spawned.append(process)
     # another process offers no event to await: poll /livez, with a generous deadline
     deadline = asyncio.get_running_loop().time() + 60
     async with aiohttp.ClientSession() as session:
