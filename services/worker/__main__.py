@@ -1,24 +1,15 @@
-"""Entry point: settings and logging are built here, then the worker runs until done or stopped."""
+"""Entry point: `python -m services.worker`."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
-from services.logs import configure
+from services.entry import run_service
 from services.worker.service import run
-from shared.settings import SettingsError, load_settings
 
 
 def main() -> int:
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"worker: {exc}", file=sys.stderr)
-        return 2
-    configure(settings.log, f"worker-{settings.worker.device_index}")
-    asyncio.run(run(settings))
-    return 0
+    return run_service(lambda s: f"worker-{s.worker.device_index}", run)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ async def test_aggregator_drains_on_sigterm(
     assert process.wait(timeout=20) == 0
     log = (tmp_path / "aggregator.log").read_text()
     assert "draining and stopping" in log
-    assert "stopped at version 11" in log  # τ_max = 10: the rest trained from version 0 are stale
+    assert "RunResult(version=11," in log  # τ_max = 10: the rest, trained from 0, are stale
     pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
     assert pending["pending"] == 0
     assert len(await ledger(redis, keys)) == 20
