@@ -274,7 +274,7 @@ class Aggregator:
         await self.committer.commit(batch, now=time.time())
         if not self.settings.aggregator.keep_payloads and batch.acks:
             # everything up to the last acknowledged entry is decided and durable
-            await self.redis.xtrim(self.keys.updates, minid=batch.acks[-1])
+            await self.redis.xtrim(self.keys.updates, minid=batch.acks[-1], approximate=False)
 
     async def _finish_commit(self) -> None:
         """Wait for the commit in flight; its failure (e.g. Fenced) surfaces here."""

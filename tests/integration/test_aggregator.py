@@ -251,3 +251,27 @@ async def test_time_budget_closes_training(settings: Settings, redis: aioredis.R
     ]
     done: Any = await redis.hgetall(keys.done)
     assert done[b"reason"] == b"max_seconds"
+
+
+async def test_without_audit_the_stream_is_trimmed_only_below_what_is_acknowledged(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = keys_of(settings)
+    lean = settings.model_copy(
+        update={
+            "aggregator": settings.aggregator.model_copy(
+                update={"keep_payloads": False, "batch_max": 4}
+            )
+        }
+    )
+    for i in range(10):
+        await publish(redis, keys, make_update(f"t{i}", base=0))
+    await run(lean, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True)
+    assert len(await ledger(redis, keys)) == 10
+    remaining: Any = await redis.xrange(keys.updates)
+    assert len(remaining) < 10  # trimmed ...
+    last_acked = (await ledger(redis, keys))[-1]["stream_id"]
+    assert [i.decode() for i, _ in remaining][-1] == last_acked  # ... never past the last ack
+    report = await verify(redis, keys, settings.wire.max_message_bytes)
+    assert not report.ok
+    assert "not kept" in report.describe()
