@@ -101,6 +101,7 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
         FEDASYNC_REDIS__KEY_PREFIX=settings.redis.key_prefix,
         FEDASYNC_TASK__NAME="linear",
         FEDASYNC_LOG__LEVEL="WARNING",
+        FEDASYNC_AGGREGATOR__PORT="0",
     )
     size = get_task("linear").layout.size
     work = payloads(size, 400)

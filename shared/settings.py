@@ -126,6 +126,10 @@ class AggregatorSettings(Section):
     keep_payloads: bool = Field(
         True, description="keep update payloads in the stream for `ledger verify` (audit)"
     )
+    host: str = Field("127.0.0.1", description="bind address of /livez, /readyz, /metrics")
+    port: int | None = Field(
+        8090, ge=0, le=65535, description="port of /livez, /readyz, /metrics; 0 picks a free one"
+    )
     deadletter_payload_bytes: int = Field(
         65536, ge=0, description="bytes of a refused message kept in the dead-letter stream"
     )

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from aiohttp import web
 from redis.exceptions import ResponseError
 
 from services.aggregator.commit import Batch, Committer, DeadLetter
+from services.aggregator.http import create_app
+from services.aggregator.metrics import AggregatorMetrics
 from services.keys import AGGREGATOR_GROUP, Keys
 from services.lifecycle import cancel_tasks, stop_on_signals
 from services.policy_store import ensure_policy, read_policy
@@ -64,6 +67,9 @@ class Aggregator:
         self._inflight: asyncio.Task[None] | None = None
         self._committed_version = -1
         self._closed_committed = False
+        self.metrics = AggregatorMetrics()
+        self.ready = [False]
+        self._gauges_at = 0.0
         #: cursor in our own pending entries (re-read first after a restart); None once done
         self._backlog: str | None = "0"
 
@@ -94,6 +100,9 @@ class Aggregator:
             self._committed_version = self.state.version
             self._closed_committed = self.state.closed is not None
         claimed = await self._claim_pending()
+        self.metrics.version.set(self.state.version)
+        self.metrics.policy_version.set(self.policy.version)
+        self.ready[0] = True
         pending: Any = await r.xpending(keys.updates, AGGREGATOR_GROUP)
         log.info(
             "aggregator epoch %d at version %d (commit %d); %d undecided entries to re-read "
@@ -210,19 +219,23 @@ class Aggregator:
         return len(entries)
 
     def _decide(self, stream_id: bytes, fields: dict[bytes, bytes] | None, batch: Batch) -> None:
+        started = time.perf_counter()
         batch.acks.append(stream_id)
         raw = (fields or {}).get(b"m")
         if raw is None:  # trimmed while pending, or written by something else
             batch.dead.append(DeadLetter("missing_payload", "entry has no field m", stream_id, b""))
+            self.metrics.rejections.labels("missing_payload").inc()
             return
         try:
             update = decode_update(raw, self.settings.wire.max_message_bytes)
         except WireError as exc:
             keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
             batch.dead.append(DeadLetter(exc.reason.value, exc.detail, stream_id, keep))
+            self.metrics.rejections.labels(exc.reason.value).inc()
             log.warning("dead-lettered %s: %s", stream_id.decode(), exc)
             return
         decision = self.state.apply(update, self.policy)
+        self.metrics.observe(decision, time.perf_counter() - started)
         record = decision.to_dict() | {"stream_id": stream_id.decode(), "at": time.time()}
         batch.ledger.append(pack(record))
         if decision.outcome is Outcome.REJECTED:  # invalid content: also a dead letter
@@ -253,6 +266,7 @@ class Aggregator:
         if policy.version != self.policy.version:
             log.info("policy %d → %d", self.policy.version, policy.version)
             self.policy = policy
+            self.metrics.policy_version.set(policy.version)
 
     def _seal(self, batch: Batch) -> None:
         """Freeze what the commit will write: the state *now*, after exactly this batch.
@@ -271,10 +285,29 @@ class Aggregator:
         self._closed_committed = state.closed is not None
 
     async def _send(self, batch: Batch) -> None:
+        started = time.perf_counter()
         await self.committer.commit(batch, now=time.time())
+        self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        self.metrics.commits.inc()
+        self.metrics.version.set(batch.version)
+        await self._stream_gauges()
         if not self.settings.aggregator.keep_payloads and batch.acks:
             # everything up to the last acknowledged entry is decided and durable
             await self.redis.xtrim(self.keys.updates, minid=batch.acks[-1], approximate=False)
+
+    async def _stream_gauges(self) -> None:
+        """Stream length, pending and lag, read at most once a second (one round trip)."""
+        now = time.monotonic()
+        if now - self._gauges_at < 1.0:
+            return
+        self._gauges_at = now
+        groups: Any = await self.redis.xinfo_groups(self.keys.updates)
+        for group in groups:
+            if group["name"] in (AGGREGATOR_GROUP, AGGREGATOR_GROUP.encode()):
+                self.metrics.pending.set(group["pending"])
+                if group.get("lag") is not None:
+                    self.metrics.lag.set(group["lag"])
+        self.metrics.stream_length.set(await self.redis.xlen(self.keys.updates))
 
     async def _finish_commit(self) -> None:
         """Wait for the commit in flight; its failure (e.g. Fenced) surfaces here."""
@@ -300,12 +333,20 @@ async def run(
     """Run one aggregator until stopped; tests pass their own client and use burst mode."""
     stopping = stopping or asyncio.Event()
     client = redis if redis is not None else connect(settings.redis)
-    keys = Keys(settings.redis.key_prefix)
+    aggregator = Aggregator(settings, client, Keys(settings.redis.key_prefix))
+    runner = None
+    cfg = settings.aggregator
     try:
         with stop_on_signals(stopping, handle_signals):
-            aggregator = Aggregator(settings, client, keys)
+            if cfg.port is not None and not burst:
+                runner = web.AppRunner(create_app(aggregator.metrics, aggregator.ready))
+                await runner.setup()
+                await web.TCPSite(runner, cfg.host, cfg.port).start()
+                log.info("metrics on http://%s:%d/metrics", cfg.host, runner.addresses[0][1])
             await aggregator.start(initial)
             return await aggregator.run(stopping, burst=burst)
     finally:
+        if runner is not None:
+            await runner.cleanup()
         if redis is None:
             await client.aclose()

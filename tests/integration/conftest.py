@@ -34,7 +34,7 @@ def settings(redis_server: RedisServer, request: pytest.FixtureRequest) -> Setti
     return load_settings(
         redis={"url": redis_server.url, "key_prefix": prefix, "socket_timeout_s": 5.0},
         task={"name": "linear"},
-        aggregator={"batch_ms": 20, "block_ms": 100},
+        aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
     )
 
 

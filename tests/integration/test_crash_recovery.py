@@ -44,6 +44,7 @@ def aggregator_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]
             "FEDASYNC_REDIS__KEY_PREFIX": settings.redis.key_prefix,
             "FEDASYNC_TASK__NAME": settings.task.name,
             "FEDASYNC_AGGREGATOR__BATCH_MAX": "8",
+            "FEDASYNC_AGGREGATOR__PORT": "0",
             "FEDASYNC_AGGREGATOR__BATCH_MS": "5",
             "FEDASYNC_AGGREGATOR__BLOCK_MS": "100",
             "FEDASYNC_BUDGET__MAX_UPDATES": "100000",

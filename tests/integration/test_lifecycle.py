@@ -50,6 +50,7 @@ def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subproces
             "FEDASYNC_REDIS__KEY_PREFIX": settings.redis.key_prefix,
             "FEDASYNC_TASK__NAME": "linear",
             "FEDASYNC_AGGREGATOR__BLOCK_MS": "100",
+            "FEDASYNC_AGGREGATOR__PORT": "0",
             **extra,
         }
     )

@@ -1,0 +1,38 @@
+"""The aggregator's small HTTP side: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.aggregator.metrics import AggregatorMetrics
+
+METRICS = web.AppKey("metrics", AggregatorMetrics)
+READY = web.AppKey("ready", list)  # [bool]: set once the state is restored
+
+
+def create_app(metrics: AggregatorMetrics, ready: list[bool]) -> web.Application:
+    app = web.Application()
+    app[METRICS] = metrics
+    app[READY] = ready
+
+    async def livez(request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        if not request.app[READY][0]:
+            return web.json_response({"status": "restoring"}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def metrics_endpoint(request: web.Request) -> web.Response:
+        body = generate_latest(request.app[METRICS].registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.add_routes(
+        [
+            web.get("/livez", livez),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics_endpoint),
+        ]
+    )
+    return app

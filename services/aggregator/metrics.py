@@ -1,0 +1,99 @@
+"""Prometheus metrics of the aggregator: the figures the write-up says matter.
+
+τ and α distributions, decisions by outcome, rejections by reason, the norm of each step the
+model takes, how long applying and committing take, and how far behind the stream it is.
+Scalars only (never a copy of the model), and no client or update id as a label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared.decision import Decision, Outcome
+
+_TAU_BUCKETS = (0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
+_ALPHA_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+_NORM_BUCKETS = (0.001, 0.01, 0.1, 0.3, 1, 3, 10, 30, 100, 1000)
+_SECONDS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5)
+
+
+class AggregatorMetrics:
+    """One registry per aggregator (tests may run several in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.decisions = Counter(
+            "fedasync_aggregator_decisions", "Decisions by outcome", ["outcome"], registry=r
+        )
+        self.rejections = Counter(
+            "fedasync_aggregator_rejections",
+            "Invalid updates and undecodable messages, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.drops = Counter(
+            "fedasync_aggregator_drops", "Valid updates not used, by reason", ["reason"], registry=r
+        )
+        self.tau = Histogram(
+            "fedasync_aggregator_staleness",
+            "Staleness τ of decided updates (versions)",
+            buckets=_TAU_BUCKETS,
+            registry=r,
+        )
+        self.alpha = Histogram(
+            "fedasync_aggregator_alpha",
+            "Effective mixing weight α of applied updates",
+            buckets=_ALPHA_BUCKETS,
+            registry=r,
+        )
+        self.step_norm = Histogram(
+            "fedasync_aggregator_step_norm",
+            "L2 norm of each step the model takes",
+            buckets=_NORM_BUCKETS,
+            registry=r,
+        )
+        self.apply_seconds = Histogram(
+            "fedasync_aggregator_apply_seconds",
+            "Time to decode and decide one update",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "fedasync_aggregator_commit_seconds",
+            "Time of one atomic group commit",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.commits = Counter("fedasync_aggregator_commits", "Group commits made", registry=r)
+        self.version = Gauge(
+            "fedasync_aggregator_model_version", "Latest committed model version", registry=r
+        )
+        self.policy_version = Gauge(
+            "fedasync_aggregator_policy_version", "Version of the policy in force", registry=r
+        )
+        self.stream_length = Gauge(
+            "fedasync_aggregator_stream_length", "Entries in the updates stream", registry=r
+        )
+        self.pending = Gauge(
+            "fedasync_aggregator_pending",
+            "Entries delivered to the aggregator and not yet committed",
+            registry=r,
+        )
+        self.lag = Gauge(
+            "fedasync_aggregator_lag", "Entries in the stream not yet read", registry=r
+        )
+
+    def observe(self, decision: Decision, seconds: float) -> None:
+        self.decisions.labels(decision.outcome.value).inc()
+        self.apply_seconds.observe(seconds)
+        if decision.tau is not None:
+            self.tau.observe(max(decision.tau, 0))
+        if decision.outcome is Outcome.APPLIED:
+            if decision.alpha is not None:
+                self.alpha.observe(decision.alpha)
+            if decision.server_step and decision.step_norm is not None:
+                self.step_norm.observe(decision.step_norm)
+        elif decision.outcome is Outcome.REJECTED:
+            self.rejections.labels(decision.reason or "unknown").inc()
+        elif decision.outcome is Outcome.DROPPED:
+            self.drops.labels(decision.reason or "unknown").inc()
