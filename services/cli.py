@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("aggregator", "run the aggregator (the single consumer of the updates stream)"),
         ("snapshot", "run the snapshot service (models over HTTP)"),
         ("worker", "run one device worker"),
+        ("control", "run the control service (policy changes, status)"),
     ):
         commands.add_parser(name, help=text).set_defaults(handler=_service(name))
 

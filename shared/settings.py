@@ -163,6 +163,17 @@ class DedupSettings(Section):
     capacity: int = Field(DEFAULT_CAPACITY, ge=1, description="update ids kept at most")
 
 
+class ControlSettings(Section):
+    """The operators' service: policy changes, status, and who may write."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8082, ge=0, le=65535, description="port; 0 picks a free one")
+    token: str | None = Field(
+        None, min_length=16, description="bearer token for every write; unset: writes refused"
+    )
+    open_reads: bool = Field(True, description="reads need no token (false: reads need it too)")
+
+
 class WorkerSettings(Section):
     """A device: where it gets models, which data share it holds, how slow it pretends to be."""
 
@@ -205,6 +216,7 @@ class Settings(BaseSettings):
     aggregator: AggregatorSettings = AggregatorSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
     worker: WorkerSettings = WorkerSettings()
+    control: ControlSettings = ControlSettings()
     wire: WireSettings = WireSettings()
     dedup: DedupSettings = DedupSettings()
     log: LogSettings = LogSettings()

@@ -1,0 +1,1 @@
+"""The control service: `python -m services.control` or `fedasync control`."""

@@ -1,0 +1,119 @@
+"""HTTP API of the control service: the policy in force, changes to it, and status.
+
+Every policy change is validated by the core's own rules (shared.policy, shared.params), stored as
+a new policy version with who, when and why (services/policy_store.py), and picked up by the
+aggregator at its next batch boundary, so the ledger shows which decisions it made.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from services.control.auth import refusal
+from services.control.openapi import spec
+from services.keys import AGGREGATOR_GROUP, Keys
+from services.policy_store import PolicyConflict, change_policy, read_policy
+from services.redis_conn import get_bytes
+from shared.params import POLICY_RANGES, ParamError
+from shared.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+REDIS = web.AppKey("redis", aioredis.Redis)
+KEYS = web.AppKey("keys", Keys)
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    denied = refusal(request, request.app[SETTINGS].control, write=False)
+    if denied is not None:
+        return denied
+    policy = await read_policy(request.app[REDIS], request.app[KEYS])
+    ranges = {name: str(allowed) for name, allowed in POLICY_RANGES.items()}
+    return web.json_response({"policy": policy.to_dict(), "ranges": ranges})
+
+
+async def patch_policy(request: web.Request) -> web.Response:
+    """Body: {"changes": {param: value, ...}, "why": "..."}; the version is raised by one."""
+    denied = refusal(request, request.app[SETTINGS].control, write=True)
+    if denied is not None:
+        return denied
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return _error(400, "the body must be JSON")
+    changes = body.get("changes") if isinstance(body, dict) else None
+    why = body.get("why", "") if isinstance(body, dict) else ""
+    if not isinstance(changes, dict) or not changes or not isinstance(why, str):
+        return _error(400, 'expected {"changes": {...}, "why": "..."} with at least one change')
+    redis, keys = request.app[REDIS], request.app[KEYS]
+    current = await read_policy(redis, keys)
+    try:
+        new = current.evolve(**changes)
+    except ParamError as exc:
+        return _error(422, str(exc), field=exc.param, allowed=exc.allowed)
+    except TypeError:
+        unknown = sorted(set(changes) - set(current.to_dict()))
+        return _error(422, f"unknown policy field {unknown}", field=unknown[0] if unknown else "")
+    who = request.headers.get("X-Fedasync-Operator", "operator")
+    try:
+        await change_policy(redis, keys, new, who=who, why=why, at=time.time())
+    except PolicyConflict as exc:
+        return _error(409, str(exc))
+    return web.json_response({"policy": new.to_dict()})
+
+
+async def status(request: web.Request) -> web.Response:
+    """Where training stands: versions, stream backlog, dead letters, whether it is done."""
+    denied = refusal(request, request.app[SETTINGS].control, write=False)
+    if denied is not None:
+        return denied
+    redis, keys = request.app[REDIS], request.app[KEYS]
+    version = await get_bytes(redis, keys.version)
+    policy = await read_policy(redis, keys)
+    done: Any = await redis.hgetall(keys.done)
+    pending, lag = None, None
+    if await redis.exists(keys.updates):
+        groups: Any = await redis.xinfo_groups(keys.updates)
+        for group in groups:
+            if group["name"] in (AGGREGATOR_GROUP, AGGREGATOR_GROUP.encode()):
+                pending, lag = group["pending"], group.get("lag")
+    return web.json_response(
+        {
+            "version": int(version) if version is not None else None,
+            "policy_version": policy.version,
+            "decisions": await redis.xlen(keys.ledger),
+            "dead_letters": await redis.xlen(keys.deadletter),
+            "stream_length": await redis.xlen(keys.updates),
+            "pending": pending,
+            "lag": lag,
+            "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
+        }
+    )
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(spec())
+
+
+def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[REDIS] = redis
+    app[KEYS] = Keys(settings.redis.key_prefix)
+    app.add_routes(
+        [
+            web.get("/v1/policy", get_policy),
+            web.patch("/v1/policy", patch_policy),
+            web.get("/v1/status", status),
+            web.get("/openapi.json", openapi),
+        ]
+    )
+    return app

@@ -1,0 +1,110 @@
+"""The control service's OpenAPI document; a test keeps it true to the routes that exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.params import POLICY_RANGES
+
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {"type": "string"},
+        "field": {"type": "string"},
+        "allowed": {"type": "string"},
+    },
+    "required": ["error"],
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _policy_schema() -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "mode": {"type": "string", "enum": ["fedasync", "fedbuff"]},
+        "decay": {
+            "type": "string",
+            "enum": ["constant", "polynomial", "progress", "exponential", "hinge"],
+        },
+    }
+    for name, allowed in POLICY_RANGES.items():
+        prop: dict[str, Any] = {"type": "integer" if allowed.integer else "number"}
+        prop["exclusiveMinimum" if allowed.low_open else "minimum"] = allowed.low
+        prop["exclusiveMaximum" if allowed.high_open else "maximum"] = allowed.high
+        properties[name] = prop
+    return {"type": "object", "properties": properties}
+
+
+def spec() -> dict[str, Any]:
+    policy = _policy_schema()
+    changes = {k: v for k, v in policy["properties"].items() if k != "version"}
+    errors = {
+        "401": _json(_ERROR, "no bearer token"),
+        "403": _json(_ERROR, "wrong token, or writes disabled"),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "fedasync control service", "version": "1"},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "paths": {
+            "/v1/policy": {
+                "get": {
+                    "summary": "The policy in force and the allowed range of each parameter",
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {"policy": policy, "ranges": {"type": "object"}},
+                            },
+                            "the policy",
+                        ),
+                        **errors,
+                    },
+                },
+                "patch": {
+                    "summary": "Change the policy; its version rises by one",
+                    "security": [{"bearer": []}],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "changes": {"type": "object", "properties": changes},
+                                        "why": {"type": "string"},
+                                    },
+                                    "required": ["changes"],
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json(
+                            {"type": "object", "properties": {"policy": policy}}, "the new policy"
+                        ),
+                        "400": _json(_ERROR, "not a changes object"),
+                        "409": _json(_ERROR, "the policy changed meanwhile; read and retry"),
+                        "422": _json(_ERROR, "a value outside its range: field and allowed"),
+                        **errors,
+                    },
+                },
+            },
+            "/v1/status": {
+                "get": {
+                    "summary": "Versions, stream backlog, dead letters, training done",
+                    "responses": {"200": _json({"type": "object"}, "status"), **errors},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                }
+            },
+        },
+    }

@@ -1,0 +1,94 @@
+"""The control service against a real Redis and the real aggregator: policy changes and auth."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from services.aggregator.service import run as run_aggregator
+from services.control.app import create_app
+from services.control.openapi import spec
+from services.keys import Keys
+from shared.settings import Settings
+from tests.integration.helpers import initial_state, ledger, make_update, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+TOKEN = "s3cret-operator-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest_asyncio.fixture
+async def client(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[TestClient]:
+    settings = settings.model_copy(
+        update={"control": settings.control.model_copy(update={"token": TOKEN})}
+    )
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    async with TestClient(TestServer(create_app(settings, redis))) as test_client:
+        yield test_client
+
+
+async def test_operator_patch_changes_alpha_of_the_next_decisions(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    response = await client.patch(
+        "/v1/policy",
+        json={"changes": {"alpha0": 0.25}, "why": "calmer"},
+        headers=AUTH | {"X-Fedasync-Operator": "alice"},
+    )
+    assert response.status == 200
+    assert (await response.json())["policy"]["version"] == 1
+    await publish(redis, keys, make_update("after", base=0))
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    [entry] = await ledger(redis, keys)
+    assert (entry["policy_version"], entry["alpha"]) == (1, 0.25)
+    log = await redis.xrange(keys.policy_log)
+    assert [(f[b"who"], f[b"why"]) for _, f in log] == [(b"alice", b"calmer")]
+    status = await (await client.get("/v1/status")).json()
+    assert (status["version"], status["policy_version"], status["decisions"]) == (1, 1, 1)
+
+
+async def test_invalid_values_get_422_with_field_and_range(client: TestClient) -> None:
+    response = await client.patch("/v1/policy", json={"changes": {"gamma": -1}}, headers=AUTH)
+    assert response.status == 422
+    body = await response.json()
+    assert (body["field"], body["allowed"]) == ("gamma", "(0, 10]")
+    unknown = await client.patch("/v1/policy", json={"changes": {"alpha": 1}}, headers=AUTH)
+    assert unknown.status == 422
+    assert (await client.patch("/v1/policy", data=b"{", headers=AUTH)).status == 400
+
+
+async def test_writes_without_a_valid_token_are_refused(client: TestClient) -> None:
+    missing = await client.patch("/v1/policy", json={"changes": {"alpha0": 0.5}})
+    assert missing.status == 401
+    assert "error" in await missing.json()
+    wrong = await client.patch(
+        "/v1/policy",
+        json={"changes": {"alpha0": 0.5}},
+        headers={"Authorization": "Bearer wrong-token-of-length"},
+    )
+    assert wrong.status == 403
+    policy = await (await client.get("/v1/policy")).json()
+    assert policy["policy"]["version"] == 0  # nothing changed
+    assert policy["ranges"]["alpha0"] == "[0.001, 1]"
+
+
+async def test_openapi_document_describes_every_route(client: TestClient) -> None:
+    document = await (await client.get("/openapi.json")).json()
+    assert document == spec()
+    app: web.Application = client.server.app
+    routes = {
+        (route.resource.canonical, route.method.lower())
+        for route in app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    }
+    documented = {(path, method) for path, ops in document["paths"].items() for method in ops}
+    assert routes == documented
