@@ -94,6 +94,11 @@ class Keys:
         return self._k("policies")
 
     @property
+    def switches(self) -> str:
+        """Hash: switch name → JSON {reason, who, at, saved} while the switch is on."""
+        return self._k("switches")
+
+    @property
     def policy_log(self) -> str:
         """Stream: who changed the policy, when and why."""
         return self._k("policy-log")

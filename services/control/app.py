@@ -21,6 +21,7 @@ from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.redis_conn import get_bytes
 from shared.params import POLICY_RANGES, ParamError
 from shared.settings import Settings
+from shared.switches import SWITCHES, switch_off, switch_on
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
@@ -70,6 +71,60 @@ async def patch_policy(request: web.Request) -> web.Response:
     return web.json_response({"policy": new.to_dict()})
 
 
+async def get_switches(request: web.Request) -> web.Response:
+    denied = refusal(request, request.app[SETTINGS].control, write=False)
+    if denied is not None:
+        return denied
+    active: Any = await request.app[REDIS].hgetall(request.app[KEYS].switches)
+    on = {k.decode(): json.loads(v) for k, v in active.items()}
+    return web.json_response(
+        {
+            name: {"on": name in on, "description": switch.description, **on.get(name, {})}
+            for name, switch in SWITCHES.items()
+        }
+    )
+
+
+async def flip_switch(request: web.Request) -> web.Response:
+    """Body: {"on": true|false, "reason": "..."}; a switch's change is a new policy version."""
+    denied = refusal(request, request.app[SETTINGS].control, write=True)
+    if denied is not None:
+        return denied
+    name = request.match_info["name"]
+    if name not in SWITCHES:
+        return _error(404, f"unknown switch {name!r}", known=sorted(SWITCHES))
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return _error(400, "the body must be JSON")
+    if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
+        return _error(400, 'expected {"on": true|false, "reason": "..."}')
+    reason = str(body.get("reason", ""))
+    who = request.headers.get("X-Fedasync-Operator", "operator")
+    redis, keys = request.app[REDIS], request.app[KEYS]
+    record = await redis.hget(keys.switches, name)
+    current = await read_policy(redis, keys)
+    if body["on"]:
+        if record is not None:
+            return _error(409, f"switch {name} is already on")
+        new, saved = switch_on(current, name)
+    else:
+        if record is None:
+            return _error(409, f"switch {name} is already off")
+        new = switch_off(current, json.loads(record)["saved"])
+    why = f"switch {name} {'on' if body['on'] else 'off'}: {reason}"
+    try:
+        await change_policy(redis, keys, new, who=who, why=why, at=time.time())
+    except PolicyConflict as exc:
+        return _error(409, str(exc))
+    if body["on"]:
+        entry = {"reason": reason, "who": who, "at": time.time(), "saved": saved}
+        await redis.hset(keys.switches, name, json.dumps(entry))
+    else:
+        await redis.hdel(keys.switches, name)
+    return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
+
+
 async def status(request: web.Request) -> web.Response:
     """Where training stands: versions, stream backlog, dead letters, whether it is done."""
     denied = refusal(request, request.app[SETTINGS].control, write=False)
@@ -113,6 +168,8 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
             web.get("/v1/policy", get_policy),
             web.patch("/v1/policy", patch_policy),
             web.get("/v1/status", status),
+            web.get("/v1/switches", get_switches),
+            web.post("/v1/switches/{name}", flip_switch),
             web.get("/openapi.json", openapi),
         ]
     )

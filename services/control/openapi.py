@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.params import POLICY_RANGES
+from shared.switches import SWITCHES
 
 _ERROR = {
     "type": "object",
@@ -93,6 +94,48 @@ def spec() -> dict[str, Any]:
                         **errors,
                     },
                 },
+            },
+            "/v1/switches": {
+                "get": {
+                    "summary": "Every degrade switch, what it does, and whether it is on",
+                    "responses": {"200": _json({"type": "object"}, "switches"), **errors},
+                }
+            },
+            "/v1/switches/{name}": {
+                "post": {
+                    "summary": "Flip a switch; on and off are each a new policy version",
+                    "security": [{"bearer": []}],
+                    "parameters": [
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "enum": sorted(SWITCHES)},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "on": {"type": "boolean"},
+                                        "reason": {"type": "string"},
+                                    },
+                                    "required": ["on"],
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json({"type": "object"}, "the switch and the new policy"),
+                        "400": _json(_ERROR, "not an on/off body"),
+                        "404": _json(_ERROR, "no such switch"),
+                        "409": _json(_ERROR, "already in that state, or the policy changed"),
+                        **errors,
+                    },
+                }
             },
             "/v1/status": {
                 "get": {

@@ -92,3 +92,27 @@ async def test_openapi_document_describes_every_route(client: TestClient) -> Non
     }
     documented = {(path, method) for path, ops in document["paths"].items() for method in ops}
     assert routes == documented
+
+
+async def test_switch_on_changes_the_policy_and_off_restores_it(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    on = await client.post(
+        "/v1/switches/raise-gamma", json={"on": True, "reason": "rate spike"}, headers=AUTH
+    )
+    assert on.status == 200
+    assert (await on.json())["policy"]["gamma"] == pytest.approx(0.9)
+    listed = await (await client.get("/v1/switches")).json()
+    assert listed["raise-gamma"]["on"] is True
+    assert listed["raise-gamma"]["saved"] == {"gamma": 0.6}
+    assert listed["lower-alpha"]["on"] is False
+    again = await client.post("/v1/switches/raise-gamma", json={"on": True}, headers=AUTH)
+    assert again.status == 409
+    off = await client.post("/v1/switches/raise-gamma", json={"on": False}, headers=AUTH)
+    policy = (await off.json())["policy"]
+    assert (policy["gamma"], policy["version"]) == (0.6, 2)
+    keys = Keys(settings.redis.key_prefix)
+    whys = [f[b"why"].decode() for _, f in await redis.xrange(keys.policy_log)]
+    assert whys == ["switch raise-gamma on: rate spike", "switch raise-gamma off: "]
+    assert (await client.post("/v1/switches/nope", json={"on": True}, headers=AUTH)).status == 404
+    assert (await client.post("/v1/switches/lower-alpha", json={"on": True})).status == 401
