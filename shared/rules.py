@@ -1,0 +1,153 @@
+"""Automatic degradation rules: small pure objects, figures in, actions out.
+
+Each rule sees a summary of the recent window (`Figures`) at a time of the caller's choosing and
+answers with actions: flip a switch (shared/switches.py) or raise an alert. Thresholds come with
+hysteresis (a lower level to clear), a hold time (a condition must last before it counts) and a
+cool-down (no two actions of a rule closer than that), so a rate hovering at the threshold never
+makes a rule flap. No clock is read: time comes in with the figures, so the control service runs
+these on the wall clock and the simulator on virtual time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The recent window, as the control service (or the simulator) measured it."""
+
+    now: float  # seconds, any origin
+    update_rate: float = 0.0  # updates decided per second over the window
+    drop_share: float = 0.0  # share of the window's decisions that were drops
+    consecutive_drops: int = 0  # drops since the last applied update
+    lag: float = 0.0  # entries waiting in the stream (or seconds the oldest has waited)
+    #: per client over its last decisions: (applied, decided)
+    clients: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class ActionKind(StrEnum):
+    SWITCH_ON = "switch_on"
+    SWITCH_OFF = "switch_off"
+    ALERT = "alert"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: ActionKind
+    rule: str
+    message: str
+    switch: str | None = None
+    client: str | None = None
+
+
+@dataclass(slots=True)
+class Hysteresis:
+    """On above `high` held for `hold_s`; off below `low` held for `hold_s`; `cooldown_s` apart."""
+
+    high: float
+    low: float
+    hold_s: float
+    cooldown_s: float
+    active: bool = False
+    _since: float | None = None
+    _last_change: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.high:
+            raise ValueError(f"hysteresis needs low <= high, got {self.low} > {self.high}")
+
+    def update(self, value: float, now: float) -> bool | None:
+        """True when it turns on, False when it turns off, None when nothing changes."""
+        crossing = value < self.low if self.active else value > self.high
+        if not crossing:
+            self._since = None
+            return None
+        if self._since is None:
+            self._since = now
+        if now - self._since < self.hold_s or now - self._last_change < self.cooldown_s:
+            return None
+        self.active = not self.active
+        self._since = None
+        self._last_change = now
+        return self.active
+
+
+@dataclass(slots=True)
+class SwitchRule:
+    """Turn `switch` on while a figure stays high, off again once it is calm."""
+
+    name: str
+    figure: str  # "update_rate" or "lag"
+    switch: str
+    gate: Hysteresis
+    enabled: bool = True
+
+    def evaluate(self, figures: Figures) -> list[Action]:
+        if not self.enabled:
+            return []
+        value = float(getattr(figures, self.figure))
+        turned = self.gate.update(value, figures.now)
+        if turned is None:
+            return []
+        kind = ActionKind.SWITCH_ON if turned else ActionKind.SWITCH_OFF
+        level = self.gate.high if turned else self.gate.low
+        side = "above" if turned else "below"
+        message = f"{self.figure} {value:.3g} {side} {level:.3g} for {self.gate.hold_s:.0f} s"
+        return [Action(kind, self.name, message, switch=self.switch)]
+
+
+@dataclass(slots=True)
+class DropAlertRule:
+    """Alert after `max_consecutive` drops in a row or a drop share above `max_share`."""
+
+    max_consecutive: int
+    max_share: float
+    cooldown_s: float
+    name: str = "drops"
+    enabled: bool = True
+    _last: float = float("-inf")
+
+    def evaluate(self, figures: Figures) -> list[Action]:
+        if not self.enabled or figures.now - self._last < self.cooldown_s:
+            return []
+        if figures.consecutive_drops >= self.max_consecutive:
+            message = f"{figures.consecutive_drops} consecutive updates dropped"
+        elif figures.drop_share > self.max_share:
+            message = f"{figures.drop_share:.0%} of recent updates dropped"
+        else:
+            return []
+        self._last = figures.now
+        return [Action(ActionKind.ALERT, self.name, message)]
+
+
+@dataclass(slots=True)
+class FairnessRule:
+    """Alert naming each client whose acceptance over its last `min_decisions` is below `min_rate`.
+
+    The write-up's warning: a global acceptance of 95% can hide a few slow clients that are
+    always dropped, and with them a class of data the model never learns.
+    """
+
+    min_rate: float
+    min_decisions: int
+    cooldown_s: float
+    name: str = "fairness"
+    enabled: bool = True
+    _last: dict[str, float] = field(default_factory=dict)
+
+    def evaluate(self, figures: Figures) -> list[Action]:
+        if not self.enabled:
+            return []
+        actions = []
+        for client, (applied, decided) in sorted(figures.clients.items()):
+            if decided < self.min_decisions or applied / decided >= self.min_rate:
+                continue
+            if figures.now - self._last.get(client, float("-inf")) < self.cooldown_s:
+                continue
+            self._last[client] = figures.now
+            message = f"client {client}: {applied} of its last {decided} updates applied"
+            actions.append(Action(ActionKind.ALERT, self.name, message, client=client))
+        return actions
