@@ -172,6 +172,23 @@ class ControlSettings(Section):
         None, min_length=16, description="bearer token for every write; unset: writes refused"
     )
     open_reads: bool = Field(True, description="reads need no token (false: reads need it too)")
+    rules_interval_s: float = Field(1.0, gt=0, description="how often the automatic rules run")
+    window_s: float = Field(30.0, gt=0, description="window of the rate and drop-share figures")
+    rate_high: float = Field(200.0, gt=0, description="updates/s that turn raise-gamma on")
+    rate_low: float = Field(120.0, gt=0, description="updates/s below which it turns off again")
+    lag_high: float = Field(1000.0, gt=0, description="stream lag that turns freshest-only on")
+    lag_low: float = Field(100.0, ge=0, description="stream lag below which it turns off")
+    hold_s: float = Field(10.0, ge=0, description="how long a condition must last to act")
+    cooldown_s: float = Field(60.0, ge=0, description="least time between two actions of a rule")
+    max_consecutive_drops: int = Field(50, ge=1, description="drops in a row that raise an alert")
+    max_drop_share: float = Field(0.5, gt=0, le=1, description="drop share that raises an alert")
+    fairness_min_rate: float = Field(
+        0.1, ge=0, le=1, description="acceptance under which a client raises a fairness alert"
+    )
+    fairness_decisions: int = Field(20, ge=1, description="decisions per client it is judged on")
+    disabled_rules: list[str] = Field(
+        default_factory=list, description="rules not to run: update-rate, lag, drops, fairness"
+    )
 
 
 class WorkerSettings(Section):

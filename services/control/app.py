@@ -16,12 +16,13 @@ from aiohttp import web
 
 from services.control.auth import refusal
 from services.control.openapi import spec
+from services.control.switchboard import AlreadyInState, set_switch
 from services.keys import AGGREGATOR_GROUP, Keys
 from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.redis_conn import get_bytes
 from shared.params import POLICY_RANGES, ParamError
 from shared.settings import Settings
-from shared.switches import SWITCHES, switch_off, switch_on
+from shared.switches import SWITCHES
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
@@ -101,27 +102,12 @@ async def flip_switch(request: web.Request) -> web.Response:
         return _error(400, 'expected {"on": true|false, "reason": "..."}')
     reason = str(body.get("reason", ""))
     who = request.headers.get("X-Fedasync-Operator", "operator")
-    redis, keys = request.app[REDIS], request.app[KEYS]
-    record = await redis.hget(keys.switches, name)
-    current = await read_policy(redis, keys)
-    if body["on"]:
-        if record is not None:
-            return _error(409, f"switch {name} is already on")
-        new, saved = switch_on(current, name)
-    else:
-        if record is None:
-            return _error(409, f"switch {name} is already off")
-        new = switch_off(current, json.loads(record)["saved"])
-    why = f"switch {name} {'on' if body['on'] else 'off'}: {reason}"
     try:
-        await change_policy(redis, keys, new, who=who, why=why, at=time.time())
-    except PolicyConflict as exc:
+        new = await set_switch(
+            request.app[REDIS], request.app[KEYS], name, body["on"], reason=reason, who=who
+        )
+    except (AlreadyInState, PolicyConflict) as exc:
         return _error(409, str(exc))
-    if body["on"]:
-        entry = {"reason": reason, "who": who, "at": time.time(), "saved": saved}
-        await redis.hset(keys.switches, name, json.dumps(entry))
-    else:
-        await redis.hdel(keys.switches, name)
     return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
 
 
