@@ -94,6 +94,11 @@ class Keys:
         return self._k("policies")
 
     @property
+    def alerts(self) -> str:
+        """Stream: alerts raised by the automatic rules (rule, message, client, at)."""
+        return self._k("alerts")
+
+    @property
     def switches(self) -> str:
         """Hash: switch name → JSON {reason, who, at, saved} while the switch is on."""
         return self._k("switches")

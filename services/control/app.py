@@ -7,8 +7,10 @@ aggregator at its next batch boundary, so the ledger shows which decisions it ma
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -16,8 +18,10 @@ from aiohttp import web
 
 from services.control.auth import refusal
 from services.control.openapi import spec
+from services.control.rules_runner import RuleRunner
 from services.control.switchboard import AlreadyInState, set_switch
 from services.keys import AGGREGATOR_GROUP, Keys
+from services.lifecycle import cancel_tasks
 from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.redis_conn import get_bytes
 from shared.params import POLICY_RANGES, ParamError
@@ -111,6 +115,24 @@ async def flip_switch(request: web.Request) -> web.Response:
     return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
 
 
+async def alerts(request: web.Request) -> web.Response:
+    """The most recent alerts, newest first (`?count=N`, default 100)."""
+    denied = refusal(request, request.app[SETTINGS].control, write=False)
+    if denied is not None:
+        return denied
+    try:
+        count = max(1, min(int(request.query.get("count", "100")), 10_000))
+    except ValueError:
+        return _error(400, "count must be an int")
+    entries: Any = await request.app[REDIS].xrevrange(request.app[KEYS].alerts, count=count)
+    return web.json_response(
+        [
+            {"id": entry_id.decode()} | {k.decode(): v.decode() for k, v in fields.items()}
+            for entry_id, fields in entries
+        ]
+    )
+
+
 async def status(request: web.Request) -> web.Response:
     """Where training stands: versions, stream backlog, dead letters, whether it is done."""
     denied = refusal(request, request.app[SETTINGS].control, write=False)
@@ -144,7 +166,19 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(spec())
 
 
-def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
+async def _rules(app: web.Application) -> AsyncIterator[None]:
+    """The automatic rules run beside the API; cancelled and awaited on shutdown."""
+    stopping = asyncio.Event()
+    runner = RuleRunner(app[SETTINGS].control, app[REDIS], app[KEYS])
+    task = asyncio.create_task(runner.run(stopping), name="rules")
+    yield
+    stopping.set()
+    await cancel_tasks([task])
+
+
+def create_app(
+    settings: Settings, redis: aioredis.Redis, *, run_rules: bool = True
+) -> web.Application:
     app = web.Application()
     app[SETTINGS] = settings
     app[REDIS] = redis
@@ -156,7 +190,10 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
             web.get("/v1/status", status),
             web.get("/v1/switches", get_switches),
             web.post("/v1/switches/{name}", flip_switch),
+            web.get("/v1/alerts", alerts),
             web.get("/openapi.json", openapi),
         ]
     )
+    if run_rules:
+        app.cleanup_ctx.append(_rules)
     return app

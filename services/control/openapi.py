@@ -137,6 +137,17 @@ def spec() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/alerts": {
+                "get": {
+                    "summary": "Alerts raised by the automatic rules, newest first",
+                    "parameters": [{"name": "count", "in": "query", "schema": {"type": "integer"}}],
+                    "responses": {
+                        "200": _json({"type": "array", "items": {"type": "object"}}, "alerts"),
+                        "400": _json(_ERROR, "count is not an int"),
+                        **errors,
+                    },
+                }
+            },
             "/v1/status": {
                 "get": {
                     "summary": "Versions, stream backlog, dead letters, training done",

@@ -1,0 +1,125 @@
+"""Automatic rules on a real ledger and stream: a rate spike, an injected lag, a starved client.
+
+The rule runner's clock is injected and stepped by the test (no sleeps); the aggregator is the
+real one, run in burst mode.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient, TestServer
+
+from services.aggregator.service import Aggregator
+from services.aggregator.service import run as run_aggregator
+from services.control.app import create_app
+from services.control.rules_runner import RuleRunner
+from services.keys import Keys
+from services.policy_store import read_policy
+from shared.rules import ActionKind
+from shared.settings import Settings
+from tests.integration.helpers import initial_state, make_update, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def runner(settings: Settings, redis: aioredis.Redis, clock: Clock, **cfg: Any) -> RuleRunner:
+    control = settings.control.model_copy(update=cfg)
+    return RuleRunner(control, redis, Keys(settings.redis.key_prefix), clock)
+
+
+async def test_a_rate_spike_raises_gamma_and_calm_restores_it(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    relaxed = settings.model_copy(
+        update={"policy": settings.policy.model_copy(update={"tau_max": 1000})}
+    )
+    for i in range(60):
+        await publish(redis, keys, make_update(f"r{i}", base=0))
+    await run_aggregator(
+        relaxed, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    clock = Clock()
+    rules = runner(
+        settings,
+        redis,
+        clock,
+        window_s=10.0,
+        rate_high=3.0,
+        rate_low=1.0,
+        hold_s=5.0,
+        cooldown_s=0.0,
+    )
+    assert await rules.tick() == []  # 6 updates/s, but not held for 5 s yet
+    clock.now += 5
+    [on] = await rules.tick()
+    assert (on.kind, on.switch) == (ActionKind.SWITCH_ON, "raise-gamma")
+    assert (await read_policy(redis, keys)).gamma == pytest.approx(0.9)
+    clock.now += 10  # the burst has left the window: calm
+    assert await rules.tick() == []
+    clock.now += 5
+    [off] = await rules.tick()
+    assert off.kind is ActionKind.SWITCH_OFF
+    policy = await read_policy(redis, keys)
+    assert (policy.gamma, policy.version) == (0.6, 2)
+    log = [f[b"who"] for _, f in await redis.xrange(keys.policy_log)]
+    assert log == [b"rule:update-rate", b"rule:update-rate"]
+
+
+async def test_injected_lag_flips_freshest_only_and_clears_it(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    paused = Aggregator(settings, redis, keys)  # started, then "paused": it reads nothing
+    await paused.start(initial_state(settings))
+    for i in range(50):
+        await publish(redis, keys, make_update(f"l{i}", base=0))
+    clock = Clock()
+    rules = runner(settings, redis, clock, lag_high=20.0, lag_low=5.0, hold_s=0.0, cooldown_s=0.0)
+    [on] = await rules.tick()
+    assert (on.kind, on.switch) == (ActionKind.SWITCH_ON, "freshest-only")
+    assert (await read_policy(redis, keys)).tau_max == 0
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)  # catches up
+    clock.now += 1
+    actions = await rules.tick()
+    [off] = [a for a in actions if a.kind is not ActionKind.ALERT]
+    assert (off.kind, off.switch) == (ActionKind.SWITCH_OFF, "freshest-only")
+    assert (await read_policy(redis, keys)).tau_max == 10
+    # freshest-only dropped all but the newest: the drop alert says so
+    assert "drops" in {a.rule for a in actions if a.kind is ActionKind.ALERT}
+
+
+async def test_an_always_dropped_client_raises_a_fairness_alert(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    for i in range(30):
+        await publish(redis, keys, make_update(f"f{i}", base=i, client="fast"))
+    for i in range(12):
+        await publish(redis, keys, make_update(f"s{i}", base=0, client="slow"))  # τ ≥ 30
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    clock = Clock()
+    rules = runner(settings, redis, clock, fairness_min_rate=0.1, fairness_decisions=10)
+    actions = await rules.tick()
+    assert [(a.rule, a.client) for a in actions if a.kind is ActionKind.ALERT] == [
+        ("fairness", "slow")
+    ]
+    async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as client:
+        alerts = await (await client.get("/v1/alerts")).json()
+    assert alerts[0]["client"] == "slow"
+    assert "0 of its last 10" in alerts[0]["message"]
