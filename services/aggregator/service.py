@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 from services.aggregator.commit import Batch, Committer, DeadLetter
 from services.aggregator.http import create_app
 from services.aggregator.metrics import AggregatorMetrics
+from services.backlog import read_backlog
 from services.keys import AGGREGATOR_GROUP, Keys
 from services.lifecycle import cancel_tasks, stop_on_signals
 from services.policy_store import ensure_policy, read_policy
@@ -301,13 +302,10 @@ class Aggregator:
         if now - self._gauges_at < 1.0:
             return
         self._gauges_at = now
-        groups: Any = await self.redis.xinfo_groups(self.keys.updates)
-        for group in groups:
-            if group["name"] in (AGGREGATOR_GROUP, AGGREGATOR_GROUP.encode()):
-                self.metrics.pending.set(group["pending"])
-                if group.get("lag") is not None:
-                    self.metrics.lag.set(group["lag"])
-        self.metrics.stream_length.set(await self.redis.xlen(self.keys.updates))
+        backlog = await read_backlog(self.redis, self.keys)
+        self.metrics.pending.set(backlog.pending)
+        self.metrics.lag.set(backlog.lag)
+        self.metrics.stream_length.set(backlog.length)
 
     async def _finish_commit(self) -> None:
         """Wait for the commit in flight; its failure (e.g. Fenced) surfaces here."""

@@ -16,11 +16,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services.backlog import read_backlog
 from services.control.auth import refusal
 from services.control.openapi import spec
 from services.control.rules_runner import RuleRunner
 from services.control.switchboard import AlreadyInState, set_switch
-from services.keys import AGGREGATOR_GROUP, Keys
+from services.control.window import LedgerWindow
+from services.keys import Keys
 from services.lifecycle import cancel_tasks
 from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.redis_conn import get_bytes
@@ -31,6 +33,7 @@ from shared.switches import SWITCHES
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
 KEYS = web.AppKey("keys", Keys)
+WINDOW = web.AppKey("window", LedgerWindow)
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -134,29 +137,34 @@ async def alerts(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    """Where training stands: versions, stream backlog, dead letters, whether it is done."""
+    """Where training stands: versions, recent rate, τ and α, drops, per-client acceptance,
+    backlog, active switches, and whether (and why) it is done."""
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
         return denied
-    redis, keys = request.app[REDIS], request.app[KEYS]
+    redis, keys, window = request.app[REDIS], request.app[KEYS], request.app[WINDOW]
+    await window.refresh(time.time())
     version = await get_bytes(redis, keys.version)
     policy = await read_policy(redis, keys)
     done: Any = await redis.hgetall(keys.done)
-    pending, lag = None, None
-    if await redis.exists(keys.updates):
-        groups: Any = await redis.xinfo_groups(keys.updates)
-        for group in groups:
-            if group["name"] in (AGGREGATOR_GROUP, AGGREGATOR_GROUP.encode()):
-                pending, lag = group["pending"], group.get("lag")
+    switches: Any = await redis.hkeys(keys.switches)
+    backlog = await read_backlog(redis, keys)
+    budget = request.app[SETTINGS].budget
+    committed = int(version) if version is not None else None
     return web.json_response(
         {
-            "version": int(version) if version is not None else None,
+            "version": committed,
             "policy_version": policy.version,
+            "recent": window.summary(),
             "decisions": await redis.xlen(keys.ledger),
             "dead_letters": await redis.xlen(keys.deadletter),
-            "stream_length": await redis.xlen(keys.updates),
-            "pending": pending,
-            "lag": lag,
+            "stream_length": backlog.length,
+            "pending": backlog.pending,
+            "lag": backlog.lag,
+            "switches_on": sorted(s.decode() for s in switches),
+            "budget_left_updates": None
+            if committed is None
+            else max(budget.max_updates - committed, 0),
             "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
         }
     )
@@ -169,7 +177,7 @@ async def openapi(request: web.Request) -> web.Response:
 async def _rules(app: web.Application) -> AsyncIterator[None]:
     """The automatic rules run beside the API; cancelled and awaited on shutdown."""
     stopping = asyncio.Event()
-    runner = RuleRunner(app[SETTINGS].control, app[REDIS], app[KEYS])
+    runner = RuleRunner(app[SETTINGS].control, app[REDIS], app[KEYS], window=app[WINDOW])
     task = asyncio.create_task(runner.run(stopping), name="rules")
     yield
     stopping.set()
@@ -183,6 +191,8 @@ def create_app(
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[KEYS] = Keys(settings.redis.key_prefix)
+    control = settings.control
+    app[WINDOW] = LedgerWindow(redis, app[KEYS], control.window_s, control.fairness_decisions)
     app.add_routes(
         [
             web.get("/v1/policy", get_policy),

@@ -12,15 +12,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
 import redis.asyncio as aioredis
 
+from services.backlog import read_backlog
 from services.control.switchboard import set_switch
-from services.keys import AGGREGATOR_GROUP, Keys
+from services.control.window import LedgerWindow
+from services.keys import Keys
 from services.policy_store import PolicyConflict
 from services.redis_conn import TRANSIENT
 from shared.rules import (
@@ -69,66 +69,32 @@ class RuleRunner:
         redis: aioredis.Redis,
         keys: Keys,
         clock: Callable[[], float] = time.time,
+        window: LedgerWindow | None = None,
     ) -> None:
         self.cfg = cfg
         self.redis = redis
         self.keys = keys
         self.clock = clock
         self.rules = build_rules(cfg)
-        self._cursor = "0-0"
-        self._window: deque[tuple[float, bool]] = deque()  # (decided at, dropped)
-        self._clients: dict[str, deque[bool]] = {}  # last decisions per client: applied?
-        self._consecutive_drops = 0
+        self.window = window or LedgerWindow(redis, keys, cfg.window_s, cfg.fairness_decisions)
 
     async def tick(self) -> list[Action]:
         """Read what was committed since the last tick, evaluate the rules, act."""
-        await self._read_ledger()
-        figures = await self._figures()
+        now = self.clock()
+        await self.window.refresh(now)
+        backlog = await read_backlog(self.redis, self.keys)
+        figures = Figures(
+            now=now,
+            update_rate=self.window.update_rate,
+            drop_share=self.window.drop_share,
+            consecutive_drops=self.window.consecutive_drops,
+            lag=float(backlog.waiting),
+            clients=self.window.acceptance(),
+        )
         actions = [a for rule in self.rules for a in rule.evaluate(figures)]
         for action in actions:
             await self._carry_out(action)
         return actions
-
-    async def _read_ledger(self) -> None:
-        while True:
-            entries: Any = await self.redis.xrange(
-                self.keys.ledger, min="(" + self._cursor, max="+", count=1000
-            )
-            for entry_id, fields in entries:
-                record = msgpack.unpackb(fields[b"d"], raw=False)
-                if record["outcome"] == "duplicate":
-                    continue
-                dropped = record["outcome"] == "dropped"
-                self._window.append((float(record["at"]), dropped))
-                self._consecutive_drops = self._consecutive_drops + 1 if dropped else 0
-                history = self._clients.setdefault(
-                    record["client_id"], deque(maxlen=self.cfg.fairness_decisions)
-                )
-                history.append(record["outcome"] == "applied")
-                self._cursor = entry_id.decode()
-            if len(entries) < 1000:
-                return
-
-    async def _figures(self) -> Figures:
-        now = self.clock()
-        while self._window and self._window[0][0] < now - self.cfg.window_s:
-            self._window.popleft()
-        decided = len(self._window)
-        drops = sum(1 for _, dropped in self._window if dropped)
-        lag = 0.0
-        if await self.redis.exists(self.keys.updates):
-            groups: Any = await self.redis.xinfo_groups(self.keys.updates)
-            for group in groups:
-                if group["name"] in (AGGREGATOR_GROUP, AGGREGATOR_GROUP.encode()):
-                    lag = float(group.get("lag") or 0) + float(group["pending"])
-        return Figures(
-            now=now,
-            update_rate=decided / self.cfg.window_s,
-            drop_share=drops / decided if decided else 0.0,
-            consecutive_drops=self._consecutive_drops,
-            lag=lag,
-            clients={c: (sum(h), len(h)) for c, h in self._clients.items()},
-        )
 
     async def _carry_out(self, action: Action) -> None:
         log.warning("rule %s: %s (%s)", action.rule, action.kind.value, action.message)

@@ -54,6 +54,12 @@ async def test_operator_patch_changes_alpha_of_the_next_decisions(
     assert [(f[b"who"], f[b"why"]) for _, f in log] == [(b"alice", b"calmer")]
     status = await (await client.get("/v1/status")).json()
     assert (status["version"], status["policy_version"], status["decisions"]) == (1, 1, 1)
+    recent = status["recent"]
+    assert recent["alpha"]["p50"] == 0.25
+    assert recent["tau"]["max"] == 0.0
+    assert recent["clients"] == [{"client": "c0", "applied": 1, "decided": 1, "rate": 1.0}]
+    assert (status["pending"], status["lag"], status["switches_on"]) == (0, 0, [])
+    assert status["budget_left_updates"] == settings.budget.max_updates - 1
 
 
 async def test_invalid_values_get_422_with_field_and_range(client: TestClient) -> None:
