@@ -44,6 +44,8 @@ class Policy:
     tau_max: int = 10
     buffer_size: int = 10
     server_lr: float = 1.0
+    #: the aggregator decides nothing while paused; updates wait in the stream, none is lost
+    paused: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(Mode, "mode", self.mode))
@@ -54,6 +56,8 @@ class Policy:
             object.__setattr__(self, name, float(value))
         for name in _INT_PARAMS:
             POLICY_RANGES[name].check(name, getattr(self, name))
+        if not isinstance(self.paused, bool):
+            raise ParamError("paused", self.paused, "true or false")
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""

@@ -10,6 +10,7 @@ last commit is restored and the entries it did not cover are decided again, from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -174,6 +175,12 @@ class Aggregator:
     async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
         while not stopping.is_set():
             await self._refresh_policy()
+            if self.policy.paused:  # an operator paused aggregation: leave updates in the stream
+                if burst:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), POLICY_REFRESH_S)
+                continue
             self._check_time_budget()
             batch = Batch(b"", self.state.version, b"")
             deadline = time.monotonic() + self.settings.aggregator.batch_ms / 1000

@@ -29,6 +29,7 @@ def _policy_schema() -> dict[str, Any]:
             "type": "string",
             "enum": ["constant", "polynomial", "progress", "exponential", "hinge"],
         },
+        "paused": {"type": "boolean"},
     }
     for name, allowed in POLICY_RANGES.items():
         prop: dict[str, Any] = {"type": "integer" if allowed.integer else "number"}

@@ -122,3 +122,19 @@ async def test_switch_on_changes_the_policy_and_off_restores_it(
     assert whys == ["switch raise-gamma on: rate spike", "switch raise-gamma off: "]
     assert (await client.post("/v1/switches/nope", json={"on": True}, headers=AUTH)).status == 404
     assert (await client.post("/v1/switches/lower-alpha", json={"on": True})).status == 401
+
+
+async def test_pause_leaves_updates_in_the_stream_and_resume_decides_them(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    paused = await client.patch(
+        "/v1/policy", json={"changes": {"paused": True}, "why": "maintenance"}, headers=AUTH
+    )
+    assert paused.status == 200
+    await publish(redis, keys, make_update("waiting", base=0))
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    assert await ledger(redis, keys) == []
+    await client.patch("/v1/policy", json={"changes": {"paused": False}}, headers=AUTH)
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    assert [e["update_id"] for e in await ledger(redis, keys)] == ["waiting"]

@@ -91,5 +91,12 @@ def test_fedbuff_preset_uses_the_papers_weight() -> None:
 
 
 def test_every_numeric_field_has_a_range() -> None:
-    numeric = {f.name for f in dataclasses.fields(Policy) if f.name not in ("mode", "decay")}
+    named = ("mode", "decay", "paused")
+    numeric = {f.name for f in dataclasses.fields(Policy) if f.name not in named}
     assert numeric == set(POLICY_RANGES)
+
+
+def test_paused_must_be_a_bool() -> None:
+    assert Policy(paused=True).paused is True
+    with pytest.raises(ParamError, match="paused"):
+        Policy(paused="yes")  # type: ignore[arg-type]
