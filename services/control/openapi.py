@@ -155,6 +155,12 @@ def spec() -> dict[str, Any]:
                     "responses": {"200": _json({"type": "object"}, "status"), **errors},
                 }
             },
+            "/": {
+                "get": {
+                    "summary": "The dashboard (HTML); switches ask for the token once",
+                    "responses": {"200": {"description": "text/html"}},
+                }
+            },
             "/openapi.json": {
                 "get": {
                     "summary": "This document",

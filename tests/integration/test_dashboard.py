@@ -1,0 +1,85 @@
+"""The dashboard in headless Chromium: it shows the status, flips a switch, asks nothing outside.
+
+Needs Debian's `chromium` and the `playwright` package (driving that browser through
+executable_path; no browser download). Skipped, with the reason, when either is missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from services.aggregator.service import run as run_aggregator
+from services.control.app import create_app
+from services.keys import Keys
+from services.policy_store import read_policy
+from shared.settings import Settings
+from tests.integration.helpers import initial_state, make_update, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+playwright_api = pytest.importorskip("playwright.async_api", reason="playwright not installed")
+TOKEN = "dashboard-test-token"
+
+
+@pytest_asyncio.fixture
+async def base_url(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[str]:
+    settings = settings.model_copy(
+        update={"control": settings.control.model_copy(update={"token": TOKEN})}
+    )
+    keys = Keys(settings.redis.key_prefix)
+    for i in range(5):
+        await publish(redis, keys, make_update(f"d{i}", base=0, client=f"device-{i % 2}"))
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    runner = web.AppRunner(create_app(settings, redis, run_rules=False))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed")
+async def test_dashboard_flips_a_switch_in_chromium(
+    base_url: str, settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    requested: list[str] = []
+    async with playwright_api.async_playwright() as driver:
+        browser = await driver.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1100, "height": 900})
+            page.on("request", lambda request: requested.append(request.url))
+            page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+            await page.goto(base_url + "/")
+            await page.wait_for_function("document.getElementById('version').textContent === '5'")
+            await page.click("#flip-raise-gamma")
+            await page.wait_for_selector("#flip-raise-gamma:text('turn off')")
+            shot = tmp_path / "dashboard.png"
+            await page.screenshot(path=str(shot), full_page=True)
+        finally:
+            await browser.close()
+    policy = await read_policy(redis, Keys(settings.redis.key_prefix))
+    assert policy.gamma == pytest.approx(0.9)
+    assert all(url.startswith(base_url) for url in requested), requested  # no outside host
+    assert shot.stat().st_size > 10_000
