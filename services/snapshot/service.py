@@ -1,19 +1,14 @@
-"""Run the snapshot app until stopped: AppRunner + TCPSite, the shared lifecycle."""
+"""Run the snapshot app until stopped."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import redis.asyncio as aioredis
-from aiohttp import web
 
-from services.lifecycle import stop_on_signals
-from services.redis_conn import connect
+from services.http_service import serve
 from services.snapshot.app import create_app
 from shared.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 async def run(
@@ -25,20 +20,14 @@ async def run(
     started: asyncio.Future[int] | None = None,
 ) -> None:
     """Serve until `stopping` is set; `started` receives the bound port (0 picks a free one)."""
-    stopping = stopping or asyncio.Event()
-    client = redis if redis is not None else connect(settings.redis)
-    runner = web.AppRunner(create_app(settings, client), access_log=None)
-    try:
-        with stop_on_signals(stopping, handle_signals):
-            await runner.setup()
-            site = web.TCPSite(runner, settings.snapshot.host, settings.snapshot.port)
-            await site.start()
-            port = runner.addresses[0][1]
-            log.info("snapshot service on http://%s:%d", settings.snapshot.host, port)
-            if started is not None:
-                started.set_result(port)
-            await stopping.wait()
-    finally:
-        await runner.cleanup()
-        if redis is None:
-            await client.aclose()
+    await serve(
+        "snapshot service",
+        lambda client: create_app(settings, client),
+        settings.redis,
+        settings.snapshot.host,
+        settings.snapshot.port,
+        redis=redis,
+        handle_signals=handle_signals,
+        stopping=stopping,
+        started=started,
+    )
