@@ -16,9 +16,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.backlog import read_backlog
 from services.control.auth import refusal
+from services.control.metrics import ControlMetrics
 from services.control.openapi import spec
 from services.control.rules_runner import RuleRunner
 from services.control.switchboard import AlreadyInState, set_switch
@@ -35,6 +37,7 @@ SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
 KEYS = web.AppKey("keys", Keys)
 WINDOW = web.AppKey("window", LedgerWindow)
+METRICS = web.AppKey("metrics", ControlMetrics)
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -77,6 +80,7 @@ async def patch_policy(request: web.Request) -> web.Response:
         await change_policy(redis, keys, new, who=who, why=why, at=time.time())
     except PolicyConflict as exc:
         return _error(409, str(exc))
+    request.app[METRICS].policy_changes.labels("operator").inc()
     return web.json_response({"policy": new.to_dict()})
 
 
@@ -116,6 +120,7 @@ async def flip_switch(request: web.Request) -> web.Response:
         )
     except (AlreadyInState, PolicyConflict) as exc:
         return _error(409, str(exc))
+    request.app[METRICS].policy_changes.labels("operator").inc()
     return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
 
 
@@ -182,6 +187,14 @@ async def dashboard(request: web.Request) -> web.Response:
     )
 
 
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    policy = await read_policy(request.app[REDIS], request.app[KEYS])
+    metrics.policy_version.set(policy.version)
+    body = generate_latest(metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(spec())
 
@@ -189,7 +202,9 @@ async def openapi(request: web.Request) -> web.Response:
 async def _rules(app: web.Application) -> AsyncIterator[None]:
     """The automatic rules run beside the API; cancelled and awaited on shutdown."""
     stopping = asyncio.Event()
-    runner = RuleRunner(app[SETTINGS].control, app[REDIS], app[KEYS], window=app[WINDOW])
+    runner = RuleRunner(
+        app[SETTINGS].control, app[REDIS], app[KEYS], window=app[WINDOW], metrics=app[METRICS]
+    )
     task = asyncio.create_task(runner.run(stopping), name="rules")
     yield
     stopping.set()
@@ -205,6 +220,7 @@ def create_app(
     app[KEYS] = Keys(settings.redis.key_prefix)
     control = settings.control
     app[WINDOW] = LedgerWindow(redis, app[KEYS], control.window_s, control.fairness_decisions)
+    app[METRICS] = ControlMetrics()
     app.add_routes(
         [
             web.get("/v1/policy", get_policy),
@@ -215,6 +231,7 @@ def create_app(
             web.get("/v1/alerts", alerts),
             web.get("/openapi.json", openapi),
             web.get("/", dashboard),
+            web.get("/metrics", metrics_endpoint),
         ]
     )
     if run_rules:

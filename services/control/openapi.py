@@ -161,6 +161,12 @@ def spec() -> dict[str, Any]:
                     "responses": {"200": {"description": "text/html"}},
                 }
             },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics: rule actions, policy changes, policy version",
+                    "responses": {"200": {"description": "text/plain; version=0.0.4"}},
+                }
+            },
             "/openapi.json": {
                 "get": {
                     "summary": "This document",

@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from services.backlog import read_backlog
+from services.control.metrics import ControlMetrics
 from services.control.switchboard import set_switch
 from services.control.window import LedgerWindow
 from services.keys import Keys
@@ -70,6 +71,7 @@ class RuleRunner:
         keys: Keys,
         clock: Callable[[], float] = time.time,
         window: LedgerWindow | None = None,
+        metrics: ControlMetrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.redis = redis
@@ -77,6 +79,7 @@ class RuleRunner:
         self.clock = clock
         self.rules = build_rules(cfg)
         self.window = window or LedgerWindow(redis, keys, cfg.window_s, cfg.fairness_decisions)
+        self.metrics = metrics or ControlMetrics()
 
     async def tick(self) -> list[Action]:
         """Read what was committed since the last tick, evaluate the rules, act."""
@@ -98,6 +101,7 @@ class RuleRunner:
 
     async def _carry_out(self, action: Action) -> None:
         log.warning("rule %s: %s (%s)", action.rule, action.kind.value, action.message)
+        self.metrics.rule_actions.labels(action.rule, action.kind.value).inc()
         if action.kind is ActionKind.ALERT:
             fields: dict[Any, Any] = {
                 "rule": action.rule,
@@ -110,7 +114,7 @@ class RuleRunner:
             return
         assert action.switch is not None
         try:
-            await set_switch(
+            policy = await set_switch(
                 self.redis,
                 self.keys,
                 action.switch,
@@ -118,6 +122,8 @@ class RuleRunner:
                 reason=f"rule {action.rule}: {action.message}",
                 who=f"rule:{action.rule}",
             )
+            self.metrics.policy_changes.labels("rule").inc()
+            self.metrics.policy_version.set(policy.version)
         except (SwitchError, PolicyConflict) as exc:  # an operator got there first
             log.info("rule %s did not flip %s: %s", action.rule, action.switch, exc)
 

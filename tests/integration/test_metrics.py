@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 
 from services.aggregator.http import create_app
 from services.aggregator.service import Aggregator
+from services.control.app import create_app as create_control_app
 from services.keys import Keys
 from services.snapshot.app import create_app as create_snapshot_app
 from services.snapshot.app import wait_ready
@@ -75,6 +76,23 @@ async def test_snapshot_metrics_pass_promtool(settings: Settings, redis: aioredi
         await wait_ready(app)
         await client.get("/v1/models/latest")
         text = await (await client.get("/metrics")).read()
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+async def test_control_metrics_count_rule_actions_and_pass_promtool(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    await run_once(settings, redis)
+    app = create_control_app(settings, redis, run_rules=False)
+    async with TestClient(TestServer(app)) as client:
+        token = {"Authorization": "Bearer not-configured-token"}
+        await client.patch("/v1/policy", json={"changes": {"alpha0": 0.5}}, headers=token)
+        text = await (await client.get("/metrics")).read()
+    assert b"fedasync_control_policy_version 0.0" in text  # no token configured: refused
     result = subprocess.run(
         ["promtool", "check", "metrics"], input=text, capture_output=True, check=False
     )

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import generate_latest
 
 from services.aggregator.service import Aggregator
 from services.aggregator.service import run as run_aggregator
@@ -76,6 +77,9 @@ async def test_a_rate_spike_raises_gamma_and_calm_restores_it(
     assert (policy.gamma, policy.version) == (0.6, 2)
     log = [f[b"who"] for _, f in await redis.xrange(keys.policy_log)]
     assert log == [b"rule:update-rate", b"rule:update-rate"]
+    text = generate_latest(rules.metrics.registry).decode()
+    assert 'fedasync_control_rule_actions_total{action="switch_on",rule="update-rate"} 1.0' in text
+    assert 'fedasync_control_policy_changes_total{source="rule"} 2.0' in text
 
 
 async def test_injected_lag_flips_freshest_only_and_clears_it(
