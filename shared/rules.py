@@ -10,6 +10,7 @@ these on the wall clock and the simulator on virtual time.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -151,3 +152,54 @@ class FairnessRule:
             message = f"client {client}: {applied} of its last {decided} updates applied"
             actions.append(Action(ActionKind.ALERT, self.name, message, client=client))
         return actions
+
+
+@dataclass(slots=True)
+class DecisionWindow:
+    """Recent decisions turned into `Figures`: fed from the ledger (control service) or directly
+    by the simulator, so both measure the rate, drops and acceptance the same way."""
+
+    window_s: float
+    per_client: int
+    #: (decided at, outcome, τ, α) of the decisions still inside the window
+    recent: deque[tuple[float, str, int | None, float | None]] = field(default_factory=deque)
+    clients: dict[str, deque[bool]] = field(default_factory=dict)
+    consecutive_drops: int = 0
+
+    def add(
+        self, at: float, outcome: str, client: str, tau: int | None, alpha: float | None
+    ) -> None:
+        if outcome == "duplicate":
+            return
+        self.recent.append((at, outcome, tau, alpha))
+        self.consecutive_drops = self.consecutive_drops + 1 if outcome == "dropped" else 0
+        history = self.clients.setdefault(client, deque(maxlen=self.per_client))
+        history.append(outcome == "applied")
+
+    def expire(self, now: float) -> None:
+        while self.recent and self.recent[0][0] < now - self.window_s:
+            self.recent.popleft()
+
+    @property
+    def update_rate(self) -> float:
+        return len(self.recent) / self.window_s
+
+    @property
+    def drop_share(self) -> float:
+        decided = len(self.recent)
+        return sum(r[1] == "dropped" for r in self.recent) / decided if decided else 0.0
+
+    def acceptance(self) -> dict[str, tuple[int, int]]:
+        """(applied, decided) over each client's last decisions."""
+        return {client: (sum(h), len(h)) for client, h in self.clients.items()}
+
+    def figures(self, now: float, lag: float = 0.0) -> Figures:
+        self.expire(now)
+        return Figures(
+            now=now,
+            update_rate=self.update_rate,
+            drop_share=self.drop_share,
+            consecutive_drops=self.consecutive_drops,
+            lag=lag,
+            clients=self.acceptance(),
+        )

@@ -29,7 +29,6 @@ from shared.rules import (
     ActionKind,
     DropAlertRule,
     FairnessRule,
-    Figures,
     Hysteresis,
     SwitchRule,
 )
@@ -86,14 +85,7 @@ class RuleRunner:
         now = self.clock()
         await self.window.refresh(now)
         backlog = await read_backlog(self.redis, self.keys)
-        figures = Figures(
-            now=now,
-            update_rate=self.window.update_rate,
-            drop_share=self.window.drop_share,
-            consecutive_drops=self.window.consecutive_drops,
-            lag=float(backlog.waiting),
-            clients=self.window.acceptance(),
-        )
+        figures = self.window.figures(now, float(backlog.waiting))
         actions = [a for rule in self.rules for a in rule.evaluate(figures)]
         for action in actions:
             await self._carry_out(action)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -12,27 +10,16 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from services.keys import Keys
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    at: float
-    outcome: str
-    tau: int | None
-    alpha: float | None
+from shared.rules import DecisionWindow, Figures
 
 
 class LedgerWindow:
-    """Decisions of the last `window_s` seconds, and each client's last `per_client` outcomes."""
+    """A `DecisionWindow` fed from the ledger stream, read incrementally."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, window_s: float, per_client: int):
         self.redis = redis
         self.keys = keys
-        self.window_s = window_s
-        self.per_client = per_client
-        self.recent: deque[Seen] = deque()
-        self.clients: dict[str, deque[bool]] = {}
-        self.consecutive_drops = 0
+        self.window = DecisionWindow(window_s, per_client)
         self._cursor = "0-0"
         self._lock = asyncio.Lock()
 
@@ -45,43 +32,27 @@ class LedgerWindow:
                 )
                 for entry_id, fields in entries:
                     self._cursor = entry_id.decode()
-                    self._take(msgpack.unpackb(fields[b"d"], raw=False))
+                    r = msgpack.unpackb(fields[b"d"], raw=False)
+                    self.window.add(
+                        float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]
+                    )
                 if len(entries) < 1000:
                     break
-            while self.recent and self.recent[0].at < now - self.window_s:
-                self.recent.popleft()
+            self.window.expire(now)
 
-    def _take(self, record: dict[str, Any]) -> None:
-        outcome = record["outcome"]
-        if outcome == "duplicate":
-            return
-        self.recent.append(Seen(float(record["at"]), outcome, record["tau"], record["alpha"]))
-        self.consecutive_drops = self.consecutive_drops + 1 if outcome == "dropped" else 0
-        history = self.clients.setdefault(record["client_id"], deque(maxlen=self.per_client))
-        history.append(outcome == "applied")
-
-    @property
-    def update_rate(self) -> float:
-        return len(self.recent) / self.window_s
-
-    @property
-    def drop_share(self) -> float:
-        decided = len(self.recent)
-        return sum(s.outcome == "dropped" for s in self.recent) / decided if decided else 0.0
-
-    def acceptance(self) -> dict[str, tuple[int, int]]:
-        """(applied, decided) over each client's last decisions."""
-        return {client: (sum(h), len(h)) for client, h in self.clients.items()}
+    def figures(self, now: float, lag: float) -> Figures:
+        return self.window.figures(now, lag)
 
     def summary(self) -> dict[str, Any]:
-        taus = [s.tau for s in self.recent if s.tau is not None]
-        alphas = [s.alpha for s in self.recent if s.alpha is not None and s.outcome == "applied"]
-        worst_first = sorted(self.acceptance().items(), key=lambda kv: (kv[1][0] / kv[1][1], kv[0]))
+        w = self.window
+        taus = [tau for _, _, tau, _ in w.recent if tau is not None]
+        alphas = [a for _, outcome, _, a in w.recent if a is not None and outcome == "applied"]
+        worst_first = sorted(w.acceptance().items(), key=lambda kv: (kv[1][0] / kv[1][1], kv[0]))
         return {
-            "window_s": self.window_s,
-            "update_rate": self.update_rate,
-            "drop_share": self.drop_share,
-            "consecutive_drops": self.consecutive_drops,
+            "window_s": w.window_s,
+            "update_rate": w.update_rate,
+            "drop_share": w.drop_share,
+            "consecutive_drops": w.consecutive_drops,
             "tau": _percentiles(taus),
             "alpha": _percentiles(alphas),
             "clients": [
