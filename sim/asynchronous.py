@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from shared.aggregation import AggregationState, ModelSnapshot
 from shared.policy import Policy
+from shared.rules import ActionKind, DecisionWindow, Hysteresis, SwitchRule
+from shared.switches import switch_off, switch_on
 from shared.update import Update
 from sim.clock import EventQueue
-from sim.config import label
+from sim.config import FedAsyncConfig, RateRuleConfig, label
 from sim.device import Device, RunPlan
 from sim.recorder import Recorder
 from sim.result import DecisionHook, EndedBy, Progress, RunResult
@@ -66,9 +69,19 @@ class AsyncRun:
         world: World,
         progress: Progress | None = None,
         on_decision: DecisionHook | None = None,
+        rate_rule: RateRuleConfig | None = None,
     ) -> None:
         self.name = name
         self.policy = policy
+        self.rule: SwitchRule | None = None
+        self.window = DecisionWindow(rate_rule.window_s if rate_rule else 60.0, per_client=20)
+        self.saved: dict[str, Any] = {}
+        self.policy_changes: list[dict[str, Any]] = []
+        if rate_rule is not None:
+            gate = Hysteresis(
+                rate_rule.rate_high, rate_rule.rate_low, rate_rule.hold_s, rate_rule.cooldown_s
+            )
+            self.rule = SwitchRule("update-rate", "update_rate", rate_rule.switch, gate)
         self.world = world
         self.progress = progress
         self.on_decision = on_decision
@@ -111,6 +124,7 @@ class AsyncRun:
                 self._start_waiting(time)
             else:
                 self._evaluate(time)
+                self._run_rule(time)
                 self.queue.push(time + self.world.config.eval.interval_s, Evaluate())
         self._evaluate(end)
         return RunResult(
@@ -123,7 +137,28 @@ class AsyncRun:
             version=self.state.version,
             weights=self.state.weights_view(),
             counters=dict(self.state.counters),
+            policy_changes=tuple(self.policy_changes),
         )
+
+    def _run_rule(self, now: float) -> None:
+        """The control service's rule, on virtual time: flips switches through the same core."""
+        if self.rule is None:
+            return
+        for action in self.rule.evaluate(self.window.figures(now)):
+            assert action.switch is not None
+            if action.kind is ActionKind.SWITCH_ON:
+                self.policy, self.saved = switch_on(self.policy, action.switch)
+            else:
+                self.policy = switch_off(self.policy, self.saved)
+            self.policy_changes.append(
+                {
+                    "at_s": now,
+                    "switch": action.switch,
+                    "on": action.kind is ActionKind.SWITCH_ON,
+                    "policy_version": self.policy.version,
+                    "why": action.message,
+                }
+            )
 
     def _only_evaluations_left(self) -> bool:
         return self.training == 0 and not self.waiting and len(self.queue) == 1
@@ -174,6 +209,9 @@ class AsyncRun:
         )
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, event.device, decision)
+        self.window.add(
+            now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
+        )
         if self.on_decision is not None:
             self.on_decision(update, decision)
         self.training -= 1
@@ -195,5 +233,6 @@ def run_async(
     on_decision: DecisionHook | None = None,
 ) -> RunResult:
     """Run the configured algorithm at `algorithm_index` with its resolved `policy`."""
-    name = label(world.config.algorithms[algorithm_index])
-    return AsyncRun(name, policy, world, progress, on_decision).run()
+    algorithm = world.config.algorithms[algorithm_index]
+    rule = algorithm.rate_rule if isinstance(algorithm, FedAsyncConfig) else None
+    return AsyncRun(label(algorithm), policy, world, progress, on_decision, rule).run()

@@ -157,6 +157,23 @@ class EvalConfig(Strict):
     jitter_window: int = Field(20, ge=2, description="last evaluations for the jitter measure")
 
 
+class RateRuleConfig(Strict):
+    """The control service's update-rate rule, run on virtual time (shared/rules.py)."""
+
+    switch: Literal["raise-gamma", "lower-alpha"] = "raise-gamma"
+    rate_high: float = Field(gt=0, description="decisions/s that turn the switch on")
+    rate_low: float = Field(ge=0, description="decisions/s below which it turns off")
+    hold_s: float = Field(0.0, ge=0, description="how long the rate must stay beyond a level")
+    cooldown_s: float = Field(0.0, ge=0, description="least time between two flips")
+    window_s: float = Field(60.0, gt=0, description="window the rate is measured over")
+
+    @model_validator(mode="after")
+    def _levels(self) -> RateRuleConfig:
+        if self.rate_low > self.rate_high:
+            raise ValueError("rate_low must not exceed rate_high")
+        return self
+
+
 class FedAsyncConfig(Strict):
     kind: Literal["fedasync"]
     name: str | None = None
@@ -168,6 +185,8 @@ class FedAsyncConfig(Strict):
     hinge_b: int = _CORE_DEFAULTS.hinge_b
     #: "auto": the advisor's recommendation for this fleet (see sim/advisor.py)
     tau_max: int | Literal["auto"] = _CORE_DEFAULTS.tau_max
+    #: what the control service's update-rate rule would have done, on virtual time
+    rate_rule: RateRuleConfig | None = None
 
     def policy(self, tau_max: int) -> Policy:
         return Policy(

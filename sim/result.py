@@ -33,3 +33,5 @@ class RunResult:
     weights: np.ndarray
     #: the core's counters (applied, dropped, ...) or, for FedAvg, rounds and updates
     counters: dict[str, int]
+    #: switches an automatic rule flipped during the run: time, switch, on, policy version
+    policy_changes: tuple[dict[str, Any], ...] = ()

@@ -92,6 +92,7 @@ def algorithm_summary(
     out: dict[str, Any] = {
         "kind": result.kind,
         "settings": result.settings,
+        "policy_changes": list(result.policy_changes),
         "ended_by": result.ended_by,
         "simulated_seconds": result.end_s,
         "final": {
