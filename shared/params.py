@@ -74,3 +74,9 @@ POLICY_RANGES: dict[str, Range] = {
     "buffer_size": Range(1, 10_000, integer=True),
     "server_lr": Range(0.0, 10.0, low_open=True),
 }
+
+#: Budgets a policy may set at runtime (each may also be left unset: the configured one holds).
+BUDGET_RANGES: dict[str, Range] = {
+    "max_updates": Range(1, 2**63 - 1, integer=True),
+    "max_seconds": Range(0.0, 1e12, low_open=True),
+}

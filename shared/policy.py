@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared import staleness
-from shared.params import POLICY_RANGES, ParamError
+from shared.params import BUDGET_RANGES, POLICY_RANGES, ParamError
 from shared.staleness import Decay
 
 
@@ -27,6 +27,7 @@ class Mode(StrEnum):
 
 _FLOAT_PARAMS = ("alpha0", "gamma", "lam", "hinge_a", "server_lr")
 _INT_PARAMS = ("version", "hinge_b", "tau_max", "buffer_size")
+_BUDGETS = ("max_updates", "max_seconds")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -46,6 +47,9 @@ class Policy:
     server_lr: float = 1.0
     #: the aggregator decides nothing while paused; updates wait in the stream, none is lost
     paused: bool = False
+    #: budgets set at runtime; None leaves the aggregator's configured budget in force
+    max_updates: int | None = None
+    max_seconds: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(Mode, "mode", self.mode))
@@ -58,6 +62,12 @@ class Policy:
             POLICY_RANGES[name].check(name, getattr(self, name))
         if not isinstance(self.paused, bool):
             raise ParamError("paused", self.paused, "true or false")
+        for name in _BUDGETS:
+            value = getattr(self, name)
+            if value is not None:
+                BUDGET_RANGES[name].check(name, value)
+        if self.max_seconds is not None:
+            object.__setattr__(self, "max_seconds", float(self.max_seconds))
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""

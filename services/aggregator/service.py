@@ -249,13 +249,19 @@ class Aggregator:
         if decision.outcome is Outcome.REJECTED:  # invalid content: also a dead letter
             keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
             batch.dead.append(DeadLetter(str(decision.reason), decision.detail, stream_id, keep))
-        if not self.state.closed and self.state.version >= self.settings.budget.max_updates:
+        if not self.state.closed and self.state.version >= self._max_updates:
             self.state.close("max_updates")
             log.info("budget reached: %d updates applied", self.state.version)
 
+    @property
+    def _max_updates(self) -> int:
+        """A budget set through the policy wins over the configured one."""
+        return self.policy.max_updates or self.settings.budget.max_updates
+
     def _check_time_budget(self) -> None:
         elapsed = time.time() - self.started_at
-        if not self.state.closed and elapsed >= self.settings.budget.max_seconds:
+        limit = self.policy.max_seconds or self.settings.budget.max_seconds
+        if not self.state.closed and elapsed >= limit:
             self.state.close("max_seconds")
             log.info("budget reached: %.0f s of training", elapsed)
 

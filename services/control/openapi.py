@@ -30,6 +30,8 @@ def _policy_schema() -> dict[str, Any]:
             "enum": ["constant", "polynomial", "progress", "exponential", "hinge"],
         },
         "paused": {"type": "boolean"},
+        "max_updates": {"type": ["integer", "null"], "minimum": 1},
+        "max_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
     }
     for name, allowed in POLICY_RANGES.items():
         prop: dict[str, Any] = {"type": "integer" if allowed.integer else "number"}

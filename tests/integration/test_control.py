@@ -138,3 +138,19 @@ async def test_pause_leaves_updates_in_the_stream_and_resume_decides_them(
     await client.patch("/v1/policy", json={"changes": {"paused": False}}, headers=AUTH)
     await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
     assert [e["update_id"] for e in await ledger(redis, keys)] == ["waiting"]
+
+
+async def test_a_budget_set_through_the_policy_ends_training(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    response = await client.patch(
+        "/v1/policy", json={"changes": {"max_updates": 2}, "why": "enough"}, headers=AUTH
+    )
+    assert response.status == 200
+    for i in range(3):
+        await publish(redis, keys, make_update(f"b{i}", base=min(i, 2)))
+    result = await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    assert (result.version, result.closed) == (2, "max_updates")
+    bad = await client.patch("/v1/policy", json={"changes": {"max_updates": 0}}, headers=AUTH)
+    assert (await bad.json())["field"] == "max_updates"

@@ -91,7 +91,7 @@ def test_fedbuff_preset_uses_the_papers_weight() -> None:
 
 
 def test_every_numeric_field_has_a_range() -> None:
-    named = ("mode", "decay", "paused")
+    named = ("mode", "decay", "paused", "max_updates", "max_seconds")
     numeric = {f.name for f in dataclasses.fields(Policy) if f.name not in named}
     assert numeric == set(POLICY_RANGES)
 
@@ -100,3 +100,12 @@ def test_paused_must_be_a_bool() -> None:
     assert Policy(paused=True).paused is True
     with pytest.raises(ParamError, match="paused"):
         Policy(paused="yes")  # type: ignore[arg-type]
+
+
+def test_budgets_are_optional_and_checked() -> None:
+    assert Policy().max_updates is None
+    assert Policy(max_updates=5, max_seconds=60).max_seconds == 60.0
+    with pytest.raises(ParamError, match="max_updates"):
+        Policy(max_updates=0)
+    with pytest.raises(ParamError, match="max_seconds"):
+        Policy(max_seconds=-1.0)
