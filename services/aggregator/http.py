@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.aggregator.metrics import AggregatorMetrics
+from services.prometheus import metrics_response
 
 METRICS = web.AppKey("metrics", AggregatorMetrics)
 READY = web.AppKey("ready", list)  # [bool]: set once the state is restored
@@ -25,8 +25,7 @@ def create_app(metrics: AggregatorMetrics, ready: list[bool]) -> web.Application
         return web.json_response({"status": "ready"})
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
-        body = generate_latest(request.app[METRICS].registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return metrics_response(request.app[METRICS].registry)
 
     app.add_routes(
         [

@@ -16,7 +16,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.backlog import read_backlog
 from services.control.auth import refusal
@@ -28,6 +27,7 @@ from services.control.window import LedgerWindow
 from services.keys import Keys
 from services.lifecycle import cancel_tasks
 from services.policy_store import PolicyConflict, change_policy, read_policy
+from services.prometheus import metrics_response
 from services.redis_conn import get_bytes
 from shared.params import POLICY_RANGES, ParamError
 from shared.settings import Settings
@@ -191,8 +191,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     policy = await read_policy(request.app[REDIS], request.app[KEYS])
     metrics.policy_version.set(policy.version)
-    body = generate_latest(metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return metrics_response(metrics.registry)
 
 
 async def openapi(request: web.Request) -> web.Response:

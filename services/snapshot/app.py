@@ -16,16 +16,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.keys import Keys
 from services.lifecycle import cancel_tasks
+from services.prometheus import metrics_response
 from services.redis_conn import TRANSIENT, get_bytes
 from services.snapshot.cache import ModelCache, Served, TooManyWaiters
 from shared.settings import Settings
@@ -195,8 +190,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return metrics_response(request.app[METRICS].registry)
 
 
 # ---------------------------------------------------------------------------------- following

@@ -1,0 +1,13 @@
+"""The one way a service answers a Prometheus scrape."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+def metrics_response(registry: CollectorRegistry) -> web.Response:
+    """The registry in Prometheus text format, with its content type."""
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
