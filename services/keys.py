@@ -104,6 +104,11 @@ class Keys:
         return self._k("switches")
 
     @property
+    def evaluations(self) -> str:
+        """Stream: one entry per evaluated version, field `e` = JSON of the scores."""
+        return self._k("evaluations")
+
+    @property
     def policy_log(self) -> str:
         """Stream: who changed the policy, when and why."""
         return self._k("policy-log")

@@ -191,6 +191,18 @@ class ControlSettings(Section):
     )
 
 
+class EvaluatorSettings(Section):
+    """The service that scores each new version on the held-out test set."""
+
+    snapshot_url: str = Field("http://127.0.0.1:8081", description="snapshot service base URL")
+    host: str = Field("127.0.0.1", description="bind address of /livez, /readyz, /metrics")
+    port: int = Field(8083, ge=0, le=65535, description="port; 0 picks a free one")
+    wait_s: float = Field(10.0, gt=0, description="long-poll wait for a newer version, seconds")
+    keep: int = Field(
+        100_000, ge=100, description="evaluations kept in the stream (approximate MAXLEN)"
+    )
+
+
 class WorkerSettings(Section):
     """A device: where it gets models, which data share it holds, how slow it pretends to be."""
 
@@ -233,6 +245,7 @@ class Settings(BaseSettings):
     aggregator: AggregatorSettings = AggregatorSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
     worker: WorkerSettings = WorkerSettings()
+    evaluator: EvaluatorSettings = EvaluatorSettings()
     control: ControlSettings = ControlSettings()
     wire: WireSettings = WireSettings()
     dedup: DedupSettings = DedupSettings()
