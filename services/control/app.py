@@ -28,7 +28,7 @@ from services.keys import Keys
 from services.lifecycle import cancel_tasks
 from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.prometheus import metrics_response
-from services.redis_conn import get_bytes
+from services.redis_conn import TRANSIENT, get_bytes
 from shared.params import POLICY_RANGES, ParamError
 from shared.settings import Settings
 from shared.switches import SWITCHES
@@ -194,6 +194,19 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     return metrics_response(metrics.registry)
 
 
+async def livez(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready once Redis answers: everything the service shows comes from there."""
+    try:
+        await request.app[REDIS].ping()
+    except TRANSIENT as exc:
+        return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
+    return web.json_response({"status": "ready"})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(spec())
 
@@ -231,6 +244,8 @@ def create_app(
             web.get("/openapi.json", openapi),
             web.get("/", dashboard),
             web.get("/metrics", metrics_endpoint),
+            web.get("/livez", livez),
+            web.get("/readyz", readyz),
         ]
     )
     if run_rules:

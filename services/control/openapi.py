@@ -169,6 +169,21 @@ def spec() -> dict[str, Any]:
                     "responses": {"200": {"description": "text/plain; version=0.0.4"}},
                 }
             },
+            "/livez": {
+                "get": {
+                    "summary": "Liveness: the process answers",
+                    "responses": {"200": _json({"type": "object"}, "alive")},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: Redis answers",
+                    "responses": {
+                        "200": _json({"type": "object"}, "ready"),
+                        "503": _json({"type": "object"}, "Redis unreachable"),
+                    },
+                }
+            },
             "/openapi.json": {
                 "get": {
                     "summary": "This document",
