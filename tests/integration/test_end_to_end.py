@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from learning.tasks import get_task
+from services import evaluations
 from services.aggregator.service import run as run_aggregator
+from services.evaluations import FIELD, EvaluationRecord
+from services.evaluator.service import run as run_evaluator
 from services.keys import Keys
 from services.ledger import verify
 from services.redis_conn import get_bytes
@@ -21,6 +25,20 @@ from shared.settings import Settings
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 DEVICES = 4
+
+
+async def evaluation_of(redis: aioredis.Redis, keys: Keys, version: int) -> EvaluationRecord:
+    """Block on the evaluations stream (no polling) until `version` has been scored."""
+    after = "0-0"
+    while True:
+        reply: Any = await redis.xread({keys.evaluations: after}, block=30_000)
+        if not reply:
+            raise TimeoutError(f"version {version} not evaluated within 30 s")
+        for entry_id, fields in reply[0][1]:
+            after = entry_id.decode()
+            record = EvaluationRecord.from_json(fields[FIELD.encode()])
+            if record.version >= version:
+                return record
 
 
 async def test_workers_train_digits_well_above_chance(
@@ -47,6 +65,16 @@ async def test_workers_train_digits_well_above_chance(
     )
     port = await started
     url = f"http://127.0.0.1:{port}"
+    evaluator_settings = settings.model_copy(
+        update={
+            "evaluator": settings.evaluator.model_copy(
+                update={"snapshot_url": url, "port": 0, "wait_s": 1.0}
+            )
+        }
+    )
+    evaluator = asyncio.create_task(
+        run_evaluator(evaluator_settings, redis=redis, handle_signals=False, stopping=stopping)
+    )
     workers = []
     for device in range(DEVICES):
         mine = settings.model_copy(
@@ -57,12 +85,15 @@ async def test_workers_train_digits_well_above_chance(
             }
         )
         workers.append(run_worker(mine, redis=redis, handle_signals=False))
+    keys = Keys(settings.redis.key_prefix)
     try:
         results = await asyncio.wait_for(asyncio.gather(*workers), timeout=240)
+        final_record = await evaluation_of(redis, keys, 40)
     finally:
         stopping.set()
         outcome = await aggregator
         await snapshot
+        await evaluator
 
     assert outcome.closed == "max_updates"
     assert outcome.version == 40
@@ -70,7 +101,6 @@ async def test_workers_train_digits_well_above_chance(
     assert sum(r.published for r in results) >= 40
     assert sum(r.not_modified for r in results) + sum(r.downloads for r in results) > 0
 
-    keys = Keys(settings.redis.key_prefix)
     raw = await get_bytes(redis, keys.model(40))
     assert raw is not None
     model = decode_model(raw).snapshot
@@ -82,5 +112,10 @@ async def test_workers_train_digits_well_above_chance(
     assert final.accuracy > 0.6  # chance is 0.1
     assert initial.accuracy is not None
     assert final.accuracy > initial.accuracy + 0.3
+    # The evaluator scored the final version exactly as scoring it here does, per class too.
+    assert final_record.accuracy == pytest.approx(final.accuracy)
+    assert final_record.per_class == {str(c): v for c, v in final.per_class.items()}
+    curve = await evaluations.all_records(redis, keys)
+    assert [r.version for r in curve] == sorted({r.version for r in curve})  # increasing
     report = await verify(redis, keys, settings.wire.max_message_bytes)
     assert report.ok, report.describe()

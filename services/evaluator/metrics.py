@@ -1,0 +1,59 @@
+"""Prometheus metrics of the evaluator (own registry: several may live in one test process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from learning.evaluation import Evaluation
+
+
+class EvaluatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.evaluations = Counter(
+            "fedasync_evaluator_evaluations", "Versions evaluated", registry=self.registry
+        )
+        self.skipped = Counter(
+            "fedasync_evaluator_skipped_versions",
+            "Committed versions never evaluated because a newer one was already there",
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "fedasync_evaluator_failures",
+            "Failed attempts to fetch a model from the snapshot service",
+            registry=self.registry,
+        )
+        self.version = Gauge(
+            "fedasync_evaluator_version", "Model version last evaluated", registry=self.registry
+        )
+        self.accuracy = Gauge(
+            "fedasync_evaluator_accuracy",
+            "Test accuracy (classification) or R² (regression) of the version last evaluated",
+            registry=self.registry,
+        )
+        self.loss = Gauge(
+            "fedasync_evaluator_loss",
+            "Test loss of the version last evaluated",
+            registry=self.registry,
+        )
+        self.class_accuracy = Gauge(
+            "fedasync_evaluator_class_accuracy",
+            "Test accuracy of the version last evaluated, per class",
+            ["class"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "fedasync_evaluator_duration_seconds",
+            "Time to evaluate one version",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60),
+            registry=self.registry,
+        )
+
+    def record(self, version: int, evaluation: Evaluation, seconds: float) -> None:
+        self.evaluations.inc()
+        self.version.set(version)
+        self.accuracy.set(evaluation.score)
+        self.loss.set(evaluation.loss)
+        for label, value in evaluation.per_class.items():
+            self.class_accuracy.labels(str(label)).set(value)
+        self.duration.observe(seconds)
