@@ -11,12 +11,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services import evaluations
 from services.backlog import read_backlog
 from services.control.auth import refusal
 from services.control.metrics import ControlMetrics
@@ -155,6 +157,7 @@ async def status(request: web.Request) -> web.Response:
     done: Any = await redis.hgetall(keys.done)
     switches: Any = await redis.hkeys(keys.switches)
     backlog = await read_backlog(redis, keys)
+    evaluation = await evaluations.latest(redis, keys)
     budget = request.app[SETTINGS].budget
     committed = int(version) if version is not None else None
     return web.json_response(
@@ -172,6 +175,7 @@ async def status(request: web.Request) -> web.Response:
             if committed is None
             else max(budget.max_updates - committed, 0),
             "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
+            "evaluation": None if evaluation is None else asdict(evaluation),
         }
     )
 
@@ -192,6 +196,21 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     policy = await read_policy(request.app[REDIS], request.app[KEYS])
     metrics.policy_version.set(policy.version)
     return metrics_response(metrics.registry)
+
+
+async def evaluation_curve(request: web.Request) -> web.Response:
+    """The evaluator's records, oldest first: the accuracy curve, overall and per class."""
+    denied = refusal(request, request.app[SETTINGS].control, write=False)
+    if denied is not None:
+        return denied
+    try:
+        count = int(request.query.get("count", "500"))
+    except ValueError:
+        return _error(400, "count must be an int")
+    if not 1 <= count <= 10_000:
+        return _error(400, "count must be in [1, 10000]")
+    records = await evaluations.recent(request.app[REDIS], request.app[KEYS], count)
+    return web.json_response([asdict(r) for r in records])
 
 
 async def livez(request: web.Request) -> web.Response:
@@ -241,6 +260,7 @@ def create_app(
             web.get("/v1/switches", get_switches),
             web.post("/v1/switches/{name}", flip_switch),
             web.get("/v1/alerts", alerts),
+            web.get("/v1/evaluations", evaluation_curve),
             web.get("/openapi.json", openapi),
             web.get("/", dashboard),
             web.get("/metrics", metrics_endpoint),

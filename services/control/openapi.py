@@ -151,9 +151,20 @@ def spec() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/evaluations": {
+                "get": {
+                    "summary": "The evaluator's scores per version, oldest first (accuracy curve)",
+                    "parameters": [{"name": "count", "in": "query", "schema": {"type": "integer"}}],
+                    "responses": {
+                        "200": _json({"type": "array", "items": {"type": "object"}}, "records"),
+                        "400": _json(_ERROR, "count is not an int in [1, 10000]"),
+                        **errors,
+                    },
+                }
+            },
             "/v1/status": {
                 "get": {
-                    "summary": "Versions, stream backlog, dead letters, training done",
+                    "summary": "Versions, recent figures, backlog, latest evaluation, done",
                     "responses": {"200": _json({"type": "object"}, "status"), **errors},
                 }
             },

@@ -55,6 +55,8 @@ class LedgerWindow:
             "consecutive_drops": w.consecutive_drops,
             "tau": _percentiles(taus),
             "alpha": _percentiles(alphas),
+            "tau_histogram": _tau_histogram(taus),
+            "alpha_histogram": _alpha_histogram(alphas),
             "clients": [
                 {"client": c, "applied": a, "decided": d, "rate": a / d}
                 for c, (a, d) in worst_first
@@ -67,3 +69,24 @@ def _percentiles(values: list[Any]) -> dict[str, float] | None:
         return None
     p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), [50, 95])
     return {"p50": float(p50), "p95": float(p95), "max": float(max(values))}
+
+
+#: τ values shown one bar each; larger ones share the last bar
+TAU_BARS = 30
+ALPHA_BINS = 10
+
+
+def _tau_histogram(taus: list[int]) -> dict[str, list[Any]]:
+    """Decisions per τ (0 … TAU_BARS − 1, then one bar for everything above)."""
+    counts = [0] * (TAU_BARS + 1)
+    for tau in taus:
+        counts[min(max(int(tau), 0), TAU_BARS)] += 1
+    labels = [str(t) for t in range(TAU_BARS)] + [f"≥{TAU_BARS}"]
+    return {"labels": labels, "counts": counts}
+
+
+def _alpha_histogram(alphas: list[float]) -> dict[str, list[Any]]:
+    """Applied updates per α bin of width 0.1 over [0, 1]."""
+    counts, edges = np.histogram(np.asarray(alphas, dtype=np.float64), ALPHA_BINS, (0.0, 1.0))
+    labels = [f"{edges[i]:.1f}–{edges[i + 1]:.1f}" for i in range(ALPHA_BINS)]
+    return {"labels": labels, "counts": [int(c) for c in counts]}

@@ -10,9 +10,11 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from services import evaluations
 from services.aggregator.service import run as run_aggregator
 from services.control.app import create_app
 from services.control.openapi import spec
+from services.evaluations import EvaluationRecord
 from services.keys import Keys
 from shared.settings import Settings
 from tests.integration.helpers import initial_state, ledger, make_update, publish
@@ -154,3 +156,29 @@ async def test_a_budget_set_through_the_policy_ends_training(
     assert (result.version, result.closed) == (2, "max_updates")
     bad = await client.patch("/v1/policy", json={"changes": {"max_updates": 0}}, headers=AUTH)
     assert (await bad.json())["field"] == "max_updates"
+
+
+async def test_status_and_curve_show_the_evaluators_records(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    assert (await (await client.get("/v1/status")).json())["evaluation"] is None
+    for version, accuracy in ((0, 0.1), (5, 0.5), (9, 0.8)):
+        record = EvaluationRecord(
+            version,
+            10.0 + version,
+            9.0 + version,
+            1 - accuracy,
+            accuracy,
+            100,
+            accuracy,
+            {"0": accuracy, "1": accuracy / 2},
+        )
+        await evaluations.append(redis, keys, record, keep=1000)
+    status = await (await client.get("/v1/status")).json()
+    assert status["evaluation"]["version"] == 9
+    assert status["evaluation"]["accuracy"] == 0.8
+    curve = await (await client.get("/v1/evaluations", params={"count": "2"})).json()
+    assert [r["version"] for r in curve] == [5, 9]  # the newest two, oldest first
+    assert curve[1]["per_class"] == {"0": 0.8, "1": 0.4}
+    assert (await client.get("/v1/evaluations", params={"count": "x"})).status == 400

@@ -6,6 +6,7 @@ executable_path; no browser download). Skipped, with the reason, when either is 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,8 +16,10 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from services import evaluations
 from services.aggregator.service import run as run_aggregator
 from services.control.app import create_app
+from services.evaluations import EvaluationRecord
 from services.keys import Keys
 from services.policy_store import read_policy
 from shared.settings import Settings
@@ -37,6 +40,13 @@ async def base_url(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[s
     keys = Keys(settings.redis.key_prefix)
     for i in range(5):
         await publish(redis, keys, make_update(f"d{i}", base=0, client=f"device-{i % 2}"))
+    for version in range(6):  # what the evaluator would have recorded
+        accuracy = 0.1 + 0.15 * version
+        per_class = {str(c): min(1.0, accuracy + 0.05 * (c - 1)) for c in range(3)}
+        record = EvaluationRecord(
+            version, 1.0, 1.0, 2 - accuracy, accuracy, 90, accuracy, per_class
+        )
+        await evaluations.append(redis, keys, record, keep=1000)
     await run_aggregator(
         settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
     )
@@ -73,10 +83,19 @@ async def test_dashboard_flips_a_switch_in_chromium(
             page.on("dialog", lambda dialog: dialog.accept(TOKEN))
             await page.goto(base_url + "/")
             await page.wait_for_function("document.getElementById('version').textContent === '5'")
+            await page.wait_for_function(
+                "document.getElementById('accuracy').textContent.startsWith('0.850')"
+            )
+            # the accuracy curve: one line overall and one per class; τ and α bars drawn
+            assert await page.locator("#chart-accuracy path").count() == 4
+            assert await page.locator("#chart-tau rect").count() > 0
+            assert await page.locator("#chart-alpha rect").count() > 0
             await page.click("#flip-raise-gamma")
             await page.wait_for_selector("#flip-raise-gamma:text('turn off')")
             shot = tmp_path / "dashboard.png"
             await page.screenshot(path=str(shot), full_page=True)
+            if os.environ.get("DASHBOARD_SCREENSHOT"):  # to refresh docs/img/dashboard.png
+                shutil.copy(shot, os.environ["DASHBOARD_SCREENSHOT"])
         finally:
             await browser.close()
     policy = await read_policy(redis, Keys(settings.redis.key_prefix))
