@@ -98,6 +98,13 @@ class BudgetSettings(Section):
         600.0, gt=0, description="wall-clock seconds before training is done"
     )
 
+    def limits(self, policy: Policy) -> tuple[int, float]:
+        """(updates, seconds) in force: a budget set through the policy wins over this one."""
+        return (
+            policy.max_updates or self.max_updates,
+            policy.max_seconds or self.max_seconds,
+        )
+
 
 class TaskSettings(Section):
     """What is learned, from which data split; the aggregator, workers and evaluator agree on it."""

@@ -255,12 +255,11 @@ class Aggregator:
 
     @property
     def _max_updates(self) -> int:
-        """A budget set through the policy wins over the configured one."""
-        return self.policy.max_updates or self.settings.budget.max_updates
+        return self.settings.budget.limits(self.policy)[0]
 
     def _check_time_budget(self) -> None:
         elapsed = time.time() - self.started_at
-        limit = self.policy.max_seconds or self.settings.budget.max_seconds
+        limit = self.settings.budget.limits(self.policy)[1]
         if not self.state.closed and elapsed >= limit:
             self.state.close("max_seconds")
             log.info("budget reached: %.0f s of training", elapsed)

@@ -158,7 +158,8 @@ async def status(request: web.Request) -> web.Response:
     switches: Any = await redis.hkeys(keys.switches)
     backlog = await read_backlog(redis, keys)
     evaluation = await evaluations.latest(redis, keys)
-    budget = request.app[SETTINGS].budget
+    max_updates, max_seconds = request.app[SETTINGS].budget.limits(policy)
+    started = await get_bytes(redis, keys.started)
     committed = int(version) if version is not None else None
     return web.json_response(
         {
@@ -171,9 +172,10 @@ async def status(request: web.Request) -> web.Response:
             "pending": backlog.pending,
             "lag": backlog.lag,
             "switches_on": sorted(s.decode() for s in switches),
-            "budget_left_updates": None
-            if committed is None
-            else max(budget.max_updates - committed, 0),
+            "budget_left_updates": None if committed is None else max(max_updates - committed, 0),
+            "budget_left_seconds": None
+            if started is None
+            else max(max_seconds - (time.time() - float(started)), 0.0),
             "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
             "evaluation": None if evaluation is None else asdict(evaluation),
         }

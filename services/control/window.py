@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 import msgpack
@@ -22,6 +23,8 @@ class LedgerWindow:
         self.window = DecisionWindow(window_s, per_client)
         self._cursor = "0-0"
         self._lock = asyncio.Lock()
+        #: decisions since training started, by outcome (the ledger is read from its start)
+        self.totals: Counter[str] = Counter()
 
     async def refresh(self, now: float) -> None:
         """Take in what was committed since the last refresh; forget what left the window."""
@@ -33,6 +36,7 @@ class LedgerWindow:
                 for entry_id, fields in entries:
                     self._cursor = entry_id.decode()
                     r = msgpack.unpackb(fields[b"d"], raw=False)
+                    self.totals[r["outcome"]] += 1
                     self.window.add(
                         float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]
                     )
@@ -50,6 +54,7 @@ class LedgerWindow:
         worst_first = sorted(w.acceptance().items(), key=lambda kv: (kv[1][0] / kv[1][1], kv[0]))
         return {
             "window_s": w.window_s,
+            "totals": dict(self.totals),
             "update_rate": w.update_rate,
             "drop_share": w.drop_share,
             "consecutive_drops": w.consecutive_drops,

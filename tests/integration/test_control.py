@@ -150,10 +150,16 @@ async def test_a_budget_set_through_the_policy_ends_training(
         "/v1/policy", json={"changes": {"max_updates": 2}, "why": "enough"}, headers=AUTH
     )
     assert response.status == 200
+    status = await (await client.get("/v1/status")).json()
+    assert status["budget_left_updates"] == 2  # the policy's budget, not the configured 1000
+    assert 0 < status["budget_left_seconds"] <= settings.budget.max_seconds
     for i in range(3):
         await publish(redis, keys, make_update(f"b{i}", base=min(i, 2)))
     result = await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
     assert (result.version, result.closed) == (2, "max_updates")
+    status = await (await client.get("/v1/status")).json()
+    assert status["budget_left_updates"] == 0
+    assert status["recent"]["totals"] == {"applied": 2, "dropped": 1}  # the third: closed
     bad = await client.patch("/v1/policy", json={"changes": {"max_updates": 0}}, headers=AUTH)
     assert (await bad.json())["field"] == "max_updates"
 
