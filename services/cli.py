@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.up.options import add_arguments as add_up_arguments
 from shared import __version__
 from shared.params import ParamError
 from shared.policy import Policy
@@ -98,6 +99,12 @@ def _ledger(args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
+def _up(args: argparse.Namespace) -> int:
+    from services.up.run import run_up  # rich and matplotlib: only when asked for
+
+    return run_up(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedasync",
@@ -137,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="replay the ledger through the core and check the committed model"
     )
     ledger.set_defaults(handler=_ledger)
+
+    up = commands.add_parser(
+        "up",
+        help="run the whole system on this machine: Redis, services, a fleet; then a report",
+        description="Start a private Redis (unless FEDASYNC_REDIS__URL is set), the aggregator, "
+        "snapshot, control and evaluator services and a fleet of device workers; train to the "
+        "budget with a live view; write a run folder (summary.json, ledger, curve, plots).",
+    )
+    add_up_arguments(up)
+    up.set_defaults(handler=_up)
 
     register_simulator(commands)
     return parser

@@ -169,25 +169,35 @@ class Supervisor:
         return [child for child in chosen if not child.running()]
 
     # ------------------------------------------------------------------------------ stopping
-    def stop_all(self, timeout: float = 15.0, order: list[str] | None = None) -> dict[str, int]:
-        """SIGTERM each child (in `order`, else newest first) and wait; SIGKILL what remains.
+    def stop_all(
+        self, timeout: float = 15.0, groups: list[list[str]] | None = None
+    ) -> dict[str, int]:
+        """SIGTERM the children group by group and wait; SIGKILL what outlives `timeout`.
 
-        Returns each child's exit code. Safe to call twice.
+        A group is signalled at once and waited for as a whole (e.g. every worker), and the next
+        group only once it is gone; children in no group go last, newest first. Returns each
+        child's exit code. Safe to call twice.
         """
-        names = order or list(reversed(self.children))
-        names += [n for n in reversed(self.children) if n not in names]
+        groups = [list(g) for g in groups or []]
+        grouped = {name for group in groups for name in group}
+        groups += [[n] for n in reversed(self.children) if n not in grouped]
         codes: dict[str, int] = {}
-        for name in names:
-            child = self.children[name]
-            if child.running():
-                child.expected_exit = True
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.send_signal(signal.SIGTERM)
-            try:
-                codes[name] = child.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                codes[name] = child.process.wait()
+        for group in groups:
+            children = [self.children[name] for name in group if name in self.children]
+            for child in children:
+                if child.running():
+                    child.expected_exit = True
+                    with contextlib.suppress(ProcessLookupError):
+                        child.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for child in children:
+                try:
+                    codes[child.spec.name] = child.process.wait(
+                        timeout=max(deadline - time.monotonic(), 0.0)
+                    )
+                except subprocess.TimeoutExpired:
+                    child.process.kill()
+                    codes[child.spec.name] = child.process.wait()
         return codes
 
 

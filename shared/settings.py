@@ -7,6 +7,7 @@ policy change can never disagree on what is allowed.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Literal
 
@@ -299,6 +300,22 @@ def load_settings(**overrides: Any) -> Settings:
             env = ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
             lines.append(f"  {env}: {error['msg']}")
         raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Every setting as the environment variable that would set it (unset ones left out).
+
+    How `fedasync up` hands one validated configuration to each child process, so no child
+    can end up with a default the parent did not mean.
+    """
+    env = {}
+    for section_name, values in settings.model_dump(mode="json").items():
+        for name, value in values.items():
+            if value is None:
+                continue
+            variable = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+            env[variable] = value if isinstance(value, str) else json.dumps(value)
+    return env
 
 
 def settings_reference() -> str:

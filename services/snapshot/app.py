@@ -236,6 +236,15 @@ async def follow(app: web.Application) -> None:
             backoff = min(backoff * 2, 5.0)
 
 
+async def _release_long_polls(app: web.Application) -> None:
+    """On shutdown, before the server waits for requests in flight: wake every long-poll.
+
+    Otherwise a long-poll whose client has gone (aiohttp does not cancel its handler) would hold
+    the shutdown for as long as it asked to wait.
+    """
+    await app[CACHE].close()
+
+
 async def _background(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(follow(app), name="snapshot-follow")
     yield
@@ -264,6 +273,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         ]
     )
     app.cleanup_ctx.append(_background)
+    app.on_shutdown.append(_release_long_polls)
     return app
 
 

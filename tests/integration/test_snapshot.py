@@ -14,6 +14,7 @@ from safetensors.numpy import load as load_safetensors
 from services.aggregator.service import run as run_aggregator
 from services.keys import Keys
 from services.snapshot.app import (
+    CACHE,
     DONE_HEADER,
     MODEL_CONTENT_TYPE,
     VERSION_HEADER,
@@ -129,3 +130,29 @@ async def test_health_and_metrics(client: TestClient) -> None:
     text = await (await client.get("/metrics")).text()
     assert 'fedasync_snapshot_requests_total{route="latest",status="200"}' in text
     assert "fedasync_snapshot_model_version 0.0" in text
+
+
+async def test_shutdown_answers_waiting_long_polls_at_once(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """A long-poll in flight is answered 503 at shutdown instead of holding the shutdown."""
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    app = create_app(settings, redis)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    await wait_ready(app)
+    cache = app[CACHE]
+    poll = asyncio.create_task(
+        client.get("/v1/models/latest", params={"newer_than": "0", "wait": "3600"})
+    )
+    while cache.waiters == 0:  # the request is parked in the cache
+        await asyncio.sleep(0)
+    try:
+        await client.server.close()  # shutdown: it must not wait an hour for the poll
+        response = await poll
+        assert response.status == 503
+        assert (await response.json())["error"] == "shutting down"
+    finally:
+        await client.close()

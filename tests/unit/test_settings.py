@@ -8,7 +8,13 @@ import pytest
 
 import shared.settings as settings_module
 from shared.policy import Policy
-from shared.settings import Settings, SettingsError, load_settings, settings_reference
+from shared.settings import (
+    Settings,
+    SettingsError,
+    load_settings,
+    settings_env,
+    settings_reference,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -88,3 +94,18 @@ def test_socket_timeout_must_exceed_the_blocking_read(monkeypatch: pytest.Monkey
     monkeypatch.setenv("FEDASYNC_AGGREGATOR__BLOCK_MS", "2000")
     with pytest.raises(SettingsError, match="socket_timeout_s"):
         load_settings()
+
+
+def test_settings_env_round_trips_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = load_settings(
+        policy={"alpha0": 0.3, "decay": "hinge"},
+        control={"token": "x" * 20, "disabled_rules": ["lag", "drops"]},
+        worker={"time_scale": 0.5},
+    )
+    env = settings_env(original)
+    assert "FEDASYNC_REDIS__URL" not in env  # unset settings stay unset
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert load_settings() == original

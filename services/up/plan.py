@@ -1,0 +1,80 @@
+"""Which processes `fedasync up` starts, on which ports, with which settings.
+
+Every child gets the complete validated settings as environment variables (`settings_env`), and
+only what differs between children on top: its port, its device index. Ports are picked free on
+127.0.0.1 (nothing listens beyond this machine).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from services.redis_server import free_port
+from services.supervisor import ServiceSpec
+from shared.settings import Settings, settings_env
+
+HOST = "127.0.0.1"
+#: started in this order, each once the previous is ready; stopped in the reverse order
+SERVICES = ("aggregator", "snapshot", "control", "evaluator")
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    aggregator: int
+    snapshot: int
+    control: int
+    evaluator: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port(), free_port())
+
+    def url(self, service: str) -> str:
+        return f"http://{HOST}:{getattr(self, service)}"
+
+
+def configure(settings: Settings, redis_url: str, key_prefix: str, ports: Ports) -> Settings:
+    """The run's settings: this Redis, these ports, a control token (a fresh one if unset)."""
+    snapshot = ports.url("snapshot")
+
+    def section(name: str, **changes: object) -> object:
+        return getattr(settings, name).model_copy(update=changes)
+
+    return settings.model_copy(
+        update={
+            "redis": section("redis", url=redis_url, key_prefix=key_prefix),
+            "aggregator": section("aggregator", host=HOST, port=ports.aggregator),
+            "snapshot": section("snapshot", host=HOST, port=ports.snapshot),
+            "control": section(
+                "control",
+                host=HOST,
+                port=ports.control,
+                token=settings.control.token or secrets.token_urlsafe(24),
+            ),
+            "evaluator": section(
+                "evaluator", host=HOST, port=ports.evaluator, snapshot_url=snapshot
+            ),
+            "worker": section("worker", snapshot_url=snapshot, client_id=None),
+        }
+    )
+
+
+def service_specs(settings: Settings, ports: Ports) -> list[ServiceSpec]:
+    env = settings_env(settings)
+    return [
+        ServiceSpec(name, f"services.{name}", env, ready_url=ports.url(name) + "/readyz")
+        for name in SERVICES
+    ]
+
+
+def worker_specs(settings: Settings) -> list[ServiceSpec]:
+    env = settings_env(settings)
+    return [
+        ServiceSpec(
+            f"worker-{index}",
+            "services.worker",
+            env | {"FEDASYNC_WORKER__DEVICE_INDEX": str(index)},
+        )
+        for index in range(settings.task.num_devices)
+    ]

@@ -1,0 +1,241 @@
+"""`fedasync up`: start Redis (unless one is configured), the services and a fleet; watch; report.
+
+Children are started in dependency order, each once the previous answers /readyz, and stopped in
+the reverse order: workers first, so nothing is published to a stopped aggregator. Ctrl-C (or
+SIGTERM) stops everything the same way; a second Ctrl-C cannot cut that short. A child that dies
+is reported with the tail of its log, never hidden: a service's death ends the run, a worker's is
+listed in the summary and makes the exit code non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from services.redis_server import RedisNotFound, RedisServer
+from services.supervisor import ChildFailed, Supervisor
+from services.up import view
+from services.up.options import overrides
+from services.up.plan import SERVICES, Ports, configure, service_specs, worker_specs
+from services.up.report import print_summary, write_run_folder
+from shared.settings import ENV_PREFIX, Settings, load_settings
+
+#: how long after the end of training the evaluator may take to score the final version
+FINAL_EVALUATION_S = 30.0
+REFRESH_S = 0.5
+PLAIN_EVERY_S = 5.0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+class Monitor:
+    """Reads the control service's status, draws it, and decides when the run is over."""
+
+    def __init__(self, settings: Settings, ports: Ports, supervisor: Supervisor) -> None:
+        self.base = ports.url("control")
+        self.headers = {"Authorization": f"Bearer {settings.control.token}"}
+        self.supervisor = supervisor
+        self.workers = [f"worker-{i}" for i in range(settings.task.num_devices)]
+        self.problems: list[str] = []
+        self._reported: set[str] = set()
+        self.status: dict[str, Any] | None = None
+        self.alerts: list[dict[str, Any]] = []
+
+    def report_crashes(self) -> list[str]:
+        """Note each child that died on its own (once); the names newly noted."""
+        noted = []
+        for child in self.supervisor.crashed():
+            name = child.spec.name
+            if name in self._reported:
+                continue
+            self._reported.add(name)
+            noted.append(name)
+            self.problems.append(
+                f"{name} crashed with exit code {child.process.returncode}; "
+                f"see {child.log_path}:\n{child.log_tail(8)}"
+            )
+        return noted
+
+    def _get(self, path: str) -> Any:
+        request = urllib.request.Request(self.base + path, headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=2.0) as response:
+                return json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def poll(self) -> str | None:
+        """One look at the run; the reason training ended once it has (and was evaluated)."""
+        self.status = self._get("/v1/status") or self.status
+        self.alerts = self._get("/v1/alerts?count=3") or self.alerts
+        crashed = self.report_crashes()
+        if any(name in SERVICES for name in crashed):
+            raise ChildFailed(self.problems[-1])
+        done = (self.status or {}).get("training_done")
+        if done is None:
+            if len(self.supervisor.exited(self.workers)) == len(self.workers):
+                raise ChildFailed("every worker stopped before training was done")
+            return None
+        evaluation = (self.status or {}).get("evaluation") or {}
+        if evaluation.get("version", -1) >= int(done["version"]):
+            return str(done["reason"])
+        return None
+
+
+def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> str:
+    done_at: float | None = None
+    last_line = 0.0
+
+    def finished() -> str | None:
+        nonlocal done_at
+        reason = monitor.poll()
+        if reason is not None:
+            return reason
+        done = (monitor.status or {}).get("training_done")
+        if done is not None:
+            done_at = done_at or time.monotonic()
+            if time.monotonic() - done_at > FINAL_EVALUATION_S:
+                monitor.problems.append("the evaluator did not score the final version in time")
+                return str(done["reason"])
+        return None
+
+    if live:
+        with Live(console=console, refresh_per_second=4, transient=False) as screen:
+            while True:
+                reason = finished()
+                elapsed = time.monotonic() - started
+                screen.update(
+                    view.render(monitor.status, monitor.alerts, elapsed, monitor.problems)
+                )
+                if reason is not None:
+                    return reason
+                time.sleep(REFRESH_S)
+    while True:
+        reason = finished()
+        elapsed = time.monotonic() - started
+        if monitor.status is not None and (reason or elapsed - last_line >= PLAIN_EVERY_S):
+            console.print(view.line(monitor.status, elapsed), highlight=False)
+            last_line = elapsed
+        if reason is not None:
+            return reason
+        time.sleep(REFRESH_S)
+
+
+def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis: str) -> None:
+    task, worker, budget = settings.task, settings.worker, settings.budget
+    console.print(
+        f"[bold]fedasync up[/bold]: {task.num_devices} devices ({worker.profile}, time scale "
+        f"{worker.time_scale:g}), task {task.name} ({task.partition}, seed {task.seed}), "
+        f"budget {budget.max_updates} updates / {budget.max_seconds:g} s",
+        highlight=False,
+    )
+    rows = [
+        ("dashboard", ports.url("control") + "/", f"operator token: {settings.control.token}"),
+        ("snapshot", ports.url("snapshot") + "/v1/models/latest", ""),
+        ("evaluator", ports.url("evaluator") + "/metrics", ""),
+        ("aggregator", ports.url("aggregator") + "/metrics", ""),
+        ("redis", redis, ""),
+        ("run folder", str(out), "logs in logs/"),
+    ]
+    for name, where, note in rows:
+        console.print(f"  {name:<11} {where}  {note}", highlight=False)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    console = Console()
+    settings = load_settings(**overrides(args))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out: Path = args.out or Path("runs") / f"up-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    redis_server: RedisServer | None = None
+    if settings.redis.url is None:
+        try:
+            redis_server = RedisServer(out / "redis")
+        except RedisNotFound as exc:
+            console.print(f"[red]fedasync up: {exc}[/red]")
+            return 2
+        redis_server.start()
+        url, prefix = redis_server.url, settings.redis.key_prefix
+        where = f"private redis-server on 127.0.0.1:{redis_server.port} (AOF in {out / 'redis'})"
+    else:
+        url = settings.redis.url
+        explicit = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
+        prefix = settings.redis.key_prefix if explicit else f"up-{stamp}"  # a run of its own
+        where = f"{url.split('@')[-1]} (configured), key prefix {prefix}"
+    ports = Ports.free()
+    settings = configure(settings, url, prefix, ports)
+    started = time.monotonic()
+    ended_by = "failed"
+    old_term = signal.signal(signal.SIGTERM, _interrupt)
+    old_int = signal.getsignal(signal.SIGINT)
+    try:
+        with Supervisor(out / "logs") as supervisor:
+            monitor = Monitor(settings, ports, supervisor)
+            try:
+                for spec in service_specs(settings, ports):
+                    supervisor.start(spec)
+                    supervisor.wait_ready(spec.name, timeout=60)
+                _header(console, settings, ports, out, where)
+                for spec in worker_specs(settings):
+                    supervisor.start(spec)
+                live = not args.no_live and console.is_terminal
+                ended_by = _watch(monitor, console, live, started)
+            except KeyboardInterrupt:
+                ended_by = "interrupted"
+                console.print("[yellow]interrupted: stopping every process[/yellow]")
+            except ChildFailed as exc:
+                if str(exc) not in monitor.problems:
+                    monitor.problems.append(str(exc))
+                console.print(f"[red]{exc}[/red]")
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the cleanup finish
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                workers = [n for n in supervisor.children if n.startswith("worker-")]
+                # workers first (nothing more is published), the aggregator last
+                supervisor.stop_all(
+                    groups=[workers, ["evaluator", "control", "snapshot"], ["aggregator"]]
+                )
+                monitor.report_crashes()  # a death the last look did not see
+        summary = asyncio.run(
+            write_run_folder(
+                settings,
+                out,
+                ended_by=ended_by,
+                wall_seconds=time.monotonic() - started,
+                extra={"problems": monitor.problems, "settings": _shown(settings)},
+            )
+        )
+        print_summary(console, summary, out)
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+    return 0 if ended_by in ("max_updates", "max_seconds") and not monitor.problems else 1
+
+
+def _shown(settings: Settings) -> dict[str, Any]:
+    """The settings worth keeping with the results (no URL, no token)."""
+    return {
+        "task": settings.task.model_dump(mode="json"),
+        "policy": settings.policy.model_dump(mode="json"),
+        "budget": settings.budget.model_dump(mode="json"),
+        "worker": {
+            "profile": settings.worker.profile,
+            "time_scale": settings.worker.time_scale,
+        },
+    }

@@ -1,0 +1,82 @@
+"""The end-of-run summary of `fedasync up`, computed from the ledger and the evaluator's curve.
+
+Pure: records in, a JSON-safe dict out, so it is tested on hand-made ledgers. The ledger is the
+authority (every decision, in commit order); the curve says how good the model got.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from services.evaluations import EvaluationRecord
+from sim.summary import stats
+
+
+def client_acceptance(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per client: applied / decided (duplicates left out), worst first, then by name."""
+    applied: Counter[str] = Counter()
+    decided: Counter[str] = Counter()
+    for r in records:
+        if r["outcome"] == "duplicate":
+            continue
+        decided[r["client_id"]] += 1
+        applied[r["client_id"]] += r["outcome"] == "applied"
+    rows = [
+        {"client": c, "applied": applied[c], "decided": n, "rate": applied[c] / n}
+        for c, n in decided.items()
+    ]
+    return sorted(rows, key=lambda row: (row["rate"], row["client"]))
+
+
+def summarize(
+    records: Sequence[dict[str, Any]],
+    curve: Sequence[EvaluationRecord],
+    *,
+    ended_by: str,
+    dead_letters: int,
+    started_at: float | None,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    outcomes = Counter(r["outcome"] for r in records)
+    reasons: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    for r in records:
+        if r.get("reason"):
+            reasons[r["outcome"]][str(r["reason"])] += 1
+    applied = [r for r in records if r["outcome"] == "applied"]
+    taus = [float(r["tau"]) for r in records if r.get("tau") is not None]
+    alphas = [float(r["alpha"]) for r in applied if r.get("alpha") is not None]
+    training_s = None
+    if applied and started_at is not None:
+        training_s = max(float(applied[-1]["at"]) - started_at, 1e-9)
+    final = curve[-1] if curve else None
+    return {
+        "ended_by": ended_by,
+        "wall_seconds": wall_seconds,
+        "version": max((int(r["version"]) for r in records), default=0),
+        "updates": {
+            "decided": len(records),
+            "applied": outcomes["applied"],
+            "dropped": outcomes["dropped"],
+            "rejected": outcomes["rejected"],
+            "duplicate": outcomes["duplicate"],
+            "dead_letters": dead_letters,
+        },
+        "reasons": {outcome: dict(counts) for outcome, counts in sorted(reasons.items())},
+        "training_seconds": training_s,
+        "applied_per_second": None if training_s is None else len(applied) / training_s,
+        "tau": stats(taus),
+        "alpha": stats(alphas),
+        "final": None
+        if final is None
+        else {
+            "version": final.version,
+            "score": final.score,
+            "accuracy": final.accuracy,
+            "loss": final.loss,
+            "per_class": final.per_class,
+        },
+        "evaluations": len(curve),
+        "clients": client_acceptance(records),
+    }

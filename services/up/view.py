@@ -1,0 +1,84 @@
+"""What `fedasync up` shows while it runs: one status read from the control service, drawn.
+
+The figures are the control service's `/v1/status` (the same window and rules the dashboard
+uses), so the terminal and the dashboard never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _tau(recent: dict[str, Any]) -> str:
+    tau = recent.get("tau")
+    return "–" if not tau else f"{tau['p50']:.0f} / {tau['p95']:.0f}"
+
+
+def _accuracy(status: dict[str, Any]) -> str:
+    evaluation = status.get("evaluation")
+    if not evaluation:
+        return "–"
+    return f"{evaluation['score']:.3f} (v{evaluation['version']})"
+
+
+def _budget(status: dict[str, Any]) -> str:
+    done = status.get("training_done")
+    if done:
+        return f"done: {done.get('reason', '?')}"
+    updates, seconds = status.get("budget_left_updates"), status.get("budget_left_seconds")
+    return f"{updates if updates is not None else '–'} updates / {_num(seconds, 0)} s"
+
+
+def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, value) pairs shared by the live view and the plain progress line."""
+    recent = status.get("recent", {})
+    totals = recent.get("totals", {})
+    return [
+        ("version", str(status.get("version", "–"))),
+        ("updates/s", _num(recent.get("update_rate"), 1)),
+        ("applied", str(totals.get("applied", 0))),
+        ("dropped", str(totals.get("dropped", 0))),
+        ("rejected", str(totals.get("rejected", 0) + status.get("dead_letters", 0))),
+        ("τ p50/p95", _tau(recent)),
+        ("accuracy", _accuracy(status)),
+        ("budget left", _budget(status)),
+    ]
+
+
+def line(status: dict[str, Any], elapsed: float) -> str:
+    parts = [f"{name} {value}" for name, value in figures(status)]
+    return f"[{elapsed:5.0f} s] " + "  ".join(parts)
+
+
+def render(
+    status: dict[str, Any] | None,
+    alerts: list[dict[str, Any]],
+    elapsed: float,
+    problems: list[str],
+) -> Group:
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    if status is None:
+        table.add_row("waiting for the control service…", "")
+    else:
+        for name, value in figures(status):
+            table.add_row(name, Text(value, style="bold"))
+        switches = status.get("switches_on") or []
+        table.add_row("switches on", Text(", ".join(switches) or "none", style="yellow"))
+        if status.get("stream_length") is not None:
+            table.add_row(
+                "lag", f"{status.get('lag', 0)} entries, {status.get('pending', 0)} pending"
+            )
+    parts: list[Any] = [Text(f"fedasync up · {elapsed:.0f} s", style="bold cyan"), table]
+    for alert in alerts[:3]:
+        parts.append(Text(f"alert [{alert.get('rule')}] {alert.get('message')}", style="red"))
+    for problem in problems:
+        parts.append(Text(problem, style="bold red"))
+    return Group(*parts)

@@ -1,0 +1,128 @@
+"""`fedasync up` as a user runs it: a child process of its own, its own private Redis.
+
+The environment is stripped of FEDASYNC_ variables, so the run cannot lean on the Redis that
+happens to run on this machine: `up` must start its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("FEDASYNC_")}
+
+
+def up(out: Path, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.up", "--no-live", "--out", str(out), *options],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def children(pid: int) -> set[int]:
+    """Direct children of `pid`, from /proc (Linux)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.update(int(p) for p in text)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def test_up_trains_to_its_budget_and_writes_the_run_folder(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "run"
+    process = up(out, "--devices", "3", "--profile", "none", "--max-updates", "60")
+    processes.append(process)
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output
+    assert "dashboard" in output
+    assert "private redis-server" in output
+    assert "final test accuracy" in output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended_by"] == "max_updates"
+    assert summary["version"] == 60
+    assert summary["final"]["version"] == 60  # the evaluator scored the final version
+    assert summary["final"]["accuracy"] > 0.5  # digits: chance is 0.1
+    assert len(summary["final"]["per_class"]) == 10
+    assert summary["updates"]["applied"] == 60
+    assert summary["problems"] == []
+    ledger_lines = (out / "ledger.jsonl").read_text().splitlines()
+    assert len(ledger_lines) == summary["updates"]["decided"]
+    for name in ("accuracy.png", "tau.png", "alpha.png", "acceptance.png", "evaluations.csv"):
+        assert (out / name).stat().st_size > 0, name
+    assert {p.name for p in (out / "logs").iterdir()} >= {
+        "aggregator.log",
+        "snapshot.log",
+        "control.log",
+        "evaluator.log",
+        "worker-0.log",
+        "worker-2.log",
+    }
+
+
+def test_sigint_stops_every_child_and_a_killed_worker_is_reported(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "run"
+    process = up(out, "--devices", "3", "--task", "linear", "--max-updates", "1000000")
+    processes.append(process)
+    assert process.stdout is not None
+    for line in process.stdout:  # the header is printed once the services are ready
+        if "run folder" in line:
+            break
+    expected = 4 + 3 + 1  # services, workers, redis-server
+    deadline = time.monotonic() + 60
+    while len(pids := children(process.pid)) < expected:
+        assert time.monotonic() < deadline, f"only {len(pids)} children"
+        time.sleep(0.05)
+    worker = next(p for p in pids if b"services.worker" in Path(f"/proc/{p}/cmdline").read_bytes())
+    os.kill(worker, signal.SIGKILL)  # a crash the summary must report
+    while alive(worker):  # dead (a zombie until `up` reaps it) before the Ctrl-C
+        time.sleep(0.01)
+
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 1, output  # interrupted, and a worker died
+    assert not [p for p in pids if alive(p)], output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended_by"] == "interrupted"
+    problems = summary["problems"]
+    assert any("crashed with exit code -9" in problem for problem in problems), problems
