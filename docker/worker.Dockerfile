@@ -7,7 +7,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# CPU wheel first and pinned: an unpinned torch from PyPI is a multi-GB CUDA build.
+# CPU wheel first and pinned: an unpinned torch from PyPI is a multi-GB CUDA build. The `worker`
+# extra pins the same version, so the next install finds it satisfied and fetches no other torch.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY shared ./shared
@@ -18,5 +19,5 @@ RUN pip install ".[worker]" \
     && useradd --create-home --uid 10001 fedasync
 
 USER fedasync
-ENTRYPOINT ["fedasync"]
-CMD ["--help"]
+# No ENTRYPOINT: compose runs `python -m services.worker`, and `fedasync ...` works as a command.
+CMD ["fedasync", "--help"]
