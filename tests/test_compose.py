@@ -39,17 +39,6 @@ EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
 PROMETHEUS_FILE = ROOT / "docker" / "prometheus" / "prometheus.yml"
 GRAFANA = ROOT / "docker" / "grafana"
 
-# A module that lands on main separately (issue 6) may be named by a service before its code is
-# here. Until then the checks that need its code skip, and its panels may use the metric names it
-# is specified to export; once it exists, its own definitions are parsed and everything holds.
-PENDING_MODULES: dict[str, dict[str, str]] = {
-    "services.evaluator": {
-        "fedasync_evaluator_accuracy": "gauge",
-        "fedasync_evaluator_loss": "gauge",
-        "fedasync_evaluator_version": "gauge",
-        "fedasync_evaluator_evaluations": "counter",
-    }
-}
 # Series Prometheus makes itself for every target.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
@@ -233,9 +222,6 @@ def exported_metric_names() -> set[str]:
     families: dict[str, str] = {}
     for path in sorted((ROOT / "services").rglob("*.py")):
         families.update(defined_families(path))
-    for module, promised in PENDING_MODULES.items():
-        if not module_exists(module):
-            families.update(promised)
     names = set(PROMETHEUS_SERIES)
     for name, kind in families.items():
         names |= exported_samples(name, kind)
@@ -284,8 +270,6 @@ def test_service_runs_a_real_module_or_cli_command(name: str) -> None:
         return
     module = module_of(SERVICES[name])
     assert module is not None, f"{name}: runs neither `python -m <module>` nor `fedasync ...`"
-    if module in PENDING_MODULES and not module_exists(module):
-        pytest.skip(f"{module} lands on main separately (issue 6)")
     assert module_exists(module), module
     assert module_exists(f"{module}.__main__"), f"{module} has no __main__"
 
