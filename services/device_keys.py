@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,14 @@ class _Entry:
 class KeyCache:
     """Device keys, read from Redis in one round trip per batch and trusted for `refresh_s`."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, refresh_s: float) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        refresh_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
         self._redis = redis
         self._keys = keys
         self._refresh_s = refresh_s
@@ -74,7 +82,7 @@ class KeyCache:
 
     async def load(self, client_ids: set[str]) -> None:
         """Re-read the keys of these clients unless read less than `refresh_s` ago."""
-        now = time.monotonic()
+        now = self._clock()
         wanted = sorted(
             c
             for c in client_ids
