@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.devices_cli import register as register_devices
 from services.up.options import add_arguments as add_up_arguments
 from shared import __version__
 from shared.params import ParamError
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("snapshot", "run the snapshot service (models over HTTP)"),
         ("worker", "run one device worker"),
         ("control", "run the control service (policy changes, status)"),
+        ("ingest", "run the ingest service (authenticated HTTP entry of updates)"),
     ):
         commands.add_parser(name, help=text).set_defaults(handler=_service(name))
 
@@ -156,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=_up)
 
     register_simulator(commands)
+    register_devices(commands)
     return parser
 
 

@@ -112,3 +112,20 @@ class Keys:
     def policy_log(self) -> str:
         """Stream: who changed the policy, when and why."""
         return self._k("policy-log")
+
+    @property
+    def device_keys(self) -> str:
+        """Hash: client id → that device's secret key (64 hex); managed by `fedasync devices`."""
+        return self._k("device-keys")
+
+    @property
+    def device_revoked(self) -> str:
+        """Hash: client id → Unix ms of its key's revocation, so a refusal can say `revoked`."""
+        return self._k("device-revoked")
+
+    def ingested(self, digest: str) -> str:
+        """String: stream entry id + body digest of an update the ingest service accepted.
+
+        `digest` is the hex SHA-256 of client id and update id, so the name stays bounded.
+        """
+        return self._k(f"ingested:{digest}")

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -229,6 +230,57 @@ class WorkerSettings(Section):
     batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
     max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
     download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
+    key: SecretStr | None = Field(
+        None, description="device key (64 hex, from `fedasync devices add`); set: updates signed"
+    )
+    ingest_url: str | None = Field(
+        None, description="ingest service base URL; set: publish over HTTP instead of to Redis"
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key_is_hex(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            text = value.get_secret_value()
+            if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+                raise ValueError("a device key is 64 lowercase hex characters")
+        return value
+
+    @model_validator(mode="after")
+    def _ingest_needs_key(self) -> WorkerSettings:
+        """The ingest service refuses unsigned updates: a URL without a key could never publish."""
+        if self.ingest_url is not None and self.key is None:
+            raise ValueError("ingest_url needs key (FEDASYNC_WORKER__KEY) to sign updates")
+        return self
+
+
+class AuthSettings(Section):
+    """Device authentication: who may publish updates (docs/security.md)."""
+
+    required: bool = Field(
+        False, description="refuse unsigned updates (a present signature is always checked)"
+    )
+    window_s: float = Field(
+        300.0, gt=0, le=86400, description="largest gap between signing and receipt, seconds"
+    )
+    key_refresh_s: float = Field(
+        1.0, gt=0, le=60, description="a cached device key is re-read after this many seconds"
+    )
+
+
+class IngestSettings(Section):
+    """The HTTP entry for devices that must not hold Redis credentials (docs/http-api.md)."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8084, ge=0, le=65535, description="port; 0 picks a free one")
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="larger bodies are refused unread (413)"
+    )
+    rate_per_s: float = Field(5.0, gt=0, description="updates per second per device, sustained")
+    burst: int = Field(20, ge=1, description="updates a device may send at once")
+    idempotency_ttl_s: int = Field(
+        86400, ge=60, description="how long a retry with the same update id gets the first answer"
+    )
 
 
 class LogSettings(Section):
@@ -257,6 +309,8 @@ class Settings(BaseSettings):
     control: ControlSettings = ControlSettings()
     wire: WireSettings = WireSettings()
     dedup: DedupSettings = DedupSettings()
+    auth: AuthSettings = AuthSettings()
+    ingest: IngestSettings = IngestSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")

@@ -31,6 +31,11 @@ class AggregatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.authenticated = Counter(
+            "fedasync_aggregator_authenticated",
+            "Updates whose device signature was verified",
+            registry=r,
+        )
         self.drops = Counter(
             "fedasync_aggregator_drops", "Valid updates not used, by reason", ["reason"], registry=r
         )

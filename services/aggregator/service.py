@@ -24,6 +24,7 @@ from services.aggregator.commit import Batch, Committer, DeadLetter
 from services.aggregator.http import create_app
 from services.aggregator.metrics import AggregatorMetrics
 from services.backlog import read_backlog
+from services.device_keys import KeyCache
 from services.keys import AGGREGATOR_GROUP, Keys
 from services.lifecycle import cancel_tasks, stop_on_signals
 from services.policy_store import ensure_policy, read_policy
@@ -32,6 +33,15 @@ from shared.aggregation import AggregationState, ModelSnapshot
 from shared.checkpoint import load_state, save_state
 from shared.decision import Outcome
 from shared.dedup import DedupMemory
+from shared.device_auth import (
+    AuthError,
+    AuthReason,
+    Proof,
+    check_claim,
+    parse_proof,
+    stream_id_ms,
+    verify,
+)
 from shared.model_format import decode_model, encode_model
 from shared.policy import Policy
 from shared.seeds import Stream, stream
@@ -70,6 +80,7 @@ class Aggregator:
         self._committed_version = -1
         self._closed_committed = False
         self.metrics = AggregatorMetrics()
+        self.device_keys = KeyCache(redis, keys, settings.auth.key_refresh_s)
         self.ready = [False]
         self._gauges_at = 0.0
         #: cursor in our own pending entries (re-read first after a restart); None once done
@@ -220,6 +231,14 @@ class Aggregator:
             self._stopping,
         )
         entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
+        signers = {c for _, fields in entries if (c := _signer(fields)) is not None}
+        if signers:  # one round trip for the keys of the whole read, before deciding any
+            await retrying(
+                "HMGET device keys",
+                lambda: self.device_keys.load(signers),
+                self.settings.redis,
+                self._stopping,
+            )
         for stream_id, fields in entries:
             self._decide(stream_id, fields, batch)
         if entries and self._backlog is not None:
@@ -235,8 +254,13 @@ class Aggregator:
             self.metrics.rejections.labels("missing_payload").inc()
             return
         try:
+            proof = self._authenticate(stream_id, fields or {}, raw)
             update = decode_update(raw, self.settings.wire.max_message_bytes)
-        except WireError as exc:
+            if proof is not None:
+                check_claim(proof, update.client_id)
+        except (AuthError, WireError) as exc:
+            # refused before the core sees it: no dedup entry, so a forgery under a real
+            # update id cannot block the genuine update
             keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
             batch.dead.append(DeadLetter(exc.reason.value, exc.detail, stream_id, keep))
             self.metrics.rejections.labels(exc.reason.value).inc()
@@ -252,6 +276,26 @@ class Aggregator:
         if not self.state.closed and self.state.version >= self._max_updates:
             self.state.close("max_updates")
             log.info("budget reached: %d updates applied", self.state.version)
+
+    def _authenticate(
+        self, stream_id: bytes, fields: dict[bytes, bytes], raw: bytes
+    ) -> Proof | None:
+        """The verified signer of an entry; None if unsigned and signatures are not required.
+
+        The time of receipt is the entry id's millisecond part (set by Redis at XADD), not this
+        process's clock, so an entry re-read after an outage is judged as when it arrived.
+        """
+        try:
+            proof = parse_proof(fields.get(b"c"), fields.get(b"t"), fields.get(b"s"))
+        except AuthError as exc:
+            if exc.reason is AuthReason.UNSIGNED and not self.settings.auth.required:
+                return None
+            raise
+        key = self.device_keys.key_of(proof.client_id)
+        window_ms = round(self.settings.auth.window_s * 1000)
+        verify(proof, key, raw, stream_id_ms(stream_id), window_ms)
+        self.metrics.authenticated.inc()
+        return proof
 
     @property
     def _max_updates(self) -> int:
@@ -329,6 +373,17 @@ class Aggregator:
         self._seal(batch)
         await self._finish_commit()
         await self._send(batch)
+
+
+def _signer(fields: dict[bytes, bytes] | None) -> str | None:
+    """The client id an entry claims to be signed by, if readable (checked later, not here)."""
+    client = (fields or {}).get(b"c")
+    if client is None:
+        return None
+    try:
+        return client.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 async def run(

@@ -4,6 +4,10 @@ A conditional GET makes an unchanged model cost a 304; training runs in a thread
 stays responsive to SIGTERM; a slow device is imitated by waiting out its latency; a publish that
 fails on the connection is retried with the same bytes (the same update id), which the
 aggregator recognises as one update. The worker never trims the stream (no MAXLEN).
+
+With a device key (`FEDASYNC_WORKER__KEY`) every update is signed (shared/device_auth.py). With
+an ingest URL (`FEDASYNC_WORKER__INGEST_URL`) the worker holds no Redis credentials at all: it
+POSTs the update to the ingest service, which authenticates it and adds it to the stream once.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from services.ingest.protocol import PATH, signed_headers
 from services.keys import Keys
 from services.lifecycle import stop_on_signals
 from services.redis_conn import TRANSIENT, connect
 from services.snapshot.app import DONE_HEADER
 from services.worker.device import Device, build_device, run_rng
+from shared.device_auth import parse_key, sign
 from shared.model_format import ModelMessage, decode_model
 from shared.settings import Settings
 from shared.update import Update
@@ -38,6 +44,8 @@ class WorkerResult:
     dropped_out: int = 0
     downloads: int = 0
     not_modified: int = 0
+    #: updates the ingest service refused for good (logged with their reason)
+    refused: int = 0
     done_reason: str | None = None
 
 
@@ -70,17 +78,68 @@ class ModelClient:
         self._result.downloads += 1
 
 
-async def publish(redis: aioredis.Redis, keys: Keys, raw: bytes, attempts: int) -> bytes:
-    """XADD, retried with the same bytes on connection errors; never trims the stream."""
+class PublishRefused(Exception):
+    """The ingest service refused the update for good (a 4xx other than 429)."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(f"{status} {reason}: {detail}")
+
+
+async def publish(
+    redis: aioredis.Redis,
+    keys: Keys,
+    raw: bytes,
+    attempts: int,
+    signature: dict[str, str] | None = None,
+) -> bytes:
+    """XADD m (and the signature fields c, t, s), retried with the same bytes on connection
+    errors; never trims the stream."""
+    fields: dict[str, bytes | str] = {"m": raw, **(signature or {})}
     for attempt in range(1, attempts + 2):
         try:
-            entry_id: Any = await redis.xadd(keys.updates, {"m": raw})
+            entry_id: Any = await redis.xadd(keys.updates, fields)  # type: ignore[arg-type]
             return bytes(entry_id)
         except TRANSIENT as exc:
             if attempt > attempts:
                 raise
             log.warning("publish failed (%s); retrying the same update (attempt %d)", exc, attempt)
             await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+    raise AssertionError("unreachable")
+
+
+async def publish_http(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    key: bytes,
+    client_id: str,
+    raw: bytes,
+    attempts: int,
+) -> str:
+    """POST to the ingest service, retried with the same bytes (signed afresh each time) on
+    connection errors, 429 and 503; the update id makes the retries one update. The entry id."""
+    url = base_url.rstrip("/") + PATH
+    for attempt in range(1, attempts + 2):
+        headers = signed_headers(key, client_id, int(time.time() * 1000), raw)
+        wait = min(0.05 * 2**attempt, 2.0)
+        try:
+            async with session.post(url, data=raw, headers=headers) as response:
+                answer: Any = await response.json(content_type=None)
+                if response.status == 202:
+                    return str(answer["entry_id"])
+                if response.status not in (429, 503):
+                    raise PublishRefused(
+                        response.status, str(answer.get("reason")), str(answer.get("error"))
+                    )
+                wait = max(wait, float(response.headers.get("Retry-After", "1")))
+                problem = f"{response.status} {answer.get('reason')}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            problem = str(exc) or type(exc).__name__
+        if attempt > attempts:
+            raise ConnectionError(f"ingest unavailable after {attempts} retries: {problem}")
+        log.warning("publish failed (%s); retrying the same update (attempt %d)", problem, attempt)
+        await asyncio.sleep(wait)
     raise AssertionError("unreachable")
 
 
@@ -102,13 +161,14 @@ async def _refresh(models: ModelClient, stopping: asyncio.Event) -> bool:
 async def work(
     settings: Settings,
     device: Device,
-    redis: aioredis.Redis,
+    redis: aioredis.Redis | None,
     session: aiohttp.ClientSession,
     stopping: asyncio.Event,
 ) -> WorkerResult:
     cfg = settings.worker
     keys = Keys(settings.redis.key_prefix)
     client_id = cfg.client_id or f"device-{cfg.device_index}"
+    key = None if cfg.key is None else parse_key(cfg.key.get_secret_value())
     result = WorkerResult()
     models = ModelClient(session, cfg.snapshot_url, result)
     run = 0
@@ -155,7 +215,20 @@ async def work(
             metrics=metrics,
         )
         raw = encode_update(update, settings.wire.dtype)
-        await publish(redis, keys, raw, settings.redis.reconnect_attempts)
+        attempts = settings.redis.reconnect_attempts
+        try:
+            if cfg.ingest_url is not None and key is not None:
+                await publish_http(session, cfg.ingest_url, key, client_id, raw, attempts)
+            elif redis is None:
+                raise ValueError("a worker without an ingest URL and key needs Redis")
+            else:
+                now_ms = int(time.time() * 1000)
+                signature = None if key is None else sign(key, client_id, now_ms, raw)
+                await publish(redis, keys, raw, attempts, signature)
+        except PublishRefused as exc:
+            result.refused += 1
+            log.error("update %s refused: %s", update.update_id, exc)
+            continue
         result.published += 1
         if cfg.max_runs is not None and result.published >= cfg.max_runs:
             break
@@ -171,7 +244,9 @@ async def run(
 ) -> WorkerResult:
     stopping = stopping or asyncio.Event()
     device = build_device(settings.task, settings.worker)
-    client = redis if redis is not None else connect(settings.redis)
+    over_http = settings.worker.ingest_url is not None
+    # a device publishing through ingest holds no Redis credentials and opens no connection
+    client = redis if redis is not None or over_http else connect(settings.redis)
     timeout = aiohttp.ClientTimeout(total=settings.worker.download_timeout_s)
     try:
         with stop_on_signals(stopping, handle_signals):
@@ -187,5 +262,5 @@ async def run(
         )
         return result
     finally:
-        if redis is None:
+        if redis is None and client is not None:
             await client.aclose()

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.aggregation import AggregationState
@@ -287,3 +287,69 @@ def test_targeted_field_mutations_are_refused_with_their_reason(
     with pytest.raises(WireError) as info:
         decode_update(pack(message))
     assert info.value.reason is reason
+
+
+# --------------------------------------------------------------------------------- decoder fuzz
+_FIELD_NAMES = [*sorted(WRONG_VALUES), "dtype", "shape", "data", "x"]
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.binary(max_size=12)
+)
+msgpack_trees = st.recursive(
+    _leaves,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(_FIELD_NAMES) | st.text(max_size=6), children, max_size=5)
+    ),
+    max_leaves=12,
+)
+#: for each field, values of a type it can never take
+_WRONG_TYPE = {
+    "schema": lambda v: not (isinstance(v, int) and not isinstance(v, bool) and v == 1),
+    "update_id": lambda v: not isinstance(v, str),
+    "client_id": lambda v: not isinstance(v, str),
+    "base_version": lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 0,
+    "num_samples": lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 1,
+    "weights": lambda v: not isinstance(v, dict),
+    "created_at": lambda v: isinstance(v, (bool, str, bytes, list, dict)) or v is None,
+    "metrics": lambda v: not isinstance(v, dict),
+}
+
+
+@st.composite
+def malformed_messages(draw: st.DrawFn) -> bytes:
+    """Bytes that are not a valid update, by construction, in many different ways."""
+    kind = draw(st.sampled_from(["bytes", "tree", "field", "ext", "trailing", "duplicate"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=300))
+    if kind == "tree":  # any msgpack value that lacks the update's structure
+        tree = draw(msgpack_trees.filter(lambda t: not isinstance(t, dict) or "weights" not in t))
+        return bytes(msgpack.packb(tree, use_bin_type=True))
+    valid = msgpack.unpackb(encode_update(draw(updates)), raw=False)
+    if kind == "field":  # one field replaced by a value of a type it cannot take
+        name = draw(st.sampled_from(sorted(_WRONG_TYPE)))
+        valid[name] = draw(msgpack_trees.filter(_WRONG_TYPE[name]))
+        return pack(valid)
+    if kind == "ext":  # an extension type somewhere
+        ext = msgpack.ExtType(draw(st.integers(0, 127)), draw(st.binary(max_size=8)))
+        valid[draw(st.sampled_from(sorted(valid)))] = ext
+        return bytes(msgpack.packb(valid, use_bin_type=True))
+    if kind == "trailing":
+        return encode_update(draw(updates)) + draw(st.binary(min_size=1, max_size=8))
+    # duplicate: the map header says one more entry, and a key is written twice
+    raw = bytearray(pack(valid))
+    raw[0] += 1
+    name = draw(st.sampled_from(sorted(valid)))
+    return bytes(raw) + pack({name: valid[name]})[1:]
+
+
+@settings(max_examples=1000)
+@given(raw=malformed_messages())
+def test_decoder_refuses_1000_malformed_messages_with_a_reason(raw: bytes) -> None:
+    with pytest.raises(WireError) as info:
+        decode_update(raw)
+    assert info.value.reason in set(WireReason)

@@ -1,0 +1,1 @@
+"""The ingest service: authenticated HTTP entry of updates for untrusted networks."""

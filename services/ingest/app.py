@@ -1,0 +1,249 @@
+"""POST /v1/updates: authenticate the device, check the update, add it to the stream once.
+
+The order of checks spends as little as possible on a request that will be refused: media type
+and declared length first (a body over the limit is never read), then the signature headers and
+the device's key (an unknown device's body is never read), then the body (capped while reading,
+for chunked uploads), its MAC and signing time, the device's rate, the strict wire decoder and
+the client id inside the message. Only then is it added to the stream, idempotently
+(services/ingest/store.py), and 202 is answered once Redis has acknowledged the XADD.
+
+Every refusal is one `Refusal`: a status, a stable reason, a JSON body, a log line and a count.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from services.device_keys import KeyCache
+from services.ingest.metrics import IngestMetrics
+from services.ingest.protocol import (
+    CLIENT_HEADER,
+    CONTENT_TYPE,
+    PATH,
+    SIGNATURE_HEADER,
+    TIME_HEADER,
+)
+from services.ingest.store import IngestStore, UpdateIdReused
+from services.keys import Keys
+from services.prometheus import metrics_response
+from services.redis_conn import TRANSIENT
+from shared.device_auth import AuthError, Proof, check_claim, parse_proof, verify
+from shared.settings import Settings
+from shared.token_bucket import TokenBucket
+from shared.update import Update
+from shared.wire import WireError, WireReason, decode_update
+
+log = logging.getLogger(__name__)
+
+#: rate-limit buckets kept before full (idle) ones are forgotten
+MAX_IDLE_BUCKETS = 10_000
+
+
+class Refusal(Exception):
+    """A request that is answered with an error: HTTP status, stable reason, human detail."""
+
+    def __init__(
+        self, status: int, reason: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+        self.headers = headers or {}
+        super().__init__(f"{reason}: {detail}")
+
+
+@dataclass(slots=True)
+class RateLimiter:
+    """A token bucket per authenticated device, in this process's memory."""
+
+    rate: float
+    burst: int
+    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def _bucket(self, client_id: str, now: float) -> TokenBucket:
+        bucket = self.buckets.get(client_id)
+        if bucket is None:
+            if len(self.buckets) >= MAX_IDLE_BUCKETS:
+                self.buckets = {c: b for c, b in self.buckets.items() if not b.is_full(now)}
+            bucket = self.buckets[client_id] = TokenBucket.full(self.rate, self.burst, now)
+        return bucket
+
+    def check(self, client_id: str, now: float, *, take: bool) -> None:
+        """Refuse with 429 if the device has no token; take one if `take`."""
+        bucket = self._bucket(client_id, now)
+        wait = bucket.take(now) if take else bucket.wait(now)
+        if wait > 0:
+            raise Refusal(
+                429,
+                "rate_limited",
+                f"more than {self.rate:g} updates/s (burst {self.burst}) from {client_id!r}",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+
+
+class Ingest:
+    """The state of one ingest app: settings, Redis, key cache, limiter, metrics."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+        keys = Keys(settings.redis.key_prefix)
+        self.settings = settings
+        self.redis = redis
+        self.keys_cache = KeyCache(redis, keys, settings.auth.key_refresh_s)
+        self.store = IngestStore(redis, keys, settings.ingest.idempotency_ttl_s)
+        self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
+        self.metrics = IngestMetrics()
+
+    def refuse(self, request: web.Request, refusal: Refusal) -> web.Response:
+        self.metrics.refusals.labels(refusal.reason).inc()
+        log.warning(
+            "refused %s from %s: %s",
+            request.headers.get(CLIENT_HEADER, "?")[:128],
+            request.remote,
+            refusal,
+        )
+        response = web.json_response(
+            {"error": refusal.detail, "reason": refusal.reason},
+            status=refusal.status,
+            headers=refusal.headers,
+        )
+        if refusal.status == 413:
+            response.force_close()  # the body is never read: the connection cannot be reused
+        return response
+
+    def check_length(self, request: web.Request) -> None:
+        limit = self.settings.ingest.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise Refusal(413, "too_large", f"body of {length} bytes > limit {limit}; not read")
+
+    async def accept(self, request: web.Request) -> tuple[Update, str, bool]:
+        """Every check, then the idempotent XADD; (update, entry id, new) or a Refusal."""
+        if request.content_type != CONTENT_TYPE:
+            raise Refusal(
+                415,
+                "unsupported_media_type",
+                f"Content-Type must be {CONTENT_TYPE}, got {request.content_type!r}",
+            )
+        self.check_length(request)
+        proof = _proof(request)
+        key = await self._key(proof)
+        self.limiter.check(proof.client_id, time.monotonic(), take=False)
+        body = await _read(request)
+        window_ms = round(self.settings.auth.window_s * 1000)
+        try:
+            verify(proof, key, body, int(time.time() * 1000), window_ms)
+        except AuthError as exc:
+            raise Refusal(401, exc.reason.value, exc.detail) from None
+        self.limiter.check(proof.client_id, time.monotonic(), take=True)
+        try:
+            update = decode_update(body, self.settings.wire.max_message_bytes)
+            check_claim(proof, update.client_id)
+        except WireError as exc:
+            status = 413 if exc.reason is WireReason.TOO_LARGE else 422
+            raise Refusal(status, exc.reason.value, exc.detail) from None
+        except AuthError as exc:
+            raise Refusal(403, exc.reason.value, exc.detail) from None
+        fields = {"c": proof.client_id, "t": str(proof.signed_at_ms), "s": proof.mac.hex()}
+        try:
+            ingested = await self.store.add(proof.client_id, update.update_id, body, fields)
+        except UpdateIdReused as exc:
+            raise Refusal(409, "update_id_reused", str(exc)) from None
+        except TRANSIENT as exc:
+            # maybe added, maybe not: a retry with the same update id settles it
+            raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
+        return update, ingested.entry_id, ingested.new
+
+    async def _key(self, proof: Proof) -> bytes:
+        try:
+            return await self.keys_cache.get(proof.client_id)
+        except AuthError as exc:
+            raise Refusal(401, exc.reason.value, exc.detail) from None
+        except TRANSIENT as exc:
+            raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
+
+
+def _proof(request: web.Request) -> Proof:
+    def raw(name: str) -> bytes | None:
+        value = request.headers.get(name)
+        return None if value is None else value.encode("utf-8", "surrogateescape")
+
+    try:
+        return parse_proof(raw(CLIENT_HEADER), raw(TIME_HEADER), raw(SIGNATURE_HEADER))
+    except AuthError as exc:
+        raise Refusal(401, exc.reason.value, exc.detail) from None
+
+
+async def _read(request: web.Request) -> bytes:
+    """The body, capped by the app's client_max_size while it streams in (chunked uploads)."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise Refusal(413, "too_large", exc.text or "body over the limit") from None
+
+
+INGEST = web.AppKey("ingest", Ingest)
+
+
+def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
+    """The ingest app; `lingering_time=0`: a refused body is not drained, the connection closes."""
+    app = web.Application(
+        client_max_size=settings.ingest.max_body_bytes, handler_args={"lingering_time": 0}
+    )
+    ingest = app[INGEST] = Ingest(settings, redis)
+
+    async def post_update(request: web.Request) -> web.Response:
+        try:
+            update, entry_id, new = await ingest.accept(request)
+        except Refusal as refusal:
+            return ingest.refuse(request, refusal)
+        ingest.metrics.accepted.labels("new" if new else "retry").inc()
+        ingest.metrics.body_bytes.observe(request.content_length or 0)
+        return web.json_response(
+            {
+                "status": "accepted",
+                "update_id": update.update_id,
+                "entry_id": entry_id,
+                "retry": not new,
+            },
+            status=202,
+        )
+
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: refuse an oversized body before the device sends it."""
+        try:
+            ingest.check_length(request)
+        except Refusal as refusal:
+            return ingest.refuse(request, refusal)
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers['Expect']}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    async def livez(request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        try:
+            await redis.ping()
+        except TRANSIENT as exc:
+            return web.json_response({"status": "unavailable", "reason": str(exc)}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return metrics_response(ingest.metrics.registry)
+
+    app.add_routes(
+        [
+            web.post(PATH, post_update, expect_handler=expect),
+            web.get("/livez", livez),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics),
+        ]
+    )
+    return app

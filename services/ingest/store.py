@@ -1,0 +1,69 @@
+"""The idempotent XADD: one stream entry per (client, update id), however often it is retried.
+
+One Lua script looks up the marker `{p}:ingested:<digest>`; if absent it XADDs the entry and sets
+the marker (entry id + body digest, with a TTL) in the same atomic step, so two concurrent
+retries cannot both add an entry, and a crash cannot leave an entry without its marker. A retry
+with the same body gets the first entry id; the same update id with a *different* body is a
+conflict, never silently dropped. Never trims the stream (no MAXLEN).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from services.keys import Keys
+
+INGEST_SCRIPT = """
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  local sep = string.find(existing, ' ', 1, true)
+  local id = string.sub(existing, 1, sep - 1)
+  if string.sub(existing, sep + 1) == ARGV[5] then return {0, id} end
+  return {-1, id}
+end
+local id = redis.call('XADD', KEYS[2], '*', 'm', ARGV[1], 'c', ARGV[2], 't', ARGV[3], 's', ARGV[4])
+redis.call('SET', KEYS[1], id .. ' ' .. ARGV[5], 'EX', ARGV[6])
+return {1, id}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """Where the update is: its stream entry id; `new` is False for a retry of an earlier one."""
+
+    entry_id: str
+    new: bool
+
+
+class UpdateIdReused(Exception):
+    """The update id was already accepted from this client with different content."""
+
+    def __init__(self, entry_id: str) -> None:
+        self.entry_id = entry_id
+        super().__init__(f"update id already used for entry {entry_id} with other content")
+
+
+class IngestStore:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._script = redis.register_script(INGEST_SCRIPT)
+
+    async def add(
+        self, client_id: str, update_id: str, body: bytes, fields: dict[str, str]
+    ) -> Ingested:
+        """XADD m, c, t, s unless this (client, update id) is already in; atomic."""
+        marker = hashlib.sha256(f"{client_id}\n{update_id}".encode()).hexdigest()
+        digest = hashlib.sha256(body).hexdigest()
+        reply: Any = await self._script(
+            keys=[self._keys.ingested(marker), self._keys.updates],
+            args=[body, fields["c"], fields["t"], fields["s"], digest, self._ttl_s],
+        )
+        code, entry_id = int(reply[0]), bytes(reply[1]).decode()
+        if code == -1:
+            raise UpdateIdReused(entry_id)
+        return Ingested(entry_id, new=code == 1)

@@ -1,0 +1,166 @@
+"""Proof that an update comes from the device it claims: an HMAC over the exact message bytes.
+
+Every device holds its own secret key (32 random bytes, written as 64 hex characters). It signs
+
+    b"fedasync-update-v1\\n" + client_id + b"\\n" + t + b"\\n" + message
+
+with HMAC-SHA256, where `t` is the signing time in Unix milliseconds as decimal ASCII. The client id
+is printable (no newline) and `t` is digits only, so the signed text is unambiguous. The proof
+travels beside the message (stream fields `c`, `t`, `s`, or HTTP headers), never inside it, so the
+wire format (docs/wire-format.md) is unchanged.
+
+Pure: the key, the message and the current time are all passed in; nothing here reads a clock,
+the network or Redis. The services decide *which* time is "now": the aggregator uses the time
+Redis received the entry (its stream id), so a redelivery after an aggregator outage is judged
+by when the device sent it, not by when the aggregator came back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.update import MAX_ID_LENGTH
+
+#: Domain separation: a MAC made for something else can never pass as an update signature.
+DOMAIN = b"fedasync-update-v1\n"
+KEY_BYTES = 32
+#: Digits of a signing time, at most (Unix ms fits in 13 digits until the year 2286).
+MAX_TIME_DIGITS = 15
+SIGNATURE_HEX = 64
+
+
+class AuthReason(StrEnum):
+    """Why an update's proof of origin is refused; stable strings for dead letters and metrics."""
+
+    #: no signature at all, while signatures are required
+    UNSIGNED = "unsigned"
+    #: some signature fields are there but unusable (not digits, not hex, bad client id)
+    MALFORMED_SIGNATURE = "malformed_signature"
+    #: no key is known for the claimed client (never added)
+    UNKNOWN_DEVICE = "unknown_device"
+    #: the client's key was revoked
+    REVOKED = "revoked"
+    #: the MAC does not match: forged, altered in transit, or signed with another key
+    BAD_SIGNATURE = "bad_signature"
+    #: a valid signature made too long before (or after) the update was received: a replay
+    SIGNATURE_EXPIRED = "signature_expired"
+    #: the message names a client other than the one whose key signed it
+    CLIENT_MISMATCH = "client_mismatch"
+
+
+class AuthError(ValueError):
+    """A refused proof of origin, with a machine-readable reason and a human detail."""
+
+    def __init__(self, reason: AuthReason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason.value}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """The signature fields, parsed: who signed, when (Unix ms), and the 32-byte MAC."""
+
+    client_id: str
+    signed_at_ms: int
+    mac: bytes
+
+
+def parse_key(text: str) -> bytes:
+    """A key in its hex form → its bytes; ValueError if it is not 64 hex characters."""
+    if len(text) != 2 * KEY_BYTES:
+        raise ValueError(f"a device key is {2 * KEY_BYTES} hex characters, got {len(text)}")
+    return bytes.fromhex(text)
+
+
+def mac(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> bytes:
+    """HMAC-SHA256 over the domain, the client id, the signing time and the exact message."""
+    text = b"".join((DOMAIN, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n", message))
+    return hmac.new(key, text, hashlib.sha256).digest()
+
+
+def sign(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> dict[str, str]:
+    """The signature fields for `message`: c (client id), t (Unix ms), s (hex MAC)."""
+    check_client_id(client_id)
+    return {
+        "c": client_id,
+        "t": str(signed_at_ms),
+        "s": mac(key, client_id, signed_at_ms, message).hex(),
+    }
+
+
+def check_client_id(client_id: str) -> None:
+    """The same rule as the wire format's client_id: 1..128 printable characters."""
+    if not 1 <= len(client_id) <= MAX_ID_LENGTH or not client_id.isprintable():
+        raise AuthError(
+            AuthReason.MALFORMED_SIGNATURE,
+            f"client id must be 1..{MAX_ID_LENGTH} printable characters",
+        )
+
+
+def parse_proof(client: bytes | None, signed_at: bytes | None, signature: bytes | None) -> Proof:
+    """Signature fields as received (bytes, untrusted) → Proof, or AuthError.
+
+    All three absent is UNSIGNED; some but not all, or any that is not well formed, is
+    MALFORMED_SIGNATURE. Nothing is trusted yet: the MAC is checked by `verify`.
+    """
+    if client is None and signed_at is None and signature is None:
+        raise AuthError(AuthReason.UNSIGNED, "no signature (fields c, t, s)")
+    if client is None or signed_at is None or signature is None:
+        raise AuthError(AuthReason.MALFORMED_SIGNATURE, "c, t and s must come together")
+    try:
+        client_id = client.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AuthError(AuthReason.MALFORMED_SIGNATURE, "client id is not UTF-8") from None
+    check_client_id(client_id)
+    if not (1 <= len(signed_at) <= MAX_TIME_DIGITS and signed_at.isdigit()):
+        raise AuthError(
+            AuthReason.MALFORMED_SIGNATURE, f"t must be 1..{MAX_TIME_DIGITS} decimal digits"
+        )
+    if len(signature) != SIGNATURE_HEX or not _is_lower_hex(signature):
+        raise AuthError(
+            AuthReason.MALFORMED_SIGNATURE, f"s must be {SIGNATURE_HEX} lowercase hex digits"
+        )
+    return Proof(client_id, int(signed_at), bytes.fromhex(signature.decode("ascii")))
+
+
+def verify(proof: Proof, key: bytes, message: bytes, received_ms: int, window_ms: int) -> None:
+    """Check the MAC (constant time), then the signing time against the time of receipt.
+
+    The MAC comes first, so a forgery is always reported as such whatever time it claims. A
+    signature made more than `window_ms` before or after `received_ms` is refused: a replay of
+    a captured update outside the window, or a device whose clock is far off.
+    """
+    expected = mac(key, proof.client_id, proof.signed_at_ms, message)
+    if not hmac.compare_digest(expected, proof.mac):
+        raise AuthError(
+            AuthReason.BAD_SIGNATURE, f"MAC does not match the key of {proof.client_id}"
+        )
+    skew = received_ms - proof.signed_at_ms
+    if abs(skew) > window_ms:
+        when = "before" if skew > 0 else "after"
+        raise AuthError(
+            AuthReason.SIGNATURE_EXPIRED,
+            f"signed {abs(skew)} ms {when} it was received; window {window_ms} ms",
+        )
+
+
+def check_claim(proof: Proof, claimed_client_id: str) -> None:
+    """The client id inside the message must be the one whose key signed it."""
+    if claimed_client_id != proof.client_id:
+        raise AuthError(
+            AuthReason.CLIENT_MISMATCH,
+            f"message claims client {claimed_client_id!r}, signed by {proof.client_id!r}",
+        )
+
+
+def stream_id_ms(stream_id: bytes) -> int:
+    """The millisecond part of a Redis stream entry id (b"1700000000000-3" → 1700000000000)."""
+    return int(stream_id.split(b"-", 1)[0])
+
+
+def _is_lower_hex(value: bytes) -> bool:
+    return all(c in b"0123456789abcdef" for c in value)

@@ -1,0 +1,285 @@
+"""The ingest service: the real aiohttp app against a real Redis.
+
+Refusals by reason (status, typed JSON, counter, nothing added to the stream), the body cap before
+reading, idempotent retries (also concurrent ones), the rate limit, and health endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient, TestServer
+
+from services.device_keys import add_device, revoke_device
+from services.ingest.app import INGEST, create_app
+from services.ingest.protocol import CONTENT_TYPE, PATH, signed_headers
+from services.keys import Keys
+from shared.device_auth import parse_key
+from shared.settings import Settings
+from shared.wire import encode_update
+from tests.integration.helpers import make_update
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+LIMIT = 4096
+
+
+def ingest_settings(settings: Settings, **ingest: Any) -> Settings:
+    section = settings.ingest.model_copy(
+        update={"max_body_bytes": LIMIT, "rate_per_s": 1000.0, "burst": 1000} | ingest
+    )
+    return settings.model_copy(update={"ingest": section})
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest_asyncio.fixture
+async def device_key(settings: Settings, redis: aioredis.Redis) -> bytes:
+    return parse_key(await add_device(redis, Keys(settings.redis.key_prefix), "dev-a"))
+
+
+async def start(settings: Settings, redis: aioredis.Redis) -> TestClient[Any, Any]:
+    client = TestClient(TestServer(create_app(settings, redis)))
+    await client.start_server()
+    return client
+
+
+@pytest_asyncio.fixture
+async def client(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[TestClient[Any, Any]]:
+    client = await start(ingest_settings(settings), redis)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def refusals(client: TestClient[Any, Any], reason: str) -> float:
+    registry = client.app[INGEST].metrics.registry
+    value = registry.get_sample_value("fedasync_ingest_refusals_total", {"reason": reason})
+    return float(value or 0.0)
+
+
+async def stream_length(redis: aioredis.Redis, settings: Settings) -> int:
+    return int(await redis.xlen(Keys(settings.redis.key_prefix).updates))
+
+
+def body_of(update_id: str, client: str = "dev-a") -> bytes:
+    return encode_update(make_update(update_id, 0, client=client))
+
+
+async def test_a_signed_update_is_added_with_server_built_fields(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    body = body_of("u1")
+    headers = signed_headers(device_key, "dev-a", now_ms(), body)
+    response = await client.post(PATH, data=body, headers=headers)
+    answer = await response.json()
+    assert response.status == 202
+    assert answer["update_id"] == "u1"
+    assert answer["retry"] is False
+    entries: Any = await redis.xrange(Keys(settings.redis.key_prefix).updates)
+    assert len(entries) == 1
+    entry_id, fields = entries[0]
+    assert entry_id.decode() == answer["entry_id"]
+    assert fields == {
+        b"m": body,
+        b"c": b"dev-a",
+        b"t": headers["X-Fedasync-Time"].encode(),
+        b"s": headers["X-Fedasync-Signature"].encode(),
+    }
+
+
+async def test_refusals_carry_status_reason_and_are_counted(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    revoked_key = parse_key(await add_device(redis, keys, "dev-r"))
+    await revoke_device(redis, keys, "dev-r")
+    body = body_of("u1")
+    good = signed_headers(device_key, "dev-a", now_ms(), body)
+    wrong_client = body_of("u2", client="dev-b")
+    cases: list[tuple[str, bytes, dict[str, str], int]] = [
+        ("unsupported_media_type", body, good | {"Content-Type": "application/json"}, 415),
+        ("unsigned", body, {"Content-Type": CONTENT_TYPE}, 401),
+        ("malformed_signature", body, good | {"X-Fedasync-Time": "later"}, 401),
+        ("unknown_device", body, signed_headers(device_key, "dev-x", now_ms(), body), 401),
+        ("revoked", body, signed_headers(revoked_key, "dev-r", now_ms(), body), 401),
+        ("bad_signature", body, signed_headers(bytes(32), "dev-a", now_ms(), body), 401),
+        (
+            "signature_expired",
+            body,
+            signed_headers(device_key, "dev-a", now_ms() - 3_600_000, body),
+            401,
+        ),
+        ("malformed", b"\xc1", signed_headers(device_key, "dev-a", now_ms(), b"\xc1"), 422),
+        (
+            "client_mismatch",
+            wrong_client,
+            signed_headers(device_key, "dev-a", now_ms(), wrong_client),
+            403,
+        ),
+    ]
+    for reason, data, headers, status in cases:
+        response = await client.post(PATH, data=data, headers=headers)
+        answer = await response.json()
+        assert (response.status, answer["reason"]) == (status, reason)
+        assert answer["error"]
+        assert refusals(client, reason) == 1.0
+    assert await stream_length(redis, settings) == 0
+
+
+async def test_an_oversized_content_length_is_refused_before_the_body_is_sent(
+    client: TestClient[Any, Any], settings: Settings, redis: aioredis.Redis
+) -> None:
+    server = client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(
+            f"POST {PATH} HTTP/1.1\r\nHost: ingest\r\nContent-Type: {CONTENT_TYPE}\r\n"
+            f"Content-Length: {10**12}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        # not one byte of the body has been sent: the answer comes anyway, then the server
+        # closes the connection instead of waiting for (or reading) the terabyte announced
+        reply = await reader.read()
+    finally:
+        writer.close()
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+    assert json.loads(payload)["reason"] == "too_large"
+    assert refusals(client, "too_large") == 1.0
+    assert await stream_length(redis, settings) == 0
+
+
+async def test_expect_100_continue_is_refused_before_continue(
+    client: TestClient[Any, Any],
+) -> None:
+    server = client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(
+            f"POST {PATH} HTTP/1.1\r\nHost: ingest\r\nContent-Type: {CONTENT_TYPE}\r\n"
+            f"Expect: 100-continue\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        reply = await reader.read()
+    finally:
+        writer.close()
+    assert reply.startswith(b"HTTP/1.1 413 ")
+    assert b"100 Continue" not in reply
+
+
+async def test_a_chunked_body_over_the_limit_is_cut_off_while_reading(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    body = bytes(LIMIT + 1000)
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    headers = signed_headers(device_key, "dev-a", now_ms(), body)
+    response = await client.post(PATH, data=chunks(), headers=headers)
+    assert response.status == 413
+    assert (await response.json())["reason"] == "too_large"
+    assert await stream_length(redis, settings) == 0
+
+
+async def test_a_retry_with_the_same_update_id_is_one_entry(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    body = body_of("retried")
+    answers = []
+    for _ in range(2):  # signed afresh each time, as the worker does
+        response = await client.post(
+            PATH, data=body, headers=signed_headers(device_key, "dev-a", now_ms(), body)
+        )
+        assert response.status == 202
+        answers.append(await response.json())
+    assert answers[0]["entry_id"] == answers[1]["entry_id"]
+    assert [a["retry"] for a in answers] == [False, True]
+    assert await stream_length(redis, settings) == 1
+
+
+async def test_concurrent_retries_add_one_entry(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    body = body_of("concurrent")
+    headers = signed_headers(device_key, "dev-a", now_ms(), body)
+    responses = await asyncio.gather(
+        *(client.post(PATH, data=body, headers=headers) for _ in range(8))
+    )
+    answers = [await r.json() for r in responses]
+    assert [r.status for r in responses] == [202] * 8
+    assert len({a["entry_id"] for a in answers}) == 1
+    assert sorted(a["retry"] for a in answers) == [False] + [True] * 7
+    assert await stream_length(redis, settings) == 1
+
+
+async def test_the_same_update_id_with_other_content_is_a_conflict(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    first = encode_update(make_update("reused", 0, 1.0, client="dev-a"))
+    other = encode_update(make_update("reused", 0, 2.0, client="dev-a"))
+    for body, status in ((first, 202), (other, 409)):
+        response = await client.post(
+            PATH, data=body, headers=signed_headers(device_key, "dev-a", now_ms(), body)
+        )
+        assert response.status == status
+    assert (await response.json())["reason"] == "update_id_reused"
+    assert await stream_length(redis, settings) == 1
+
+
+async def test_a_device_over_its_rate_gets_429_with_retry_after(
+    settings: Settings, redis: aioredis.Redis, device_key: bytes
+) -> None:
+    client = await start(ingest_settings(settings, rate_per_s=0.01, burst=2), redis)
+    try:
+        statuses = []
+        for i in range(3):
+            body = body_of(f"r{i}")
+            response = await client.post(
+                PATH, data=body, headers=signed_headers(device_key, "dev-a", now_ms(), body)
+            )
+            statuses.append(response.status)
+        assert statuses == [202, 202, 429]
+        assert (await response.json())["reason"] == "rate_limited"
+        assert int(response.headers["Retry-After"]) >= 1
+        assert refusals(client, "rate_limited") == 1.0
+        assert await stream_length(redis, settings) == 2
+    finally:
+        await client.close()
+
+
+async def test_forged_requests_do_not_use_up_a_devices_tokens(
+    settings: Settings, redis: aioredis.Redis, device_key: bytes
+) -> None:
+    client = await start(ingest_settings(settings, rate_per_s=0.01, burst=1), redis)
+    try:
+        body = body_of("mine")
+        for _ in range(5):
+            forged = signed_headers(bytes(32), "dev-a", now_ms(), body)
+            assert (await client.post(PATH, data=body, headers=forged)).status == 401
+        genuine = signed_headers(device_key, "dev-a", now_ms(), body)
+        assert (await client.post(PATH, data=body, headers=genuine)).status == 202
+    finally:
+        await client.close()
+
+
+async def test_health_and_metrics_endpoints(client: TestClient[Any, Any]) -> None:
+    assert (await client.get("/livez")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    assert (
+        await client.post(PATH, data=b"x", headers={"Content-Type": CONTENT_TYPE})
+    ).status == 401
+    metrics = await (await client.get("/metrics")).text()
+    assert 'fedasync_ingest_refusals_total{reason="unsigned"} 1.0' in metrics

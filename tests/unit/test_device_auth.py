@@ -1,0 +1,143 @@
+"""The proof of origin (shared/device_auth.py) and the token bucket, without Redis or clocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from shared.device_auth import (
+    AuthError,
+    AuthReason,
+    check_claim,
+    mac,
+    parse_key,
+    parse_proof,
+    sign,
+    stream_id_ms,
+    verify,
+)
+from shared.token_bucket import TokenBucket
+
+KEY = bytes(range(32))
+OTHER_KEY = bytes(range(1, 33))
+MESSAGE = b"\x81\xa1a\x01"
+T = 1_764_489_600_000
+WINDOW = 300_000
+
+
+def refusal(call: Callable[[], object]) -> AuthReason:
+    with pytest.raises(AuthError) as info:
+        call()
+    return info.value.reason
+
+
+def test_a_signature_verifies_with_its_key_at_receipt_time() -> None:
+    fields = sign(KEY, "dev-7", T, MESSAGE)
+    proof = parse_proof(b"dev-7", str(T).encode(), fields["s"].encode())
+    verify(proof, KEY, MESSAGE, received_ms=T + 1, window_ms=WINDOW)
+    check_claim(proof, "dev-7")
+    assert fields["c"] == "dev-7"
+    assert fields["t"] == str(T)
+
+
+def test_the_mac_is_hmac_sha256_over_domain_client_time_message() -> None:
+    import hashlib
+    import hmac
+
+    text = b"fedasync-update-v1\ndev-7\n" + str(T).encode() + b"\n" + MESSAGE
+    assert mac(KEY, "dev-7", T, MESSAGE) == hmac.new(KEY, text, hashlib.sha256).digest()
+
+
+@pytest.mark.parametrize(
+    ("client", "signed_at", "message", "key"),
+    [
+        ("dev-8", T, MESSAGE, KEY),  # claims another device
+        ("dev-7", T + 1, MESSAGE, KEY),  # time altered
+        ("dev-7", T, MESSAGE + b"x", KEY),  # message altered
+        ("dev-7", T, MESSAGE, OTHER_KEY),  # someone else's key
+    ],
+)
+def test_anything_altered_is_a_bad_signature(
+    client: str, signed_at: int, message: bytes, key: bytes
+) -> None:
+    good = sign(KEY, "dev-7", T, MESSAGE)["s"]
+    proof = parse_proof(client.encode(), str(signed_at).encode(), good.encode())
+    reason = refusal(lambda: verify(proof, key, message, T, WINDOW))
+    assert reason is AuthReason.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize("received", [T + WINDOW + 1, T - WINDOW - 1])
+def test_a_signature_outside_the_window_is_expired(received: int) -> None:
+    proof = parse_proof(b"dev-7", str(T).encode(), sign(KEY, "dev-7", T, MESSAGE)["s"].encode())
+    reason = refusal(lambda: verify(proof, KEY, MESSAGE, received, WINDOW))
+    assert reason is AuthReason.SIGNATURE_EXPIRED
+
+
+@pytest.mark.parametrize("received", [T + WINDOW, T - WINDOW])
+def test_the_window_edges_are_inside(received: int) -> None:
+    proof = parse_proof(b"dev-7", str(T).encode(), sign(KEY, "dev-7", T, MESSAGE)["s"].encode())
+    verify(proof, KEY, MESSAGE, received, WINDOW)
+
+
+def test_a_forgery_is_reported_as_forged_even_with_an_old_time() -> None:
+    proof = parse_proof(b"dev-7", b"1", b"0" * 64)
+    assert refusal(lambda: verify(proof, KEY, MESSAGE, T, WINDOW)) is AuthReason.BAD_SIGNATURE
+
+
+def test_no_fields_is_unsigned() -> None:
+    assert refusal(lambda: parse_proof(None, None, None)) is AuthReason.UNSIGNED
+
+
+@pytest.mark.parametrize(
+    ("client", "signed_at", "signature"),
+    [
+        (b"dev-7", None, b"0" * 64),
+        (None, b"1", b"0" * 64),
+        (b"dev-7", b"1", None),
+        (b"", b"1", b"0" * 64),
+        (b"dev\n7", b"1", b"0" * 64),
+        (b"\xff", b"1", b"0" * 64),
+        (b"x" * 129, b"1", b"0" * 64),
+        (b"dev-7", b"-1", b"0" * 64),
+        (b"dev-7", b"1.5", b"0" * 64),
+        (b"dev-7", b"", b"0" * 64),
+        (b"dev-7", b"1" * 16, b"0" * 64),
+        (b"dev-7", b"1", b"0" * 63),
+        (b"dev-7", b"1", b"A" * 64),
+        (b"dev-7", b"1", b"g" * 64),
+    ],
+)
+def test_malformed_fields_are_refused_before_any_mac(
+    client: bytes | None, signed_at: bytes | None, signature: bytes | None
+) -> None:
+    reason = refusal(lambda: parse_proof(client, signed_at, signature))
+    assert reason is AuthReason.MALFORMED_SIGNATURE
+
+
+def test_the_message_must_claim_the_signer() -> None:
+    proof = parse_proof(b"dev-7", b"1", b"0" * 64)
+    assert refusal(lambda: check_claim(proof, "dev-8")) is AuthReason.CLIENT_MISMATCH
+
+
+def test_keys_are_64_hex_characters() -> None:
+    assert parse_key("ab" * 32) == b"\xab" * 32
+    with pytest.raises(ValueError, match="64 hex"):
+        parse_key("ab" * 31)
+    with pytest.raises(ValueError, match="non-hexadecimal"):
+        parse_key("zz" * 32)
+
+
+def test_stream_id_ms_is_the_time_redis_received_the_entry() -> None:
+    assert stream_id_ms(b"1764489600123-7") == 1_764_489_600_123
+
+
+def test_token_bucket_allows_a_burst_then_the_rate() -> None:
+    bucket = TokenBucket.full(rate=2.0, burst=3, now=0.0)
+    assert [bucket.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.wait(0.0) == pytest.approx(0.5)
+    assert bucket.take(0.0) == pytest.approx(0.5)  # refused: half a second until a token
+    assert bucket.take(0.5) == 0.0
+    assert not bucket.is_full(0.5)
+    assert bucket.is_full(10.0)
+    assert bucket.tokens == 3  # never more than the burst
