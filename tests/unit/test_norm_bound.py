@@ -79,7 +79,7 @@ def test_a_huge_update_is_clipped_to_exactly_the_bound() -> None:
     assert decision.delta_norm == 6.0
     assert decision.step_norm == 3.0  # α · bound
     # x + α · (6/10) · (10, 0, 0, 0) = x + (3, 0, 0, 0)
-    np.testing.assert_array_equal(state.weights_view(), before + np.float32([3, 0, 0, 0]))
+    np.testing.assert_array_equal(state.weights_view(), before + np.array([3, 0, 0, 0], np.float32))
     assert state.norms[-1] == 6.0  # the clipped norm, so an attacker cannot inflate the median
 
 
