@@ -9,6 +9,7 @@ initial state and the same updates give bit-identical weights and decisions in a
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,8 @@ import numpy as np
 from shared.decision import Decision, DropReason, Outcome, RejectReason
 from shared.dedup import DedupMemory
 from shared.layout import Layout
-from shared.policy import Mode, Policy
+from shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
+from shared.policy import Mode, NormAction, Policy
 from shared.update import MAX_ID_LENGTH, Update
 
 _ACCEPTED_DTYPES = (np.dtype("<f4"), np.dtype("<f2"))
@@ -67,6 +69,9 @@ class AggregationState:
         self.history: list[tuple[int, np.ndarray]] = []
         #: why training ended (e.g. "max_updates"), or None while it runs
         self.closed: str | None = None
+        #: delta norms of the last applied updates (after clipping), newest last; kept whether or
+        #: not a bound is on, so turning one on at runtime finds a history ready
+        self.norms: deque[float] = deque(maxlen=NORM_WINDOW_LIMIT)
         self._weights = _frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
 
@@ -165,16 +170,18 @@ class AggregationState:
     def _mix(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
         """x ← (1 − α)·x + α·x_new, with α = α0·s(τ) computed afresh.
 
-        Evaluated as x + α·(x_new − x): the same rule with one rounding fewer, and the step
-        α·(x_new − x) is at hand for its norm. NaN or Inf in x_new shows up in that norm, so
+        Evaluated as x + α·(x_new − x): the same rule with one rounding fewer, and the delta
+        x_new − x is at hand for its norm. NaN or Inf in x_new shows up in that norm, so
         finiteness costs no pass of its own; nothing is committed until it is known.
         """
-        if self.buffer.count:  # leftovers of a FedBuff period are applied first, never lost
+        x = self._weights
+        flush = self.buffer.count > 0
+        if flush:  # leftovers of a FedBuff period are applied first, never lost
             if not np.isfinite(new).all():
                 return self._reject_non_finite(update, policy)
-            self._flush_buffer(policy)
+            x = self._flushed(policy)
         alpha = policy.alpha(tau, self.version)
-        x = self._weights
+        exact: np.ndarray | None = None
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
             step = np.subtract(new, x, out=self._scratch())
             mixed = step * np.float32(alpha)
@@ -187,11 +194,28 @@ class AggregationState:
             exact = new.astype(np.float64) - x
             squares = float(np.sum(exact * exact))
             mixed = (x + alpha * exact).astype(np.float32)
-        norm = alpha * math.sqrt(squares)
+        delta = math.sqrt(squares)
+        bound = self.norm_bound(policy)
+        clipped = bound is not None and delta > bound
+        if bound is not None and clipped:
+            if policy.norm_action is NormAction.REJECT:
+                return self._reject_norm(update, policy, tau, delta, bound)
+            scale = alpha * (bound / delta)
+            if exact is None:
+                with np.errstate(over="ignore"):  # finite: new − x was finite above
+                    mixed = np.subtract(new, x) * np.float32(scale)
+                    mixed += x
+            else:
+                mixed = (x + scale * exact).astype(np.float32)
+            delta = bound
+        if flush:  # the flushed weights are x, from which `mixed` was formed
+            self._clear_buffer()
         self._weights = _frozen(mixed)
         self.history.clear()
         self.counters["server_steps"] += 1
-        return self._advance(update, policy, tau, alpha, norm, server_step=True)
+        return self._advance(
+            update, policy, tau, alpha, alpha * delta, delta, clipped, server_step=True
+        )
 
     def _buffer(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
         """FedBuff: add s(τ)·(x_new − x_base) to the buffer; step once K are in.
@@ -208,8 +232,17 @@ class AggregationState:
             )
         if not np.isfinite(new).all():
             return self._reject_non_finite(update, policy)
+        delta = new.astype(np.float64) - base
+        norm_of_delta = math.sqrt(float(np.sum(delta * delta)))
+        bound = self.norm_bound(policy)
+        clipped = bound is not None and norm_of_delta > bound
+        if bound is not None and clipped:
+            if policy.norm_action is NormAction.REJECT:
+                return self._reject_norm(update, policy, tau, norm_of_delta, bound)
+            delta *= bound / norm_of_delta
+            norm_of_delta = bound
         s = policy.staleness(tau, self.version)
-        self.buffer.total += s * (new.astype(np.float64) - base)
+        self.buffer.total += s * delta
         self.buffer.count += 1
         alpha = policy.server_lr * s / policy.buffer_size
         norm = 0.0
@@ -218,7 +251,9 @@ class AggregationState:
             before = self._weights
             self._flush_buffer(policy)
             norm = math.sqrt(_sum_of_squares(self._weights - before))
-        decision = self._advance(update, policy, tau, alpha, norm, server_step=stepped)
+        decision = self._advance(
+            update, policy, tau, alpha, norm, norm_of_delta, clipped, server_step=stepped
+        )
         if stepped:
             self.history.append((self.version, self._weights))
         self._prune_history(policy.tau_max)
@@ -228,11 +263,56 @@ class AggregationState:
         """One FedBuff server step: x ← x + η·(Σ s(τ_i)Δ_i)/K, K being the updates buffered."""
         if self.buffer.count == 0:
             return
+        self._weights = self._flushed(policy)
+        self._clear_buffer()
+
+    def _flushed(self, policy: Policy) -> np.ndarray:
+        """The weights a FedBuff server step would give, computed but not committed."""
         step = self.buffer.total * (policy.server_lr / self.buffer.count)
-        self._weights = _frozen((self._weights.astype(np.float64) + step).astype(np.float32))
+        return _frozen((self._weights.astype(np.float64) + step).astype(np.float32))
+
+    def _clear_buffer(self) -> None:
         self.buffer.total[:] = 0.0
         self.buffer.count = 0
         self.counters["server_steps"] += 1
+
+    # ----------------------------------------------------------------------------- poisoning bound
+    def norm_bound(self, policy: Policy) -> float | None:
+        """k × the median delta norm of the last `norm_window` applied updates, or None.
+
+        The delta norm measures how far an update would move the model before α scales it:
+        ‖x_new − x‖ in FedAsync, where the update is mixed with the current model x (FedAsync
+        forms no delta from the device's base, so x_new − x is the pull it exerts), and
+        ‖x_new − x_base‖ in FedBuff, the very delta the buffer takes in. A poisoned update that
+        drags the model far away has a large delta norm whatever its staleness; an honest update
+        is comparable to its recent peers, whose median a few outliers cannot move.
+
+        None (no bound) when the policy sets none, or while fewer than NORM_MIN_HISTORY updates
+        have been applied: a median of two norms says nothing about what is normal.
+        """
+        if policy.norm_bound is None:
+            return None
+        window = min(policy.norm_window, len(self.norms))
+        if window < NORM_MIN_HISTORY:
+            return None
+        recent = sorted(self.norms[i] for i in range(len(self.norms) - window, len(self.norms)))
+        middle = window // 2
+        median = recent[middle] if window % 2 else (recent[middle - 1] + recent[middle]) / 2
+        return policy.norm_bound * median
+
+    def _reject_norm(
+        self, update: Update, policy: Policy, tau: int, delta: float, bound: float
+    ) -> Decision:
+        return self._decide(
+            update,
+            policy,
+            Outcome.REJECTED,
+            tau=tau,
+            delta_norm=delta,
+            reason=RejectReason.NORM_BOUND,
+            detail=f"delta norm {delta:.6g} > bound {bound:.6g} "
+            f"({policy.norm_bound:g} × median of the last {policy.norm_window} applied)",
+        )
 
     def _scratch(self) -> np.ndarray:
         """A float32 work buffer reused across updates: no fresh pages to fault in each time."""
@@ -259,11 +339,14 @@ class AggregationState:
         tau: int,
         alpha: float,
         norm: float,
+        delta_norm: float,
+        clipped: bool,
         *,
         server_step: bool,
     ) -> Decision:
         self.version += 1
         self.dedup.advance(self.version)
+        self.norms.append(delta_norm)
         return self._decide(
             update,
             policy,
@@ -272,6 +355,8 @@ class AggregationState:
             alpha=alpha,
             step_norm=norm,
             server_step=server_step,
+            delta_norm=delta_norm,
+            clipped=clipped,
         )
 
     def _decide(
@@ -286,6 +371,8 @@ class AggregationState:
         server_step: bool = False,
         reason: str | None = None,
         detail: str = "",
+        delta_norm: float | None = None,
+        clipped: bool = False,
     ) -> Decision:
         self.counters[outcome.value] += 1
         return Decision(
@@ -301,6 +388,8 @@ class AggregationState:
             server_step=server_step,
             reason=None if reason is None else str(reason),
             detail=detail,
+            delta_norm=delta_norm,
+            clipped=clipped,
         )
 
 

@@ -52,6 +52,8 @@ def save_state(state: AggregationState, *, include_weights: bool = True) -> byte
                 "total": _bytes(buffer.total, _F64) if buffer.count else None,
             },
             "history": [[first, _bytes(w, _F32)] for first, w in state.history],
+            # the poisoning bound's memory; absent from checkpoints written before it existed
+            "norms": list(state.norms),
         }
     )
 
@@ -93,6 +95,7 @@ def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationStat
         if state.buffer.count:
             state.buffer.total = _array(data["buffer"]["total"], _F64, layout.size).copy()
         state.history = [(int(first), _array(w, _F32, layout.size)) for first, w in data["history"]]
+        state.norms.extend(float(n) for n in data.get("norms", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"corrupt checkpoint: {exc!r}") from None
     return state

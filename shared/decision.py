@@ -38,6 +38,8 @@ class RejectReason(StrEnum):
     FUTURE_BASE_VERSION = "future_base_version"
     BAD_NUM_SAMPLES = "bad_num_samples"
     BAD_ID = "bad_id"
+    #: its delta norm exceeds the poisoning bound (policy `norm_bound`, `norm_action = reject`)
+    NORM_BOUND = "norm_bound"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,9 @@ class Decision:
     `version` is the model version after the decision (the new version when applied). `alpha` is the
     effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff. `server_step` says
     whether this decision moved the weights (always for FedAsync; on the K-th update for FedBuff).
+    `delta_norm` is how far the update would move the model before α (see
+    `AggregationState.delta_norm`), after clipping; `clipped` says the poisoning bound scaled it
+    down. Records written before the bound existed lack both and read back as None and False.
     """
 
     outcome: Outcome
@@ -61,6 +66,8 @@ class Decision:
     server_step: bool = False
     reason: str | None = None
     detail: str = ""
+    delta_norm: float | None = None
+    clipped: bool = False
 
     @property
     def applied(self) -> bool:

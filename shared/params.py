@@ -29,8 +29,12 @@ class Range:
     low_open: bool = False
     high_open: bool = False
     integer: bool = False
+    #: None is allowed too (a feature that is off)
+    optional: bool = False
 
-    def contains(self, value: float) -> bool:
+    def contains(self, value: float | None) -> bool:
+        if value is None:
+            return self.optional
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
         if self.integer and not isinstance(value, int):
@@ -41,7 +45,7 @@ class Range:
         below = value < self.high if self.high_open else value <= self.high
         return above and below
 
-    def check(self, param: str, value: float) -> None:
+    def check(self, param: str, value: float | None) -> None:
         """Raise ParamError unless `value` lies in the range."""
         if not self.contains(value):
             raise ParamError(param, value, str(self))
@@ -50,7 +54,8 @@ class Range:
         kind = "integer in " if self.integer else ""
         left = "(" if self.low_open else "["
         right = ")" if self.high_open else "]"
-        return f"{kind}{left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
+        off = " or null" if self.optional else ""
+        return f"{kind}{left}{_fmt(self.low)}, {_fmt(self.high)}{right}{off}"
 
 
 def _fmt(x: float) -> str:
@@ -60,6 +65,13 @@ def _fmt(x: float) -> str:
 #: The largest τ_max a policy may set. The dedup horizon is at least this, so an update older than
 #: the horizon would be dropped as stale under every valid policy.
 TAU_MAX_LIMIT = 1000
+
+#: The longest history of delta norms the poisoning bound may look back over; the core keeps this
+#: many, so raising `norm_window` at runtime takes effect at once.
+NORM_WINDOW_LIMIT = 1000
+#: Fewer applied updates than this in the history: no bound applies yet (a median of two or three
+#: norms says little about what is normal).
+NORM_MIN_HISTORY = 5
 
 #: Ranges of every numeric policy parameter. Bounds are chosen so that α = α0·s(τ) stays a positive
 #: float64 for every τ ≤ TAU_MAX_LIMIT (no underflow to zero), which the property tests check.
@@ -73,6 +85,10 @@ POLICY_RANGES: dict[str, Range] = {
     "tau_max": Range(0, TAU_MAX_LIMIT, integer=True),
     "buffer_size": Range(1, 10_000, integer=True),
     "server_lr": Range(0.0, 10.0, low_open=True),
+    # poisoning bound: k × the median delta norm of recent applied updates; null turns it off.
+    # k < 1 would refuse or shrink most ordinary updates, so the smallest factor is 1.
+    "norm_bound": Range(1.0, 1000.0, optional=True),
+    "norm_window": Range(NORM_MIN_HISTORY, NORM_WINDOW_LIMIT, integer=True),
 }
 
 #: Budgets a policy may set at runtime (each may also be left unset: the configured one holds).

@@ -25,8 +25,17 @@ class Mode(StrEnum):
     FEDBUFF = "fedbuff"
 
 
+class NormAction(StrEnum):
+    """What the poisoning bound does with an update whose delta norm exceeds it."""
+
+    #: refuse it (a rejection with reason `norm_bound`)
+    REJECT = "reject"
+    #: scale its delta down to the bound and apply it
+    CLIP = "clip"
+
+
 _FLOAT_PARAMS = ("alpha0", "gamma", "lam", "hinge_a", "server_lr")
-_INT_PARAMS = ("version", "hinge_b", "tau_max", "buffer_size")
+_INT_PARAMS = ("version", "hinge_b", "tau_max", "buffer_size", "norm_window")
 _BUDGETS = ("max_updates", "max_seconds")
 
 
@@ -45,6 +54,11 @@ class Policy:
     tau_max: int = 10
     buffer_size: int = 10
     server_lr: float = 1.0
+    #: poisoning bound k: an update whose delta norm exceeds k × the median delta norm of the last
+    #: `norm_window` applied updates is handled by `norm_action`; None: no bound (the default)
+    norm_bound: float | None = None
+    norm_action: NormAction = NormAction.REJECT
+    norm_window: int = 20
     #: the aggregator decides nothing while paused; updates wait in the stream, none is lost
     paused: bool = False
     #: budgets set at runtime; None leaves the aggregator's configured budget in force
@@ -54,12 +68,16 @@ class Policy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", _enum(Mode, "mode", self.mode))
         object.__setattr__(self, "decay", _enum(Decay, "decay", self.decay))
+        object.__setattr__(self, "norm_action", _enum(NormAction, "norm_action", self.norm_action))
         for name in _FLOAT_PARAMS:
             value = getattr(self, name)
             POLICY_RANGES[name].check(name, value)
             object.__setattr__(self, name, float(value))
         for name in _INT_PARAMS:
             POLICY_RANGES[name].check(name, getattr(self, name))
+        POLICY_RANGES["norm_bound"].check("norm_bound", self.norm_bound)
+        if self.norm_bound is not None:
+            object.__setattr__(self, "norm_bound", float(self.norm_bound))
         if not isinstance(self.paused, bool):
             raise ParamError("paused", self.paused, "true or false")
         for name in _BUDGETS:
@@ -100,6 +118,7 @@ class Policy:
         out = asdict(self)
         out["mode"] = self.mode.value
         out["decay"] = self.decay.value
+        out["norm_action"] = self.norm_action.value
         return out
 
     @classmethod

@@ -11,7 +11,7 @@ these on the wall clock and the simulator on virtual time.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -203,3 +203,44 @@ class DecisionWindow:
             lag=lag,
             clients=self.acceptance(),
         )
+
+
+Rule = SwitchRule | DropAlertRule | FairnessRule
+
+#: every rule's name, in the order they are evaluated
+RULE_NAMES = ("update-rate", "lag", "drops", "fairness")
+
+
+def build_rules(
+    *,
+    rate_high: float,
+    rate_low: float,
+    lag_high: float,
+    lag_low: float,
+    hold_s: float,
+    cooldown_s: float,
+    max_consecutive_drops: int,
+    max_drop_share: float,
+    fairness_min_rate: float,
+    fairness_decisions: int,
+    disabled: Iterable[str] = (),
+    rate_switch: str = "raise-gamma",
+) -> list[Rule]:
+    """The four automatic rules, built one way for the control service and the simulator alike."""
+    rules: list[Rule] = [
+        SwitchRule(
+            "update-rate",
+            "update_rate",
+            rate_switch,
+            Hysteresis(rate_high, rate_low, hold_s, cooldown_s),
+        ),
+        SwitchRule(
+            "lag", "lag", "freshest-only", Hysteresis(lag_high, lag_low, hold_s, cooldown_s)
+        ),
+        DropAlertRule(max_consecutive_drops, max_drop_share, cooldown_s),
+        FairnessRule(fairness_min_rate, fairness_decisions, cooldown_s),
+    ]
+    off = set(disabled)
+    for rule in rules:
+        rule.enabled = rule.name not in off
+    return rules

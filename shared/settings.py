@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
 from shared.params import POLICY_RANGES, ParamError
-from shared.policy import Mode, Policy
+from shared.policy import Mode, NormAction, Policy
 from shared.staleness import Decay
 from shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -71,6 +71,16 @@ class PolicySettings(Section):
     tau_max: int = Field(_DEFAULT_POLICY.tau_max, description="drop updates with τ above this")
     buffer_size: int = Field(_DEFAULT_POLICY.buffer_size, description="FedBuff's K")
     server_lr: float = Field(_DEFAULT_POLICY.server_lr, description="FedBuff's server step size")
+    norm_bound: float | None = Field(
+        _DEFAULT_POLICY.norm_bound,
+        description="poisoning bound k × median delta norm of recent updates; unset: off",
+    )
+    norm_action: NormAction = Field(
+        _DEFAULT_POLICY.norm_action, description="reject or clip an update beyond the bound"
+    )
+    norm_window: int = Field(
+        _DEFAULT_POLICY.norm_window, description="applied updates the bound's median is over"
+    )
 
     @field_validator("*")
     @classmethod

@@ -3,6 +3,12 @@
 A device snapshots the model (a copy) when it starts, trains for its latency in virtual time,
 and submits an `Update`; `AggregationState.apply` with the algorithm's `Policy` decides it,
 exactly as in the aggregator service. FedBuff is the same state machine in another mode.
+
+With `decide_s` the aggregator is a single server taking that long per decision: updates that
+arrive while it is busy wait in arrival order (the stream), and their number is the lag the
+control service's lag rule watches. With `rules`, the control service's rules run every
+`interval_s` of virtual time, built by the same `build_rules`, fed by the same `DecisionWindow`,
+and their switches change the policy through the same `switch_on`/`switch_off`.
 """
 
 from __future__ import annotations
@@ -13,11 +19,11 @@ from typing import Any
 
 from shared.aggregation import AggregationState, ModelSnapshot
 from shared.policy import Policy
-from shared.rules import ActionKind, DecisionWindow, Hysteresis, SwitchRule
+from shared.rules import ActionKind, DecisionWindow, Rule, build_rules
 from shared.switches import switch_off, switch_on
 from shared.update import Update
 from sim.clock import EventQueue
-from sim.config import FedAsyncConfig, RateRuleConfig, label
+from sim.config import FedAvgConfig, RulesConfig, label
 from sim.device import Device, RunPlan
 from sim.recorder import Recorder
 from sim.result import DecisionHook, EndedBy, Progress, RunResult
@@ -48,7 +54,20 @@ class Evaluate:
     pass
 
 
-Event = Ready | Finish | Lost | Evaluate
+@dataclass(frozen=True, slots=True)
+class Decide:
+    """The aggregator finishes deciding the oldest waiting update."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleTick:
+    pass
+
+
+Event = Ready | Finish | Lost | Evaluate | Decide | RuleTick
+
+#: thresholds for a rule the config leaves off (it is disabled; these are never compared)
+_NEVER = float("inf")
 
 
 def make_devices(world: World) -> list[Device]:
@@ -69,19 +88,24 @@ class AsyncRun:
         world: World,
         progress: Progress | None = None,
         on_decision: DecisionHook | None = None,
-        rate_rule: RateRuleConfig | None = None,
+        rules: RulesConfig | None = None,
+        decide_s: float = 0.0,
     ) -> None:
         self.name = name
         self.policy = policy
-        self.rule: SwitchRule | None = None
-        self.window = DecisionWindow(rate_rule.window_s if rate_rule else 60.0, per_client=20)
-        self.saved: dict[str, Any] = {}
+        self.rules_config = rules
+        self.rules: list[Rule] = [] if rules is None else make_rules(rules)
+        self.window = DecisionWindow(
+            rules.window_s if rules else 60.0, rules.fairness_decisions if rules else 20
+        )
+        #: per switch that is on: the values it replaced
+        self.saved: dict[str, dict[str, Any]] = {}
         self.policy_changes: list[dict[str, Any]] = []
-        if rate_rule is not None:
-            gate = Hysteresis(
-                rate_rule.rate_high, rate_rule.rate_low, rate_rule.hold_s, rate_rule.cooldown_s
-            )
-            self.rule = SwitchRule("update-rate", "update_rate", rate_rule.switch, gate)
+        self.alerts: list[dict[str, Any]] = []
+        self.rule_figures: list[tuple[float, float, float]] = []
+        self.decide_s = decide_s
+        #: updates that arrived and are not yet decided, oldest first, with their device
+        self.inbox: deque[tuple[Update, int]] = deque()
         self.world = world
         self.progress = progress
         self.on_decision = on_decision
@@ -94,12 +118,16 @@ class AsyncRun:
         fleet = world.config.fleet
         self.capacity = fleet.max_concurrency or world.num_devices
         self.dropout = fleet.dropout
+        #: events that reschedule themselves for ever (evaluations, rule ticks)
+        self.periodic = 1 + (rules is not None)
 
     def run(self) -> RunResult:
         budget = self.world.config.budget
         for device in self.devices:
             self.queue.push(0.0, Ready(device.index))
         self.queue.push(0.0, Evaluate())
+        if self.rules_config is not None:
+            self.queue.push(0.0, RuleTick())
         ended_by: EndedBy = "no_more_events"
         end = 0.0
         while True:
@@ -112,8 +140,11 @@ class AsyncRun:
             time, event = self.queue.pop()
             if isinstance(event, Ready):
                 self._ready(time, event.device)
-            elif isinstance(event, Finish):
-                self._finish(time, event)
+            elif isinstance(event, (Finish, Decide)):
+                if isinstance(event, Finish):
+                    self._finish(time, event)
+                else:
+                    self._decide_next(time)
                 if self.recorder.updates_applied >= budget.max_updates:
                     ended_by, end = "max_updates", time
                     break
@@ -122,9 +153,12 @@ class AsyncRun:
                 self.training -= 1
                 self.queue.push(time, Ready(event.device))
                 self._start_waiting(time)
+            elif isinstance(event, RuleTick):
+                self._run_rules(time)
+                assert self.rules_config is not None
+                self.queue.push(time + self.rules_config.interval_s, RuleTick())
             else:
                 self._evaluate(time)
-                self._run_rule(time)
                 self.queue.push(time + self.world.config.eval.interval_s, Evaluate())
         self._evaluate(end)
         return RunResult(
@@ -138,30 +172,45 @@ class AsyncRun:
             weights=self.state.weights_view(),
             counters=dict(self.state.counters),
             policy_changes=tuple(self.policy_changes),
+            alerts=tuple(self.alerts),
+            rule_figures=tuple(self.rule_figures),
         )
 
-    def _run_rule(self, now: float) -> None:
-        """The control service's rule, on virtual time: flips switches through the same core."""
-        if self.rule is None:
-            return
-        for action in self.rule.evaluate(self.window.figures(now)):
+    def _run_rules(self, now: float) -> None:
+        """The control service's rules on virtual time: flip switches through the same core,
+        and keep alerts where the service would append them to its alerts stream."""
+        lag = float(len(self.inbox))
+        figures = self.window.figures(now, lag)
+        self.rule_figures.append((now, figures.update_rate, lag))
+        for action in [a for rule in self.rules for a in rule.evaluate(figures)]:
+            if action.kind is ActionKind.ALERT:
+                self.alerts.append(
+                    {"at_s": now, "rule": action.rule, "message": action.message}
+                    | ({"client": action.client} if action.client else {})
+                )
+                continue
             assert action.switch is not None
-            if action.kind is ActionKind.SWITCH_ON:
-                self.policy, self.saved = switch_on(self.policy, action.switch)
+            on = action.kind is ActionKind.SWITCH_ON
+            if on == (action.switch in self.saved):
+                continue  # already in that state: the service answers AlreadyInState
+            if on:
+                self.policy, self.saved[action.switch] = switch_on(self.policy, action.switch)
             else:
-                self.policy = switch_off(self.policy, self.saved)
+                self.policy = switch_off(self.policy, self.saved.pop(action.switch))
             self.policy_changes.append(
                 {
                     "at_s": now,
+                    "rule": action.rule,
                     "switch": action.switch,
-                    "on": action.kind is ActionKind.SWITCH_ON,
+                    "on": on,
                     "policy_version": self.policy.version,
                     "why": action.message,
                 }
             )
 
     def _only_evaluations_left(self) -> bool:
-        return self.training == 0 and not self.waiting and len(self.queue) == 1
+        idle = self.training == 0 and not self.waiting and not self.inbox
+        return idle and len(self.queue) == self.periodic
 
     def _ready(self, now: float, index: int) -> None:
         availability = self.devices[index].availability
@@ -180,7 +229,7 @@ class AsyncRun:
             if not device.availability.online_at(now):
                 self._ready(now, index)
                 continue
-            plan = device.plan_run(now, self.dropout)
+            plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
             self.training += 1
             if plan.lost_at is not None:
                 self.queue.push(plan.lost_at, Lost(index))
@@ -207,16 +256,31 @@ class AsyncRun:
             created_at=now,
             metrics=metrics,
         )
+        self.training -= 1
+        if self.decide_s > 0:
+            self.inbox.append((update, event.device))
+            if len(self.inbox) == 1:  # the aggregator was idle: it starts on this one
+                self.queue.push(now + self.decide_s, Decide())
+        else:
+            self._decide(now, update, event.device)
+        self.queue.push(now, Ready(event.device))
+        self._start_waiting(now)
+
+    def _decide_next(self, now: float) -> None:
+        """The oldest waiting update is decided now, under the policy in force now."""
+        update, device = self.inbox.popleft()
+        self._decide(now, update, device)
+        if self.inbox:
+            self.queue.push(now + self.decide_s, Decide())
+
+    def _decide(self, now: float, update: Update, device: int) -> None:
         decision = self.state.apply(update, self.policy)
-        self.recorder.decision(now, event.device, decision)
+        self.recorder.decision(now, device, decision)
         self.window.add(
             now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
         )
         if self.on_decision is not None:
             self.on_decision(update, decision)
-        self.training -= 1
-        self.queue.push(now, Ready(event.device))
-        self._start_waiting(now)
         if self.progress is not None:
             self.progress(now, self.recorder.updates_applied)
 
@@ -234,5 +298,26 @@ def run_async(
 ) -> RunResult:
     """Run the configured algorithm at `algorithm_index` with its resolved `policy`."""
     algorithm = world.config.algorithms[algorithm_index]
-    rule = algorithm.rate_rule if isinstance(algorithm, FedAsyncConfig) else None
-    return AsyncRun(label(algorithm), policy, world, progress, on_decision, rule).run()
+    assert not isinstance(algorithm, FedAvgConfig)
+    rules = algorithm.rules_config(world.config.eval.interval_s)
+    return AsyncRun(
+        label(algorithm), policy, world, progress, on_decision, rules, algorithm.decide_s
+    ).run()
+
+
+def make_rules(config: RulesConfig) -> list[Rule]:
+    """The control service's rules (`build_rules`) with the thresholds of a simulation config."""
+    return build_rules(
+        rate_high=_NEVER if config.rate_high is None else config.rate_high,
+        rate_low=_NEVER if config.rate_low is None else config.rate_low,
+        lag_high=_NEVER if config.lag_high is None else config.lag_high,
+        lag_low=_NEVER if config.lag_low is None else config.lag_low,
+        hold_s=config.hold_s,
+        cooldown_s=config.cooldown_s,
+        max_consecutive_drops=config.max_consecutive_drops or 2**62,
+        max_drop_share=1.0 if config.max_drop_share is None else config.max_drop_share,
+        fairness_min_rate=config.fairness_min_rate or 0.0,
+        fairness_decisions=config.fairness_decisions,
+        disabled=config.disabled(),
+        rate_switch=config.rate_switch,
+    )

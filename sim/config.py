@@ -7,6 +7,7 @@ ranges (shared.params), the same that the aggregator service applies.
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -130,12 +131,46 @@ Availability = Annotated[
 ]
 
 
+class SpeedPhase(Strict):
+    """A stretch of virtual time in which every run that starts takes `latency_factor` times as
+    long as its drawn latency: below 1 the fleet speeds up (the update rate rises, as when many
+    devices join or a network gets faster), above 1 it slows down. The latency draws themselves
+    are unchanged, so a run is the same run with or without the phase, only shorter or longer."""
+
+    from_s: float = Field(ge=0, description="simulated seconds at which the phase starts")
+    until_s: float = Field(gt=0, description="simulated seconds at which it ends")
+    latency_factor: float = Field(gt=0, description="multiplies the latency of runs started in it")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SpeedPhase:
+        if self.until_s <= self.from_s:
+            raise ValueError("until_s must be after from_s")
+        return self
+
+
 class FleetConfig(Strict):
     devices: int = Field(100, ge=1)
     latency: Latency = LongTailLatency(kind="longtail")
     availability: Availability = AlwaysAvailable(kind="always")
     dropout: float = Field(0.0, ge=0, lt=1, description="chance a run fails mid-training")
     max_concurrency: int | None = Field(None, ge=1, description="devices training at once")
+    #: a schedule of speed-ups or slow-downs (e.g. an update-rate spike), not overlapping
+    phases: list[SpeedPhase] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _phases_apart(self) -> FleetConfig:
+        ordered = sorted(self.phases, key=lambda p: p.from_s)
+        for first, second in itertools.pairwise(ordered):
+            if second.from_s < first.until_s:
+                raise ValueError("fleet phases must not overlap")
+        return self
+
+    def latency_factor(self, now: float) -> float:
+        """The factor for a run that starts at `now` (1 outside every phase)."""
+        for phase in self.phases:
+            if phase.from_s <= now < phase.until_s:
+                return phase.latency_factor
+        return 1.0
 
 
 class TrainingConfig(Strict):
@@ -174,7 +209,66 @@ class RateRuleConfig(Strict):
         return self
 
 
-class FedAsyncConfig(Strict):
+class RulesConfig(Strict):
+    """The control service's automatic rules (shared/rules.py), run on virtual time.
+
+    Built by the same `build_rules` as the control service; a rule whose thresholds are left
+    unset does not run. Figures come from the same `DecisionWindow`: decisions per second over
+    `window_s`, drops, per-client acceptance, and the lag (updates that arrived but are not yet
+    decided, which is only ever non-zero when the algorithm sets `decide_s`).
+    """
+
+    interval_s: float = Field(10.0, gt=0, description="virtual seconds between rule evaluations")
+    window_s: float = Field(60.0, gt=0, description="window the figures are measured over")
+    hold_s: float = Field(0.0, ge=0, description="how long a condition must last to act")
+    cooldown_s: float = Field(0.0, ge=0, description="least time between two actions of a rule")
+    rate_high: float | None = Field(None, gt=0, description="decisions/s that turn the switch on")
+    rate_low: float | None = Field(None, ge=0, description="decisions/s below which it turns off")
+    rate_switch: Literal["raise-gamma", "lower-alpha"] = "raise-gamma"
+    lag_high: float | None = Field(None, gt=0, description="undecided updates: freshest-only on")
+    lag_low: float | None = Field(None, ge=0, description="undecided updates: freshest-only off")
+    max_consecutive_drops: int | None = Field(None, ge=1, description="drops in a row: alert")
+    max_drop_share: float | None = Field(None, gt=0, le=1, description="drop share: alert")
+    fairness_min_rate: float | None = Field(
+        None, ge=0, le=1, description="acceptance under which a client raises an alert"
+    )
+    fairness_decisions: int = Field(20, ge=1, description="decisions per client it is judged on")
+
+    @model_validator(mode="after")
+    def _levels(self) -> RulesConfig:
+        for name in ("rate", "lag"):
+            high, low = getattr(self, f"{name}_high"), getattr(self, f"{name}_low")
+            if (high is None) != (low is None):
+                raise ValueError(f"{name}_high and {name}_low go together")
+            if high is not None and low > high:
+                raise ValueError(f"{name}_low must not exceed {name}_high")
+        return self
+
+    def disabled(self) -> list[str]:
+        """The rules this config leaves off: those whose thresholds are unset."""
+        off = []
+        if self.rate_high is None:
+            off.append("update-rate")
+        if self.lag_high is None:
+            off.append("lag")
+        if self.max_consecutive_drops is None and self.max_drop_share is None:
+            off.append("drops")
+        if self.fairness_min_rate is None:
+            off.append("fairness")
+        return off
+
+
+class AsyncAlgorithmConfig(Strict):
+    """What FedAsync and FedBuff share: the aggregator's speed and the operator rules."""
+
+    #: virtual seconds the aggregator takes per decision (0: each update is decided the moment it
+    #: arrives); updates that arrive meanwhile wait in arrival order, like entries in the stream
+    decide_s: float = Field(0.0, ge=0)
+    #: the control service's automatic rules, on virtual time
+    rules: RulesConfig | None = None
+
+
+class FedAsyncConfig(AsyncAlgorithmConfig):
     kind: Literal["fedasync"]
     name: str | None = None
     decay: Decay = _CORE_DEFAULTS.decay
@@ -185,7 +279,8 @@ class FedAsyncConfig(Strict):
     hinge_b: int = _CORE_DEFAULTS.hinge_b
     #: "auto": the advisor's recommendation for this fleet (see sim/advisor.py)
     tau_max: int | Literal["auto"] = _CORE_DEFAULTS.tau_max
-    #: what the control service's update-rate rule would have done, on virtual time
+    #: what the control service's update-rate rule would have done, on virtual time (the older
+    #: form of `rules` with only the update-rate rule, evaluated every evaluation interval)
     rate_rule: RateRuleConfig | None = None
 
     def policy(self, tau_max: int) -> Policy:
@@ -202,10 +297,27 @@ class FedAsyncConfig(Strict):
     @model_validator(mode="after")
     def _core_ranges(self) -> FedAsyncConfig:
         _check_policy(lambda: self.policy(10 if self.tau_max == "auto" else self.tau_max))
+        if self.rate_rule is not None and self.rules is not None:
+            raise ValueError("give rules or rate_rule, not both")
         return self
 
+    def rules_config(self, eval_interval_s: float) -> RulesConfig | None:
+        """`rules`, or `rate_rule` in that form (evaluated at every evaluation, as it was)."""
+        if self.rate_rule is None:
+            return self.rules
+        r = self.rate_rule
+        return RulesConfig(
+            interval_s=eval_interval_s,
+            window_s=r.window_s,
+            hold_s=r.hold_s,
+            cooldown_s=r.cooldown_s,
+            rate_high=r.rate_high,
+            rate_low=r.rate_low,
+            rate_switch=r.switch,
+        )
 
-class FedBuffConfig(Strict):
+
+class FedBuffConfig(AsyncAlgorithmConfig):
     kind: Literal["fedbuff"]
     name: str | None = None
     buffer_size: int = _CORE_DEFAULTS.buffer_size
@@ -214,6 +326,9 @@ class FedBuffConfig(Strict):
 
     def policy(self, tau_max: int) -> Policy:
         return Policy.fedbuff(self.buffer_size, self.server_lr, tau_max)
+
+    def rules_config(self, eval_interval_s: float) -> RulesConfig | None:
+        return self.rules
 
     @model_validator(mode="after")
     def _core_ranges(self) -> FedBuffConfig:

@@ -47,9 +47,12 @@ class Device:
         self._seed = seed
         self._rng = device_stream(seed, index, DeviceStream.LATENCY)
 
-    def plan_run(self, now: float, dropout: float) -> RunPlan:
-        """Three draws per run whatever happens, so run k is the same in every algorithm."""
-        duration = self.latency.sample(self._rng)
+    def plan_run(self, now: float, dropout: float, latency_factor: float = 1.0) -> RunPlan:
+        """Three draws per run whatever happens, so run k is the same in every algorithm.
+
+        `latency_factor` (a fleet phase) scales the drawn latency; the draws stay the same.
+        """
+        duration = self.latency.sample(self._rng) * latency_factor
         fails, when = float(self._rng.random()), float(self._rng.random())
         end = now + duration
         lost = now + when * duration if fails < dropout else None

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from sim.result import RunResult
@@ -148,6 +149,58 @@ def per_class(sim: Simulation, out: Path) -> str | None:
     return _save(figure, out / "per_class.png")
 
 
+_SWITCH_COLOURS = {
+    "raise-gamma": "tab:orange",
+    "lower-alpha": "tab:purple",
+    "freshest-only": "tab:red",
+}
+
+
+def rules_chart(sim: Simulation, out: Path) -> str | None:
+    """What the automatic rules saw and did: per algorithm with rules, the update rate over the
+    rules' window at each evaluation (and the lag, when it is ever non-zero), with each switch's
+    on-periods shaded. None when no algorithm ran rules."""
+    runs = [r for r in _async(sim) if r.rule_figures]
+    if not runs:
+        return None
+    figure = Figure(figsize=(7.5, 2.2 + 2.3 * len(runs)), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, r in zip(axes, runs, strict=True):
+        times = [t / 60 for t, _, _ in r.rule_figures]
+        ax.plot(
+            times, [rate for _, rate, _ in r.rule_figures], color="tab:blue", label="update rate"
+        )
+        ax.set_ylabel("decisions per second\n(over the rules' window)")
+        handles, labels = ax.get_legend_handles_labels()
+        for switch in sorted({c["switch"] for c in r.policy_changes}):
+            colour = _SWITCH_COLOURS.get(switch, "grey")
+            on_at: float | None = None
+            for change in (c for c in r.policy_changes if c["switch"] == switch):
+                if change["on"]:
+                    on_at = change["at_s"] / 60
+                elif on_at is not None:
+                    ax.axvspan(on_at, change["at_s"] / 60, color=colour, alpha=0.2)
+                    on_at = None
+            if on_at is not None:
+                ax.axvspan(on_at, r.end_s / 60, color=colour, alpha=0.2)
+            handles.append(Patch(color=colour, alpha=0.2))
+            labels.append(f"{switch} on")
+        lags = [lag for _, _, lag in r.rule_figures]
+        if any(lags):
+            twin = ax.twinx()
+            (line,) = twin.plot(times, lags, color="tab:green", linestyle="--")
+            twin.set_ylabel("lag (updates waiting)")
+            handles.append(line)
+            labels.append("lag")
+        ax.set_title(r.name)
+        ax.grid(alpha=0.3)
+        ax.legend(handles, labels, loc="upper right", fontsize="small")
+    axes[-1].set_xlabel("simulated time (min)")
+    figure.suptitle("What the automatic rules saw, and the switches they turned on")
+    return _save(figure, out / "rules.png")
+
+
 def write_plots(sim: Simulation, out: Path) -> list[str]:
     """Every chart as a PNG in `out`; returns the file names in report order."""
     images = [
@@ -161,4 +214,7 @@ def write_plots(sim: Simulation, out: Path) -> list[str]:
     classes = per_class(sim, out)
     if classes is not None:
         images.append(classes)
+    rules = rules_chart(sim, out)
+    if rules is not None:
+        images.append(rules)
     return images

@@ -179,6 +179,60 @@ name = "fedavg-10of13"
 clients_per_round = 10
 over_selection = 0.3
 ''',
+    "rate-spike": f'''
+name = "rate-spike"
+description = """The operator rules on virtual time (docs/operations.md). 30 devices of about 30 s
+each send about 1 update/s; from minute 15 to minute 30 every run takes a quarter as long (as if
+the fleet had quadrupled), so the rate jumps to about 4/s, then calms. fedasync-rate-rule: the
+update-rate rule turns raise-gamma on during the spike and off after it. fedasync-lag-rule: an
+aggregator that needs 0.3 s per decision (3.3/s at most) falls behind during the spike; the lag
+rule turns freshest-only on and off once the backlog has drained, and the drop rule alerts while
+freshest-only drops the backlog."""
+{_DIGITS}
+[data]
+partition = "iid"
+
+[fleet]
+devices = 30
+latency = {{ kind = "lognormal", median_s = 30.0, sigma = 0.3, jitter = 0.1 }}
+phases = [{{ from_s = 900, until_s = 1800, latency_factor = 0.25 }}]
+
+[budget]
+max_updates = 100000
+max_seconds = 2700
+
+[eval]
+interval_s = 60
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync-rate-rule"
+tau_max = 100
+
+[algorithms.rules]
+interval_s = 10
+window_s = 60
+hold_s = 30
+cooldown_s = 60
+rate_high = 2.5
+rate_low = 1.5
+fairness_min_rate = 0.1
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync-lag-rule"
+tau_max = 100
+decide_s = 0.3
+
+[algorithms.rules]
+interval_s = 10
+window_s = 60
+hold_s = 30
+cooldown_s = 60
+lag_high = 200
+lag_low = 20
+max_drop_share = 0.5
+''',
 }
 
 

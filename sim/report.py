@@ -41,6 +41,35 @@ def table(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
+#: alerts listed per algorithm in report.md (all of them are in summary.json)
+MAX_ALERTS_SHOWN = 20
+
+
+def rules_section(summary: dict[str, Any]) -> list[str]:
+    """What the automatic rules did, per algorithm: switches flipped and alerts raised."""
+    lines: list[str] = []
+    for name, a in summary["algorithms"].items():
+        changes, alerts = a.get("policy_changes", []), a.get("alerts", [])
+        if not changes and not alerts:
+            continue
+        lines += [f"### {name}", ""]
+        for c in changes:
+            state = "on" if c["on"] else "off"
+            rule = c.get("rule", "update-rate")
+            lines.append(
+                f"- {c['at_s']:.0f} s: `{c['switch']}` {state} (rule {rule},"
+                f" policy version {c['policy_version']}): {c['why']}"
+            )
+        for alert in alerts[:MAX_ALERTS_SHOWN]:
+            lines.append(
+                f"- {alert['at_s']:.0f} s: alert from `{alert['rule']}`: {alert['message']}"
+            )
+        if len(alerts) > MAX_ALERTS_SHOWN:
+            lines.append(f"- … {len(alerts) - MAX_ALERTS_SHOWN} more alerts in summary.json")
+        lines.append("")
+    return ["## Automatic rules", "", *lines] if lines else []
+
+
 def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
     config = summary["config"]
     advice = summary["advisor"]
@@ -67,6 +96,7 @@ def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
         f" (range {advice['recommended_range'][0]}–{advice['recommended_range'][1]}),"
         f" which permanently drops {advice['permanently_dropped_share']:.0%} of the devices.",
         "",
+        *rules_section(summary),
         "## Charts",
         "",
         *[f"![{name}]({name})" for name in images],

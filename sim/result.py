@@ -35,3 +35,7 @@ class RunResult:
     counters: dict[str, int]
     #: switches an automatic rule flipped during the run: time, switch, on, policy version
     policy_changes: tuple[dict[str, Any], ...] = ()
+    #: alerts the automatic rules raised: time, rule, message, client (fairness)
+    alerts: tuple[dict[str, Any], ...] = ()
+    #: what the rules saw at each evaluation: (time s, decisions/s over the window, lag)
+    rule_figures: tuple[tuple[float, float, float], ...] = ()

@@ -93,6 +93,7 @@ def algorithm_summary(
         "kind": result.kind,
         "settings": result.settings,
         "policy_changes": list(result.policy_changes),
+        "alerts": list(result.alerts),
         "ended_by": result.ended_by,
         "simulated_seconds": result.end_s,
         "final": {

@@ -118,7 +118,10 @@ class SyncRun:
         chosen = self.rng.choice(np.asarray(online), size=count, replace=False)
         selected = sorted(int(d) for d in chosen)
         plans = {
-            d: self.devices[d].plan_run(now, self.world.config.fleet.dropout) for d in selected
+            d: self.devices[d].plan_run(
+                now, self.world.config.fleet.dropout, self.world.config.fleet.latency_factor(now)
+            )
+            for d in selected
         }
         deadline = now + self.spec.deadline_s if self.spec.deadline_s is not None else math.inf
         finishing = sorted(

@@ -1,6 +1,7 @@
 """Prometheus metrics of the aggregator: the figures the write-up says matter.
 
-τ and α distributions, decisions by outcome, rejections by reason, the norm of each step the
+τ and α distributions, decisions by outcome, rejections by reason (the poisoning bound's among
+them), updates the bound clipped, the norm of each step the
 model takes, how long applying and committing take, and how far behind the stream it is.
 Scalars only (never a copy of the model), and no client or update id as a label.
 """
@@ -34,6 +35,11 @@ class AggregatorMetrics:
         self.authenticated = Counter(
             "fedasync_aggregator_authenticated",
             "Updates whose device signature was verified",
+            registry=r,
+        )
+        self.clipped = Counter(
+            "fedasync_aggregator_clipped",
+            "Updates applied after the poisoning bound scaled them down",
             registry=r,
         )
         self.drops = Counter(
@@ -98,6 +104,8 @@ class AggregatorMetrics:
                 self.alpha.observe(decision.alpha)
             if decision.server_step and decision.step_norm is not None:
                 self.step_norm.observe(decision.step_norm)
+            if decision.clipped:
+                self.clipped.inc()
         elif decision.outcome is Outcome.REJECTED:
             self.rejections.labels(decision.reason or "unknown").inc()
         elif decision.outcome is Outcome.DROPPED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.params import POLICY_RANGES
+from shared.policy import NormAction
 from shared.switches import SWITCHES
 
 _ERROR = {
@@ -29,12 +30,14 @@ def _policy_schema() -> dict[str, Any]:
             "type": "string",
             "enum": ["constant", "polynomial", "progress", "exponential", "hinge"],
         },
+        "norm_action": {"type": "string", "enum": [a.value for a in NormAction]},
         "paused": {"type": "boolean"},
         "max_updates": {"type": ["integer", "null"], "minimum": 1},
         "max_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
     }
     for name, allowed in POLICY_RANGES.items():
-        prop: dict[str, Any] = {"type": "integer" if allowed.integer else "number"}
+        kind = "integer" if allowed.integer else "number"
+        prop: dict[str, Any] = {"type": [kind, "null"] if allowed.optional else kind}
         prop["exclusiveMinimum" if allowed.low_open else "minimum"] = allowed.low
         prop["exclusiveMaximum" if allowed.high_open else "maximum"] = allowed.high
         properties[name] = prop

@@ -24,42 +24,29 @@ from services.control.window import LedgerWindow
 from services.keys import Keys
 from services.policy_store import PolicyConflict
 from services.redis_conn import TRANSIENT
-from shared.rules import (
-    Action,
-    ActionKind,
-    DropAlertRule,
-    FairnessRule,
-    Hysteresis,
-    SwitchRule,
-)
+from shared.rules import Action, ActionKind, Rule
+from shared.rules import build_rules as shared_build_rules
 from shared.settings import ControlSettings
 from shared.switches import SwitchError
 
 log = logging.getLogger(__name__)
 
-Rule = SwitchRule | DropAlertRule | FairnessRule
-
 
 def build_rules(cfg: ControlSettings) -> list[Rule]:
-    rules: list[Rule] = [
-        SwitchRule(
-            "update-rate",
-            "update_rate",
-            "raise-gamma",
-            Hysteresis(cfg.rate_high, cfg.rate_low, cfg.hold_s, cfg.cooldown_s),
-        ),
-        SwitchRule(
-            "lag",
-            "lag",
-            "freshest-only",
-            Hysteresis(cfg.lag_high, cfg.lag_low, cfg.hold_s, cfg.cooldown_s),
-        ),
-        DropAlertRule(cfg.max_consecutive_drops, cfg.max_drop_share, cfg.cooldown_s),
-        FairnessRule(cfg.fairness_min_rate, cfg.fairness_decisions, cfg.cooldown_s),
-    ]
-    for rule in rules:
-        rule.enabled = rule.name not in cfg.disabled_rules
-    return rules
+    """The rules with the configured thresholds (the simulator builds them the same way)."""
+    return shared_build_rules(
+        rate_high=cfg.rate_high,
+        rate_low=cfg.rate_low,
+        lag_high=cfg.lag_high,
+        lag_low=cfg.lag_low,
+        hold_s=cfg.hold_s,
+        cooldown_s=cfg.cooldown_s,
+        max_consecutive_drops=cfg.max_consecutive_drops,
+        max_drop_share=cfg.max_drop_share,
+        fairness_min_rate=cfg.fairness_min_rate,
+        fairness_decisions=cfg.fairness_decisions,
+        disabled=cfg.disabled_rules,
+    )
 
 
 class RuleRunner:

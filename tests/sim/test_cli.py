@@ -42,7 +42,7 @@ def test_simulate_writes_summary_and_curves(
 def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["simulate", "--list-presets"]) == 0
     assert capsys.readouterr().out.split() == sorted(
-        ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped"]
+        ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped", "rate-spike"]
     )
     assert run(["simulate", "--preset", "noniid-jitter", "--show-config"]) == 0
     assert 'partition = "shards"' in capsys.readouterr().out

@@ -17,7 +17,7 @@ from shared.checkpoint import load_state, save_state
 from shared.decision import Decision, DropReason, Outcome
 from shared.layout import Layout
 from shared.params import POLICY_RANGES, TAU_MAX_LIMIT, Range
-from shared.policy import Mode, Policy
+from shared.policy import Mode, NormAction, Policy
 from shared.staleness import Decay
 from shared.update import Update
 from shared.wire import WireError, WireReason, decode_update, encode_update, pack
@@ -26,11 +26,14 @@ SIZE = 5
 
 
 def in_range(r: Range) -> st.SearchStrategy[Any]:
+    values: st.SearchStrategy[Any]
     if r.integer:
-        return st.integers(int(r.low) + r.low_open, int(r.high) - r.high_open)
-    return st.floats(
-        r.low, r.high, exclude_min=r.low_open, exclude_max=r.high_open, allow_nan=False
-    )
+        values = st.integers(int(r.low) + r.low_open, int(r.high) - r.high_open)
+    else:
+        values = st.floats(
+            r.low, r.high, exclude_min=r.low_open, exclude_max=r.high_open, allow_nan=False
+        )
+    return st.none() | values if r.optional else values
 
 
 def policies(**fixed: st.SearchStrategy[Any]) -> st.SearchStrategy[Policy]:
@@ -40,6 +43,7 @@ def policies(**fixed: st.SearchStrategy[Any]) -> st.SearchStrategy[Policy]:
     }
     params["mode"] = st.sampled_from(Mode)
     params["decay"] = st.sampled_from(Decay)
+    params["norm_action"] = st.sampled_from(NormAction)
     params.update(fixed)
     return st.builds(Policy, **params)
 
@@ -93,6 +97,9 @@ scenario_policies = st.lists(
         tau_max=st.integers(0, 12),
         buffer_size=st.integers(1, 4),
         server_lr=st.floats(0.1, 2.0),
+        # a bound that fires within a 60-step script: short history, small factor
+        norm_bound=st.none() | st.floats(1.0, 3.0),
+        norm_window=st.integers(5, 8),
     ),
     min_size=3,
     max_size=3,
@@ -173,6 +180,50 @@ def test_save_restore_continue_equals_never_stopping(
     assert got == expected
     assert save_state(resumed) == save_state(straight)
     assert resumed.weights_view().tobytes() == straight.weights_view().tobytes()
+
+
+@given(
+    k=st.floats(1.0, 3.0),
+    window=st.integers(5, 8),
+    action=st.sampled_from(NormAction),
+    script=st.lists(
+        st.tuples(st.integers(0, 3), st.floats(-6, 3), st.integers(0, 2**32 - 1)),
+        max_size=60,
+    ),
+)
+def test_with_the_bound_on_no_applied_update_moves_the_model_beyond_it(
+    k: float, window: int, action: NormAction, script: list[tuple[int, float, int]]
+) -> None:
+    """FedAsync: ‖x_after − x_before‖ ≤ α · k · median(recent delta norms), checked against an
+    oracle that measures every delta itself in float64 and keeps its own history."""
+    policy = Policy(norm_bound=k, norm_window=window, norm_action=action, tau_max=1000)
+    state = fresh_state()
+    history: list[float] = []
+    for i, (lag, log_scale, seed) in enumerate(script):
+        direction = np.random.default_rng(seed).standard_normal(SIZE)
+        before = state.weights_view().astype(np.float64)
+        new = (before + direction * 10.0**log_scale).astype(np.float32)
+        raw = float(np.linalg.norm(new.astype(np.float64) - before))
+        recent = history[-window:]
+        bound = k * float(np.median(recent)) if len(recent) >= 5 else None
+        decision = state.apply(Update(f"u{i}", "c", max(state.version - lag, 0), 1, new), policy)
+        moved = float(np.linalg.norm(state.weights_view().astype(np.float64) - before))
+        # the weights are float32: rounding them may move them by a few ulps of their magnitude
+        ulps = 1e-6 * (float(np.linalg.norm(before)) + float(np.linalg.norm(new)))
+        if decision.applied:
+            assert decision.alpha is not None
+            if bound is not None:
+                assert moved <= decision.alpha * bound * (1 + 1e-6) + ulps
+                assert decision.clipped == (raw > bound) or raw == pytest.approx(bound)
+            else:
+                assert not decision.clipped
+            history.append(raw if bound is None else min(raw, bound))
+        else:
+            assert decision.reason == "norm_bound"
+            assert action is NormAction.REJECT
+            assert bound is not None
+            assert raw >= bound * (1 - 1e-6)
+            assert moved == 0.0
 
 
 # --------------------------------------------------------------------------------- codec
