@@ -74,3 +74,24 @@ async def change_policy(
     )
     if not ok:
         raise PolicyConflict(f"policy version {new.version - 1} is no longer the one in force")
+
+
+class PolicyCache:
+    """The policy in force, re-read at most every `refresh_s` (0: on every call).
+
+    For a service that consults the policy per request (ingest): Redis sees one GET per interval,
+    and a change takes effect within the interval.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, refresh_s: float) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._refresh_s = refresh_s
+        self._policy: Policy | None = None
+        self._read_at = float("-inf")
+
+    async def get(self, now: float) -> Policy:
+        if self._policy is None or now - self._read_at >= self._refresh_s:
+            self._policy = await read_policy(self._redis, self._keys)
+            self._read_at = now
+        return self._policy

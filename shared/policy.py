@@ -61,6 +61,9 @@ class Policy:
     norm_window: int = 20
     #: the aggregator decides nothing while paused; updates wait in the stream, none is lost
     paused: bool = False
+    #: the ingest service answers 503 (retry later) instead of taking new updates; what was taken
+    #: is still decided. Devices publishing straight to Redis are not affected.
+    ingest_paused: bool = False
     #: budgets set at runtime; None leaves the aggregator's configured budget in force
     max_updates: int | None = None
     max_seconds: float | None = None
@@ -78,8 +81,9 @@ class Policy:
         POLICY_RANGES["norm_bound"].check("norm_bound", self.norm_bound)
         if self.norm_bound is not None:
             object.__setattr__(self, "norm_bound", float(self.norm_bound))
-        if not isinstance(self.paused, bool):
-            raise ParamError("paused", self.paused, "true or false")
+        for name in ("paused", "ingest_paused"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParamError(name, getattr(self, name), "true or false")
         for name in _BUDGETS:
             value = getattr(self, name)
             if value is not None:

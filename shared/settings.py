@@ -291,6 +291,12 @@ class IngestSettings(Section):
     idempotency_ttl_s: int = Field(
         86400, ge=60, description="how long a retry with the same update id gets the first answer"
     )
+    policy_refresh_s: float = Field(
+        1.0, ge=0, description="how stale its view of the policy (pause-ingest) may be, seconds"
+    )
+    paused_retry_after_s: int = Field(
+        5, ge=1, description="Retry-After of the 503 answered while ingest is paused"
+    )
 
 
 class LogSettings(Section):

@@ -38,6 +38,10 @@ def _freshest_only(policy: Policy) -> dict[str, Any]:
     return {"tau_max": 0}
 
 
+def _pause_ingest(policy: Policy) -> dict[str, Any]:
+    return {"ingest_paused": True}
+
+
 SWITCHES: dict[str, Switch] = {
     s.name: s
     for s in (
@@ -56,6 +60,12 @@ SWITCHES: dict[str, Switch] = {
             "τ_max = 0: only updates trained from the newest version are applied, the rest are "
             "dropped cheaply (the aggregator lags behind the stream)",
             _freshest_only,
+        ),
+        Switch(
+            "pause-ingest",
+            "the ingest service answers 503 with Retry-After instead of taking updates (a flood, "
+            "an attack, Redis near its memory limit); what was taken is still decided",
+            _pause_ingest,
         ),
     )
 }

@@ -32,6 +32,7 @@ def _policy_schema() -> dict[str, Any]:
         },
         "norm_action": {"type": "string", "enum": [a.value for a in NormAction]},
         "paused": {"type": "boolean"},
+        "ingest_paused": {"type": "boolean"},
         "max_updates": {"type": ["integer", "null"], "minimum": 1},
         "max_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
     }

@@ -31,6 +31,7 @@ from services.ingest.protocol import (
 )
 from services.ingest.store import IngestStore, UpdateIdReused
 from services.keys import Keys
+from services.policy_store import PolicyCache
 from services.prometheus import metrics_response
 from services.redis_conn import TRANSIENT
 from shared.device_auth import AuthError, Proof, check_claim, parse_proof, verify
@@ -97,6 +98,7 @@ class Ingest:
         self.keys_cache = KeyCache(redis, keys, settings.auth.key_refresh_s)
         self.store = IngestStore(redis, keys, settings.ingest.idempotency_ttl_s)
         self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
+        self.policy = PolicyCache(redis, keys, settings.ingest.policy_refresh_s)
         self.metrics = IngestMetrics()
 
     def refuse(self, request: web.Request, refusal: Refusal) -> web.Response:
@@ -123,7 +125,11 @@ class Ingest:
             raise Refusal(413, "too_large", f"body of {length} bytes > limit {limit}; not read")
 
     async def accept(self, request: web.Request) -> tuple[Update, str, bool]:
-        """Every check, then the idempotent XADD; (update, entry id, new) or a Refusal."""
+        """Every check, then the idempotent XADD; (update, entry id, new) or a Refusal.
+
+        The pause switch is checked first of all: while ingest is paused nothing is read.
+        """
+        await self._check_not_paused()
         if request.content_type != CONTENT_TYPE:
             raise Refusal(
                 415,
@@ -158,6 +164,23 @@ class Ingest:
             # maybe added, maybe not: a retry with the same update id settles it
             raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
         return update, ingested.entry_id, ingested.new
+
+    async def _check_not_paused(self) -> None:
+        """The `pause-ingest` switch: come back later (nothing is read, nothing is lost)."""
+        try:
+            policy = await self.policy.get(time.monotonic())
+        except LookupError:
+            return  # no policy yet: the aggregator has not started; nothing paused it
+        except TRANSIENT as exc:
+            raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
+        if policy.ingest_paused:
+            retry = str(self.settings.ingest.paused_retry_after_s)
+            raise Refusal(
+                503,
+                "ingest_paused",
+                f"ingest paused by the operators (policy version {policy.version})",
+                {"Retry-After": retry},
+            )
 
     async def _key(self, proof: Proof) -> bytes:
         try:

@@ -118,11 +118,16 @@ async def publish_http(
     attempts: int,
 ) -> str:
     """POST to the ingest service, retried with the same bytes (signed afresh each time) on
-    connection errors, 429 and 503; the update id makes the retries one update. The entry id."""
+    connection errors, 429 and 503; the update id makes the retries one update. The entry id.
+
+    While the operators have paused ingest (503 `ingest_paused`) the device waits as long as it
+    takes: that is a decision to come back later, not a failure, so it uses up no attempt.
+    """
     url = base_url.rstrip("/") + PATH
-    for attempt in range(1, attempts + 2):
+    failures = 0
+    while True:
         headers = signed_headers(key, client_id, int(time.time() * 1000), raw)
-        wait = min(0.05 * 2**attempt, 2.0)
+        wait = min(0.05 * 2 ** (failures + 1), 2.0)
         try:
             async with session.post(url, data=raw, headers=headers) as response:
                 answer: Any = await response.json(content_type=None)
@@ -134,13 +139,17 @@ async def publish_http(
                     )
                 wait = max(wait, float(response.headers.get("Retry-After", "1")))
                 problem = f"{response.status} {answer.get('reason')}"
+                if answer.get("reason") == "ingest_paused":
+                    log.info("ingest paused; trying again in %.0f s", wait)
+                    await asyncio.sleep(wait)
+                    continue
         except (aiohttp.ClientError, TimeoutError) as exc:
             problem = str(exc) or type(exc).__name__
-        if attempt > attempts:
+        failures += 1
+        if failures > attempts:
             raise ConnectionError(f"ingest unavailable after {attempts} retries: {problem}")
-        log.warning("publish failed (%s); retrying the same update (attempt %d)", problem, attempt)
+        log.warning("publish failed (%s); retrying the same update (attempt %d)", problem, failures)
         await asyncio.sleep(wait)
-    raise AssertionError("unreachable")
 
 
 async def _refresh(models: ModelClient, stopping: asyncio.Event) -> bool:

@@ -17,6 +17,8 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
+from services.aggregator.service import run as run_aggregator
+from services.control.app import create_app as create_control_app
 from services.device_keys import add_device, revoke_device
 from services.ingest.app import INGEST, create_app
 from services.ingest.protocol import CONTENT_TYPE, PATH, signed_headers
@@ -24,7 +26,7 @@ from services.keys import Keys
 from shared.device_auth import parse_key
 from shared.settings import Settings
 from shared.wire import encode_update
-from tests.integration.helpers import make_update
+from tests.integration.helpers import initial_state, make_update
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -283,3 +285,46 @@ async def test_health_and_metrics_endpoints(client: TestClient[Any, Any]) -> Non
     ).status == 401
     metrics = await (await client.get("/metrics")).text()
     assert 'fedasync_ingest_refusals_total{reason="unsigned"} 1.0' in metrics
+
+
+async def test_the_pause_ingest_switch_answers_503_until_it_is_turned_off(
+    settings: Settings, redis: aioredis.Redis, device_key: bytes
+) -> None:
+    token = "pause-ingest-test-token"
+    auth = {"Authorization": f"Bearer {token}"}
+    operators = settings.model_copy(
+        update={"control": settings.control.model_copy(update={"token": token})}
+    )
+    await run_aggregator(  # installs the policy, as a running system has one
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    control = TestClient(TestServer(create_control_app(operators, redis, run_rules=False)))
+    await control.start_server()
+    ingest = await start(ingest_settings(settings, policy_refresh_s=0.0), redis)
+    try:
+        flipped = await control.post(
+            "/v1/switches/pause-ingest", json={"on": True, "reason": "flood"}, headers=auth
+        )
+        assert flipped.status == 200
+        body = body_of("p1")
+        paused = await ingest.post(
+            PATH, data=body, headers=signed_headers(device_key, "dev-a", now_ms(), body)
+        )
+        assert paused.status == 503
+        assert (await paused.json())["reason"] == "ingest_paused"
+        assert paused.headers["Retry-After"] == str(settings.ingest.paused_retry_after_s)
+        assert refusals(ingest, "ingest_paused") == 1
+        assert await stream_length(redis, settings) == 0
+
+        flipped = await control.post(
+            "/v1/switches/pause-ingest", json={"on": False, "reason": "calm"}, headers=auth
+        )
+        assert flipped.status == 200
+        taken = await ingest.post(
+            PATH, data=body, headers=signed_headers(device_key, "dev-a", now_ms(), body)
+        )
+        assert taken.status == 202
+        assert await stream_length(redis, settings) == 1
+    finally:
+        await ingest.close()
+        await control.close()

@@ -91,7 +91,8 @@ def test_fedbuff_preset_uses_the_papers_weight() -> None:
 
 
 def test_every_numeric_field_has_a_range() -> None:
-    named = ("mode", "decay", "norm_action", "paused", "max_updates", "max_seconds")
+    named = ("mode", "decay", "norm_action", "paused", "ingest_paused")
+    named += ("max_updates", "max_seconds")
     numeric = {f.name for f in dataclasses.fields(Policy) if f.name not in named}
     assert numeric == set(POLICY_RANGES)
 
@@ -100,6 +101,9 @@ def test_paused_must_be_a_bool() -> None:
     assert Policy(paused=True).paused is True
     with pytest.raises(ParamError, match="paused"):
         Policy(paused="yes")  # type: ignore[arg-type]
+    assert Policy(ingest_paused=True).ingest_paused is True
+    with pytest.raises(ParamError, match="ingest_paused"):
+        Policy(ingest_paused=1)  # type: ignore[arg-type]
 
 
 def test_budgets_are_optional_and_checked() -> None:
