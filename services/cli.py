@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.chaos.cli import register as register_chaos
 from shared import __version__
 from shared.params import ParamError
 from shared.policy import Policy
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.set_defaults(handler=_ledger)
 
     register_simulator(commands)
+    register_chaos(commands)
     return parser
 
 

@@ -174,7 +174,7 @@ class Supervisor:
 
         Returns each child's exit code. Safe to call twice.
         """
-        names = order or list(reversed(self.children))
+        names = [n for n in order or () if n in self.children]  # never started: nothing to stop
         names += [n for n in reversed(self.children) if n not in names]
         codes: dict[str, int] = {}
         for name in names:

@@ -221,6 +221,9 @@ class WorkerSettings(Section):
     batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
     max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
     download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
+    journal: str | None = Field(
+        None, description="file to append each publish attempt and acknowledgement to (chaos runs)"
+    )
 
 
 class LogSettings(Section):

@@ -24,6 +24,7 @@ from services.lifecycle import stop_on_signals
 from services.redis_conn import TRANSIENT, connect
 from services.snapshot.app import DONE_HEADER
 from services.worker.device import Device, build_device, run_rng
+from services.worker.journal import Journal
 from shared.model_format import ModelMessage, decode_model
 from shared.settings import Settings
 from shared.update import Update
@@ -111,6 +112,7 @@ async def work(
     client_id = cfg.client_id or f"device-{cfg.device_index}"
     result = WorkerResult()
     models = ModelClient(session, cfg.snapshot_url, result)
+    journal = Journal(cfg.journal)
     run = 0
     while not stopping.is_set():
         if not await _refresh(models, stopping):
@@ -155,7 +157,9 @@ async def work(
             metrics=metrics,
         )
         raw = encode_update(update, settings.wire.dtype)
-        await publish(redis, keys, raw, settings.redis.reconnect_attempts)
+        journal.attempted(update.update_id)
+        entry_id = await publish(redis, keys, raw, settings.redis.reconnect_attempts)
+        journal.acknowledged(update.update_id, entry_id)
         result.published += 1
         if cfg.max_runs is not None and result.published >= cfg.max_runs:
             break
