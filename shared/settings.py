@@ -240,6 +240,9 @@ class WorkerSettings(Section):
     batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
     max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
     download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
+    journal: str | None = Field(
+        None, description="file to append each publish attempt and acknowledgement to (chaos runs)"
+    )
     key: SecretStr | None = Field(
         None, description="device key (64 hex, from `fedasync devices add`); set: updates signed"
     )
@@ -376,11 +379,17 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Every setting as the environment variable that would set it (unset ones left out).
 
     How `fedasync up` hands one validated configuration to each child process, so no child
-    can end up with a default the parent did not mean.
+    can end up with a default the parent did not mean. Secrets are passed in clear: the child
+    needs them.
     """
     env = {}
-    for section_name, values in settings.model_dump(mode="json").items():
+    for section_name, _ in _sections():
+        section = getattr(settings, section_name)
+        values = section.model_dump(mode="json")
         for name, value in values.items():
+            raw = getattr(section, name)
+            if isinstance(raw, SecretStr):
+                value = raw.get_secret_value()
             if value is None:
                 continue
             variable = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"

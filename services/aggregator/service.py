@@ -85,6 +85,8 @@ class Aggregator:
         self._gauges_at = 0.0
         #: cursor in our own pending entries (re-read first after a restart); None once done
         self._backlog: str | None = "0"
+        #: a read of new entries failed: it may have delivered entries whose reply was lost
+        self._reread_pending = False
 
     # ------------------------------------------------------------------------------ start-up
     async def start(self, initial: AggregationState | None) -> None:
@@ -185,6 +187,11 @@ class Aggregator:
 
     async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
         while not stopping.is_set():
+            if self._reread_pending:
+                # once the commit in flight lands, our pending entries are exactly those never
+                # decided: the ones a lost XREADGROUP reply delivered. Re-read them like a restart.
+                await self._finish_commit()
+                self._reread_pending, self._backlog = False, "0"
             await self._refresh_policy()
             if self.policy.paused:  # an operator paused aggregation: leave updates in the stream
                 if burst:
@@ -211,25 +218,31 @@ class Aggregator:
                 await self._finish_commit()  # commits stay in order: one in flight at most
                 # the next batch is read and decided while Redis runs this commit
                 self._inflight = asyncio.create_task(self._send(batch), name="commit")
-            elif burst:
+            elif burst and not self._reread_pending:
                 break
         await self._finish_commit()
 
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
         cfg = self.settings.aggregator
         room = min(cfg.batch_max - len(batch.acks), cfg.read_count)
-        reply: Any = await retrying(
-            "XREADGROUP",
-            lambda: self.redis.xreadgroup(
-                AGGREGATOR_GROUP,
-                self.settings.aggregator.consumer,
-                {self.keys.updates: start},
-                count=room,
-                block=block,
-            ),
-            self.settings.redis,
-            self._stopping,
-        )
+
+        async def read() -> Any:
+            try:
+                return await self.redis.xreadgroup(
+                    AGGREGATOR_GROUP,
+                    cfg.consumer,
+                    {self.keys.updates: start},
+                    count=room,
+                    block=block,
+                )
+            except TRANSIENT:
+                # Redis may have run the read (entries now pending for us) and lost the reply
+                # (a timeout, or a crash after the AOF fsync): ">" never delivers those again
+                if start == ">":
+                    self._reread_pending = True
+                raise
+
+        reply: Any = await retrying("XREADGROUP", read, self.settings.redis, self._stopping)
         entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
         signers = {c for _, fields in entries if (c := _signer(fields)) is not None}
         if signers:  # one round trip for the keys of the whole read, before deciding any

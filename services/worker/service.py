@@ -29,6 +29,7 @@ from services.lifecycle import stop_on_signals
 from services.redis_conn import TRANSIENT, connect
 from services.snapshot.app import DONE_HEADER
 from services.worker.device import Device, build_device, run_rng
+from services.worker.journal import Journal
 from shared.device_auth import parse_key, sign
 from shared.model_format import ModelMessage, decode_model
 from shared.settings import Settings
@@ -180,6 +181,7 @@ async def work(
     key = None if cfg.key is None else parse_key(cfg.key.get_secret_value())
     result = WorkerResult()
     models = ModelClient(session, cfg.snapshot_url, result)
+    journal = Journal(cfg.journal)
     run = 0
     while not stopping.is_set():
         if not await _refresh(models, stopping):
@@ -225,19 +227,23 @@ async def work(
         )
         raw = encode_update(update, settings.wire.dtype)
         attempts = settings.redis.reconnect_attempts
+        journal.attempted(update.update_id)
         try:
             if cfg.ingest_url is not None and key is not None:
-                await publish_http(session, cfg.ingest_url, key, client_id, raw, attempts)
+                entry_id = await publish_http(
+                    session, cfg.ingest_url, key, client_id, raw, attempts
+                )
             elif redis is None:
                 raise ValueError("a worker without an ingest URL and key needs Redis")
             else:
                 now_ms = int(time.time() * 1000)
                 signature = None if key is None else sign(key, client_id, now_ms, raw)
-                await publish(redis, keys, raw, attempts, signature)
+                entry_id = (await publish(redis, keys, raw, attempts, signature)).decode()
         except PublishRefused as exc:
             result.refused += 1
             log.error("update %s refused: %s", update.update_id, exc)
             continue
+        journal.acknowledged(update.update_id, entry_id)
         result.published += 1
         if cfg.max_runs is not None and result.published >= cfg.max_runs:
             break

@@ -102,7 +102,7 @@ def test_settings_env_round_trips_through_the_environment(
     original = load_settings(
         policy={"alpha0": 0.3, "decay": "hinge"},
         control={"token": "x" * 20, "disabled_rules": ["lag", "drops"]},
-        worker={"time_scale": 0.5},
+        worker={"time_scale": 0.5, "key": "ab" * 32},
     )
     env = settings_env(original)
     assert "FEDASYNC_REDIS__URL" not in env  # unset settings stay unset

@@ -1,0 +1,50 @@
+"""After the run: read the ledger and the stream, and replay the ledger (`ledger verify`).
+
+Uses the same code as `fedasync ledger export` and `fedasync ledger verify`, so the harness
+checks exactly what an operator would run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from services.keys import Keys
+from services.ledger import VerifyReport, records, verify
+from services.redis_conn import connect
+from shared.settings import RedisSettings
+from shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass(slots=True)
+class Audit:
+    records: list[dict[str, Any]]
+    entry_ids: list[str]
+    dead_lettered: set[str]
+    verify: VerifyReport
+
+
+async def audit(url: str, keys: Keys) -> Audit:
+    client = connect(RedisSettings(url=url, socket_timeout_s=30.0))
+    try:
+        ledger = [record async for record in records(client, keys)]
+        entries = await _entry_ids(client, keys.updates)
+        dead: Any = await client.xrange(keys.deadletter)
+        dead_lettered = {fields[b"stream_id"].decode() for _, fields in dead}
+        report = await verify(client, keys, DEFAULT_MAX_MESSAGE_BYTES)
+        return Audit(ledger, entries, dead_lettered, report)
+    finally:
+        await client.aclose()
+
+
+async def _entry_ids(client: aioredis.Redis, stream: str, page: int = 1000) -> list[str]:
+    out: list[str] = []
+    start = "-"
+    while True:
+        entries: Any = await client.xrange(stream, min=start, max="+", count=page)
+        out += [entry_id.decode() for entry_id, _ in entries]
+        if len(entries) < page:
+            return out
+        start = "(" + out[-1]

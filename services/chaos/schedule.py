@@ -1,0 +1,114 @@
+"""What the chaos harness does, and when: profiles and the seeded fault schedule.
+
+The schedule is a pure function of the profile and the seed, so a failing run can be repeated
+fault for fault (`fedasync chaos --seed N`); only the instants the faults land on, relative to
+what the services are doing, vary between runs, which is the point of injecting them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+
+class FaultKind(StrEnum):
+    KILL_WORKER = "kill_worker"  # kill -9 one worker, restart it after a short outage
+    KILL_AGGREGATOR = "kill_aggregator"  # kill -9 the aggregator, restart it
+    KILL_REDIS = "kill_redis"  # kill -9 redis-server, restart it from its AOF (same port, dir)
+    PAUSE_REDIS = "pause_redis"  # CLIENT PAUSE: clients' sockets time out, commands queue
+    RESTART_SNAPSHOT = "restart_snapshot"  # SIGTERM the snapshot service, start it again later
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """How many faults of each kind, over how long, against how many workers."""
+
+    name: str
+    workers: int
+    #: seconds of normal operation before the first fault
+    warmup_s: float
+    #: the faults land in [warmup_s, warmup_s + window_s]
+    window_s: float
+    #: least time between two faults: each finds the previous one recovered
+    min_gap_s: float
+    faults: tuple[tuple[FaultKind, int], ...]
+    #: how long a killed or stopped service stays down before it is started again
+    outage_s: tuple[float, float] = (0.1, 0.6)
+    #: how long CLIENT PAUSE lasts; above the services' socket timeout so they really time out
+    pause_ms: tuple[int, int] = (2500, 3500)
+
+
+PROFILES: dict[str, Profile] = {
+    "fast": Profile(
+        name="fast",
+        workers=4,
+        warmup_s=3.0,
+        window_s=30.0,
+        min_gap_s=1.2,
+        faults=(
+            (FaultKind.KILL_AGGREGATOR, 3),
+            (FaultKind.KILL_WORKER, 5),
+            (FaultKind.KILL_REDIS, 1),
+            (FaultKind.PAUSE_REDIS, 1),
+            (FaultKind.RESTART_SNAPSHOT, 1),
+        ),
+    ),
+    "long": Profile(
+        name="long",
+        workers=6,
+        warmup_s=3.0,
+        window_s=150.0,
+        min_gap_s=1.2,
+        faults=(
+            (FaultKind.KILL_AGGREGATOR, 12),
+            (FaultKind.KILL_WORKER, 24),
+            (FaultKind.KILL_REDIS, 3),
+            (FaultKind.PAUSE_REDIS, 4),
+            (FaultKind.RESTART_SNAPSHOT, 3),
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault: at `at` seconds into the fault phase, against `target`, lasting `outage_s`."""
+
+    at: float
+    kind: FaultKind
+    #: the worker index for KILL_WORKER, else 0
+    target: int = 0
+    #: seconds down before the restart (kills, snapshot stop); the pause length for PAUSE_REDIS
+    outage_s: float = 0.0
+
+    def describe(self) -> str:
+        who = f" worker-{self.target}" if self.kind is FaultKind.KILL_WORKER else ""
+        return f"{self.kind.value}{who} ({self.outage_s:.2f} s)"
+
+
+def build_schedule(profile: Profile, seed: int) -> list[Fault]:
+    """The faults of `profile` in time order: kinds shuffled, times uniform with a minimum gap.
+
+    Times are drawn as sorted uniforms in the window shortened by the gaps, then spread by one
+    gap each, which keeps them uniform without rejection sampling.
+    """
+    rng = np.random.default_rng(seed)
+    kinds = [kind for kind, count in profile.faults for _ in range(count)]
+    rng.shuffle(kinds)
+    n = len(kinds)
+    slack = profile.window_s - profile.min_gap_s * max(n - 1, 0)
+    if slack < 0:
+        raise ValueError(f"profile {profile.name}: {n} faults do not fit in {profile.window_s} s")
+    draws = np.sort(rng.uniform(0.0, slack, n))
+    faults = []
+    for i, (kind, draw) in enumerate(zip(kinds, draws, strict=True)):
+        at = profile.warmup_s + float(draw) + i * profile.min_gap_s
+        target = int(rng.integers(profile.workers)) if kind is FaultKind.KILL_WORKER else 0
+        if kind is FaultKind.PAUSE_REDIS:
+            outage = float(rng.integers(profile.pause_ms[0], profile.pause_ms[1] + 1)) / 1000
+        else:
+            outage = float(rng.uniform(*profile.outage_s))
+        faults.append(Fault(round(at, 3), kind, target, round(outage, 3)))
+    return faults
