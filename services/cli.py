@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("worker", "run one device worker"),
         ("control", "run the control service (policy changes, status)"),
         ("ingest", "run the ingest service (authenticated HTTP entry of updates)"),
+        ("evaluator", "run the evaluator (scores each new version on the test set)"),
     ):
         commands.add_parser(name, help=text).set_defaults(handler=_service(name))
 
