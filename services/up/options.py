@@ -53,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     policy.add_argument("--buffer-size", type=int, default=None, help="FedBuff's K")
     run = parser.add_argument_group("run")
     run.add_argument(
+        "--secure",
+        action="store_true",
+        help="every device gets a key of its own and publishes through the ingest service; "
+        "the aggregator refuses unsigned updates",
+    )
+    run.add_argument(
         "--out", type=Path, default=None, help="run folder (default: runs/up-<date>-<time>)"
     )
     run.add_argument(

@@ -8,6 +8,7 @@ only what differs between children on top: its port, its device index. Ports are
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.redis_server import free_port
@@ -16,7 +17,7 @@ from shared.settings import Settings, settings_env
 
 HOST = "127.0.0.1"
 #: started in this order, each once the previous is ready; stopped in the reverse order
-SERVICES = ("aggregator", "snapshot", "control", "evaluator")
+SERVICES = ("aggregator", "snapshot", "control", "evaluator", "ingest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,17 +26,24 @@ class Ports:
     snapshot: int
     control: int
     evaluator: int
+    ingest: int
 
     @classmethod
     def free(cls) -> Ports:
-        return cls(free_port(), free_port(), free_port(), free_port())
+        return cls(free_port(), free_port(), free_port(), free_port(), free_port())
 
     def url(self, service: str) -> str:
         return f"http://{HOST}:{getattr(self, service)}"
 
 
-def configure(settings: Settings, redis_url: str, key_prefix: str, ports: Ports) -> Settings:
-    """The run's settings: this Redis, these ports, a control token (a fresh one if unset)."""
+def configure(
+    settings: Settings, redis_url: str, key_prefix: str, ports: Ports, *, secure: bool
+) -> Settings:
+    """The run's settings: this Redis, these ports, a control token (a fresh one if unset).
+
+    `secure`: every device signs with a key of its own and publishes through the ingest service,
+    and the aggregator refuses anything unsigned.
+    """
     snapshot = ports.url("snapshot")
 
     def section(name: str, **changes: object) -> object:
@@ -55,26 +63,47 @@ def configure(settings: Settings, redis_url: str, key_prefix: str, ports: Ports)
             "evaluator": section(
                 "evaluator", host=HOST, port=ports.evaluator, snapshot_url=snapshot
             ),
-            "worker": section("worker", snapshot_url=snapshot, client_id=None),
+            "ingest": section("ingest", host=HOST, port=ports.ingest),
+            "auth": section("auth", required=secure),
+            # the key and the ingest URL are each worker's own (worker_specs)
+            "worker": section(
+                "worker", snapshot_url=snapshot, client_id=None, key=None, ingest_url=None
+            ),
         }
     )
+
+
+def services(settings: Settings) -> tuple[str, ...]:
+    """The services this run starts, in start order: ingest only when devices publish through it."""
+    return tuple(name for name in SERVICES if name != "ingest" or settings.auth.required)
 
 
 def service_specs(settings: Settings, ports: Ports) -> list[ServiceSpec]:
     env = settings_env(settings)
     return [
         ServiceSpec(name, f"services.{name}", env, ready_url=ports.url(name) + "/readyz")
-        for name in SERVICES
+        for name in services(settings)
     ]
 
 
-def worker_specs(settings: Settings) -> list[ServiceSpec]:
+def client_id(index: int) -> str:
+    return f"device-{index}"
+
+
+def worker_specs(
+    settings: Settings, ports: Ports, device_keys: Mapping[str, str]
+) -> list[ServiceSpec]:
+    """One worker per device; with `device_keys` (client id → key) each signs with its own key
+    and publishes through the ingest service."""
     env = settings_env(settings)
-    return [
-        ServiceSpec(
-            f"worker-{index}",
-            "services.worker",
-            env | {"FEDASYNC_WORKER__DEVICE_INDEX": str(index)},
-        )
-        for index in range(settings.task.num_devices)
-    ]
+    specs = []
+    for index in range(settings.task.num_devices):
+        mine = env | {
+            "FEDASYNC_WORKER__DEVICE_INDEX": str(index),
+            "FEDASYNC_WORKER__CLIENT_ID": client_id(index),
+        }
+        if client_id(index) in device_keys:
+            mine["FEDASYNC_WORKER__KEY"] = device_keys[client_id(index)]
+            mine["FEDASYNC_WORKER__INGEST_URL"] = ports.url("ingest")
+        specs.append(ServiceSpec(f"worker-{index}", "services.worker", mine))
+    return specs

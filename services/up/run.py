@@ -24,11 +24,21 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from services.device_keys import add_device
+from services.keys import Keys
+from services.redis_conn import connect
 from services.redis_server import RedisNotFound, RedisServer
 from services.supervisor import ChildFailed, Supervisor
 from services.up import view
 from services.up.options import overrides
-from services.up.plan import SERVICES, Ports, configure, service_specs, worker_specs
+from services.up.plan import (
+    SERVICES,
+    Ports,
+    client_id,
+    configure,
+    service_specs,
+    worker_specs,
+)
 from services.up.report import print_summary, write_run_folder
 from shared.settings import ENV_PREFIX, Settings, load_settings
 
@@ -148,6 +158,11 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
         ("snapshot", ports.url("snapshot") + "/v1/models/latest", ""),
         ("evaluator", ports.url("evaluator") + "/metrics", ""),
         ("aggregator", ports.url("aggregator") + "/metrics", ""),
+        *(
+            [("ingest", ports.url("ingest") + "/v1/updates", "devices sign with their own keys")]
+            if settings.auth.required
+            else []
+        ),
         ("redis", redis, ""),
         ("run folder", str(out), "logs in logs/"),
     ]
@@ -177,7 +192,7 @@ def run_up(args: argparse.Namespace) -> int:
         prefix = settings.redis.key_prefix if explicit else f"up-{stamp}"  # a run of its own
         where = f"{url.split('@')[-1]} (configured), key prefix {prefix}"
     ports = Ports.free()
-    settings = configure(settings, url, prefix, ports)
+    settings = configure(settings, url, prefix, ports, secure=args.secure)
     started = time.monotonic()
     ended_by = "failed"
     old_term = signal.signal(signal.SIGTERM, _interrupt)
@@ -190,7 +205,8 @@ def run_up(args: argparse.Namespace) -> int:
                     supervisor.start(spec)
                     supervisor.wait_ready(spec.name, timeout=60)
                 _header(console, settings, ports, out, where)
-                for spec in worker_specs(settings):
+                device_keys = asyncio.run(_provision(settings)) if args.secure else {}
+                for spec in worker_specs(settings, ports, device_keys):
                     supervisor.start(spec)
                 live = not args.no_live and console.is_terminal
                 ended_by = _watch(monitor, console, live, started)
@@ -207,7 +223,11 @@ def run_up(args: argparse.Namespace) -> int:
                 workers = [n for n in supervisor.children if n.startswith("worker-")]
                 # workers first (nothing more is published), the aggregator last
                 supervisor.stop_all(
-                    groups=[workers, ["evaluator", "control", "snapshot"], ["aggregator"]]
+                    groups=[
+                        workers,
+                        ["ingest", "evaluator", "control", "snapshot"],
+                        ["aggregator"],
+                    ]
                 )
                 monitor.report_crashes()  # a death the last look did not see
         summary = asyncio.run(
@@ -228,12 +248,26 @@ def run_up(args: argparse.Namespace) -> int:
     return 0 if ended_by in ("max_updates", "max_seconds") and not monitor.problems else 1
 
 
+async def _provision(settings: Settings) -> dict[str, str]:
+    """A key of its own for every device (`fedasync devices add`, done for the fleet)."""
+    redis = connect(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
+    try:
+        return {
+            client_id(i): await add_device(redis, keys, client_id(i))
+            for i in range(settings.task.num_devices)
+        }
+    finally:
+        await redis.aclose()
+
+
 def _shown(settings: Settings) -> dict[str, Any]:
     """The settings worth keeping with the results (no URL, no token)."""
     return {
         "task": settings.task.model_dump(mode="json"),
         "policy": settings.policy.model_dump(mode="json"),
         "budget": settings.budget.model_dump(mode="json"),
+        "auth": {"required": settings.auth.required},
         "worker": {
             "profile": settings.worker.profile,
             "time_scale": settings.worker.time_scale,

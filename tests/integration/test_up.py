@@ -16,6 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+
+from services.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +129,30 @@ def test_sigint_stops_every_child_and_a_killed_worker_is_reported(
     assert summary["ended_by"] == "interrupted"
     problems = summary["problems"]
     assert any("crashed with exit code -9" in problem for problem in problems), problems
+
+
+def test_secure_devices_sign_and_publish_through_ingest(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "run"
+    options = ("--secure", "--devices", "2", "--task", "linear", "--max-updates", "30")
+    process = up(out, *options, "--profile", "none")
+    processes.append(process)
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["auth"]["required"] is True
+    assert summary["updates"]["applied"] == 30
+    assert summary["updates"]["dead_letters"] == 0
+    server = RedisServer(out / "redis")  # the run's Redis, restarted from its AOF
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        entries = client.xrange("{fedasync}:updates")
+        client.close()
+    finally:
+        server.stop()
+    assert entries
+    for _, fields in entries:  # built by the ingest service: signer, signing time, signature
+        assert set(fields) == {b"m", b"c", b"t", b"s"}
+        assert fields[b"c"] in (b"device-0", b"device-1")
