@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from services import evaluations, ledger
@@ -33,6 +34,7 @@ async def write_run_folder(
         curve = await evaluations.all_records(redis, keys)
         dead_letters = int(await redis.xlen(keys.deadletter))
         started = await get_bytes(redis, keys.started)
+        raised: Any = await redis.xrange(keys.alerts)
     finally:
         await redis.aclose()
     started_at = float(started) if started is not None else None
@@ -45,6 +47,9 @@ async def write_run_folder(
         wall_seconds=wall_seconds,
     )
     summary |= extra
+    summary["alerts"] = [
+        {k.decode(): v.decode() for k, v in fields.items()} for _, fields in raised
+    ]
     _write_curve(curve, out / "evaluations.csv")
     taus = [float(r["tau"]) for r in records if r.get("tau") is not None]
     alphas = [float(r["alpha"]) for r in records if r["outcome"] == "applied" and r.get("alpha")]
@@ -107,7 +112,12 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         "acceptance, worst first",
         "  ".join(f"{c['client']} {c['rate']:.0%}" for c in worst) or "–",
     )
+    alerts = summary.get("alerts", [])
+    if alerts:
+        shown = "; ".join(f"[{a.get('rule')}] {a.get('message')}" for a in alerts[:3])
+        more = f" (+{len(alerts) - 3} more in summary.json)" if len(alerts) > 3 else ""
+        table.add_row("alerts", escape(shown + more))
     for problem in summary.get("problems", []):
-        table.add_row("[red]problem[/red]", problem)
+        table.add_row("[red]problem[/red]", escape(problem))
     table.add_row("run folder", str(out))
     console.print(table)

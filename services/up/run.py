@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from services.device_keys import add_device
 from services.keys import Keys
@@ -181,7 +182,7 @@ def run_up(args: argparse.Namespace) -> int:
         try:
             redis_server = RedisServer(out / "redis")
         except RedisNotFound as exc:
-            console.print(f"[red]fedasync up: {exc}[/red]")
+            console.print(f"[red]fedasync up: {escape(str(exc))}[/red]")
             return 2
         redis_server.start()
         url, prefix = redis_server.url, settings.redis.key_prefix
@@ -216,7 +217,7 @@ def run_up(args: argparse.Namespace) -> int:
             except ChildFailed as exc:
                 if str(exc) not in monitor.problems:
                     monitor.problems.append(str(exc))
-                console.print(f"[red]{exc}[/red]")
+                console.print(f"[red]{escape(str(exc))}[/red]")
             finally:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the cleanup finish
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
