@@ -419,6 +419,7 @@ async def audit(settings: Settings, rec: Recorder) -> dict[str, Any]:
             found.setdefault(str(record["update_id"]), []).append(record)
         outcomes = Counter(r["outcome"] for rs in found.values() for r in rs)
         by_policy = Counter(int(r["policy_version"]) for rs in found.values() for r in rs)
+        taus = [int(r["tau"]) for rs in found.values() for r in rs if r["tau"] is not None]
         missing = [u for u in rec.published if u not in found]
         repeated = [u for u, rs in found.items() if len(rs) > 1]
         wrong_entry = [
@@ -436,6 +437,11 @@ async def audit(settings: Settings, rec: Recorder) -> dict[str, Any]:
             "uncertain": len(rec.uncertain),
             "decisions": sum(len(rs) for rs in found.values()),
             "outcomes": dict(outcomes),
+            "tau": {
+                "p50": float(np.percentile(taus, 50)) if taus else None,
+                "p95": float(np.percentile(taus, 95)) if taus else None,
+                "max": max(taus, default=None),
+            },
             "decisions_by_policy_version": {str(v): n for v, n in sorted(by_policy.items())},
             "missing": len(missing),
             "decided_more_than_once": len(repeated),
@@ -675,6 +681,9 @@ def report(plan: Plan, results: dict[str, Any], ledger: dict[str, Any]) -> None:
     print(ledger["verify"])
     versions = ", ".join(f"v{v} {n}" for v, n in ledger["decisions_by_policy_version"].items())
     print(f"decisions by policy version (the rule's switches are versions): {versions}")
+    tau = ledger["tau"]
+    if tau["max"] is not None:
+        print(f"staleness τ: p50 {tau['p50']:.0f}, p95 {tau['p95']:.0f}, max {tau['max']}")
     before, after = results["load_average"]
     print(f"load average (1 min) of the machine: {before:.2f} before, {after:.2f} after")
     if results["crashed"]:
