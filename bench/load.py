@@ -303,7 +303,9 @@ class Device:
 
     async def publish(self) -> None:
         """XADD an update trained from the held version (its weights plus seeded noise)."""
-        assert self.held.weights is not None
+        if self.held.weights is None:  # every download so far failed: nothing to train on
+            self._error("publish without a model")
+            return
         weights = self.held.weights + self.rng.normal(0.0, 0.01, self.held.weights.shape)
         update_id = f"load-{self.plan.seed}-{self.index:04d}-{self.runs}"
         self.runs += 1
