@@ -96,7 +96,7 @@ class SwitchRule:
         kind = ActionKind.SWITCH_ON if turned else ActionKind.SWITCH_OFF
         level = self.gate.high if turned else self.gate.low
         side = "above" if turned else "below"
-        message = f"{self.figure} {value:.3g} {side} {level:.3g} for {self.gate.hold_s:.0f} s"
+        message = f"{self.figure} {value:.3g} {side} {level:.3g} for {self.gate.hold_s:g} s"
         return [Action(kind, self.name, message, switch=self.switch)]
 
 

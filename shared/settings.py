@@ -403,7 +403,7 @@ def settings_reference() -> str:
     for section_name, section in _sections():
         for name, field in section.model_fields.items():
             env = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
-            default = field.default
+            default = field.get_default(call_default_factory=True)
             shown = "unset" if default is None else f"`{getattr(default, 'value', default)}`"
             meaning = field.description or ""
             if section is PolicySettings and name in POLICY_RANGES:
