@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.acl_cli import register as register_acl
 from services.devices_cli import register as register_devices
 from services.up.options import add_arguments as add_up_arguments
 from shared import __version__
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_simulator(commands)
     register_devices(commands)
+    register_acl(commands)
     return parser
 
 
