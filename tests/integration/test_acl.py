@@ -247,6 +247,16 @@ async def test_every_service_runs_as_its_own_user_and_training_works(
     assert await admin.acl_log() == []
 
 
+async def test_redis_refuses_to_start_on_the_unrendered_template(tmp_path: Path) -> None:
+    """A `${REDIS_PASSWORD_<USER>}` token is no ACL rule: a template never runs with a known
+    password (docker/redis/users.acl is loaded only once docker/redis/entrypoint.sh filled it)."""
+    template = Path(__file__).resolve().parents[2] / "docker" / "redis" / "users.acl"
+    server = RedisServer(tmp_path, extra_args=("--aclfile", str(template)))
+    with pytest.raises(RuntimeError, match="redis-server exited"):
+        server.start()
+    assert "ACL" in (tmp_path / "redis.log").read_text()
+
+
 # ------------------------------------------------------------------------------------ refusals
 # (user, command, pattern of the refusal): each user can do none of these.
 STATE, UPDATES, DEVICE_KEYS = KEYS.state, KEYS.updates, KEYS.device_keys
