@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.acl_cli import register as register_acl
 from services.chaos.cli import register as register_chaos
 from services.devices_cli import register as register_devices
 from services.up.options import add_arguments as add_up_arguments
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_simulator(commands)
     register_devices(commands)
     register_chaos(commands)
+    register_acl(commands)
     return parser
 
 

@@ -10,9 +10,10 @@ off, logs every attempt and gives up after a bounded number.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -24,6 +25,14 @@ from shared.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: no CLIENT SETINFO on connect: least-privilege users may not run it (services/acl.py), and each
+#: refusal would be noise in ACL LOG; redis-py < 7.1 turns it off through lib_name/lib_version
+_NO_CLIENT_INFO: dict[str, Any] = (
+    {"driver_info": None}
+    if importlib.util.find_spec("redis.driver_info") is not None
+    else {"lib_name": None, "lib_version": None}
+)
 
 #: errors after which a command may be repeated on a new connection
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
@@ -42,6 +51,7 @@ def connect(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
         socket_connect_timeout=settings.connect_timeout_s,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=30,
+        **_NO_CLIENT_INFO,
     )
 
 

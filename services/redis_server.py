@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -46,10 +47,18 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server child process with AOF (appendfsync always) in `directory`."""
 
-    def __init__(self, directory: Path, port: int | None = None, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.binary = binary or find_redis_server()
+        #: more redis-server options, e.g. ("--aclfile", path) for the least-privilege users
+        self.extra_args = tuple(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -76,6 +85,7 @@ class RedisServer:
                 "",
                 "--maxmemory-policy",
                 "noeviction",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -84,7 +94,10 @@ class RedisServer:
         self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
-        """Poll until the server answers PING (it replays its AOF before it does)."""
+        """Poll until the server answers PING (it replays its AOF before it does).
+
+        Unauthenticated: with an ACL file the default user must keep +ping (services/acl.py).
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:

@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
+from services.acl import DEFAULT_USER_LINE, acl_file, users
 from services.aggregator.metrics import AggregatorMetrics
 from services.cli import build_parser
 from services.control.metrics import ControlMetrics
+from services.ingest.metrics import IngestMetrics
 from services.snapshot.app import SnapshotMetrics
-from shared.settings import Settings, setting_names
+from shared.settings import RedisSettings, Settings, setting_names
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -38,6 +40,10 @@ PYPROJECT: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())
 EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
 PROMETHEUS_FILE = ROOT / "docker" / "prometheus" / "prometheus.yml"
 GRAFANA = ROOT / "docker" / "grafana"
+ACL_TEMPLATE = ROOT / "docker" / "redis" / "users.acl"
+REDIS_ENTRYPOINT = ROOT / "docker" / "redis" / "entrypoint.sh"
+#: what the compose Redis reads; the entrypoint renders the template into it
+ACL_TARGET = "/usr/local/etc/redis/users.acl"
 
 # Series Prometheus makes itself for every target.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -284,11 +290,117 @@ def test_every_fedasync_name_in_the_compose_file_is_a_setting() -> None:
     assert named <= setting_names(), sorted(named - setting_names())
 
 
-def test_every_fedasync_service_talks_to_the_compose_redis() -> None:
+def acl_users() -> dict[str, str]:
+    """User → its password token, as the ACL template in the repository declares them."""
+    out = {}
+    for line in ACL_TEMPLATE.read_text().splitlines():
+        words = line.split()
+        assert words[:1] == ["user"], line
+        assert words[2] == "on", line
+        out[words[1]] = words[3]
+    return out
+
+
+def test_every_fedasync_service_talks_to_the_compose_redis_as_a_user_of_the_acl_file() -> None:
+    declared = acl_users()
+    redis_env = environment("redis")
+    seen = set()
     for name in SERVICES:
-        if ours(name):
-            assert environment(name)["FEDASYNC_REDIS__URL"] == "redis://redis:6379/0", name
-            assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+        if not ours(name):
+            continue
+        url = environment(name)["FEDASYNC_REDIS__URL"]
+        match = re.fullmatch(r"redis://(\w+):\$\{(REDIS_PASSWORD_\w+)\}@redis:6379/0", url)
+        assert match is not None, f"{name}: {url}"
+        user, variable = match.groups()
+        assert user in declared, f"{name}: no user {user} in users.acl"
+        assert user != "default", name
+        assert declared[user] == "${" + variable + "}", f"{name}: {variable} is not {user}'s"
+        # the Redis container gets the same variable, required, to render the ACL file
+        assert redis_env[variable].startswith("${" + variable + ":?"), variable
+        assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+        seen.add(user)
+    assert seen == {"aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"}
+    assert "FEDASYNC_REDIS__URL" not in COMPOSE["x-fedasync-env"]  # no user by default
+
+
+def test_the_acl_file_in_the_repository_is_what_the_generator_makes() -> None:
+    # the compose services keep the default key prefix, which the file was generated for
+    assert all("FEDASYNC_REDIS__KEY_PREFIX" not in environment(n) for n in SERVICES)
+    expected = acl_file(RedisSettings().key_prefix)
+    assert ACL_TEMPLATE.read_text() == expected, "run: fedasync acl > docker/redis/users.acl"
+    assert ACL_TEMPLATE.read_text().splitlines()[0] == DEFAULT_USER_LINE
+
+
+def test_redis_renders_the_acl_template_and_loads_the_result() -> None:
+    redis = SERVICES["redis"]
+    assert argv(redis)[:2] == ["sh", "/usr/local/etc/redis/entrypoint.sh"]
+    command = redis["command"]
+    assert command[0] == "redis-server"
+    assert command[command.index("--aclfile") + 1] == ACL_TARGET
+    mounts = bind_mounts("redis")
+    assert mounts[ACL_TARGET + ".template"] == ACL_TEMPLATE
+    assert mounts["/usr/local/etc/redis/entrypoint.sh"] == REDIS_ENTRYPOINT
+    # the healthcheck has no password: the default user may PING and nothing else
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+
+def render_acl(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the Redis entrypoint with a stand-in for the image's own entrypoint."""
+    stub = tmp_path / "docker-entrypoint.sh"
+    stub.write_text('#!/bin/sh\necho "started: $*"\n')
+    stub.chmod(0o755)
+    base = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "ACL_TEMPLATE": str(ACL_TEMPLATE),
+        "ACL_FILE": str(tmp_path / "users.acl"),
+    }
+    return subprocess.run(
+        ["sh", str(REDIS_ENTRYPOINT), "redis-server", "--aclfile", str(tmp_path / "users.acl")],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_redis_entrypoint_fills_in_each_password_from_the_environment(tmp_path: Path) -> None:
+    passwords = {
+        u.name: f"{u.name}-Pw.~_{i:02d}-0123456789" for i, u in enumerate(users("fedasync"))
+    }
+    env = {u.password_variable: passwords[u.name] for u in users("fedasync")}
+    result = render_acl(tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"started: redis-server --aclfile {tmp_path / 'users.acl'}\n"
+    assert (tmp_path / "users.acl").read_text() == acl_file("fedasync", passwords)
+    assert (tmp_path / "users.acl").stat().st_mode & 0o077 == 0  # passwords: owner only
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        (None, "REDIS_PASSWORD_WORKER is not set"),
+        ("", "REDIS_PASSWORD_WORKER is not set"),
+        ("short-pw", "REDIS_PASSWORD_WORKER: 16 characters or more"),
+        ("with space 0123456789", "REDIS_PASSWORD_WORKER: use only"),
+        ("p@ss:word/0123456789", "REDIS_PASSWORD_WORKER: use only"),  # would break the URL
+    ],
+)
+def test_redis_entrypoint_refuses_to_start_without_a_usable_password(
+    tmp_path: Path, value: str | None, complaint: str
+) -> None:
+    env = {u.password_variable: f"{u.name}-password-0123456789" for u in users("fedasync")}
+    if value is None:
+        del env["REDIS_PASSWORD_WORKER"]
+    else:
+        env["REDIS_PASSWORD_WORKER"] = value
+    result = render_acl(tmp_path, env)
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+    assert "started" not in result.stdout  # Redis is never started
+    assert not (tmp_path / "users.acl").exists()
+    assert not (tmp_path / "users.acl.tmp").exists()
 
 
 def test_control_token_comes_from_the_shell_and_is_required() -> None:
@@ -297,7 +409,7 @@ def test_control_token_comes_from_the_shell_and_is_required() -> None:
 
 
 def test_http_services_bind_all_interfaces_and_publish_their_configured_port() -> None:
-    assert set(http_services()) == {"aggregator", "snapshot", "control", "evaluator"}
+    assert set(http_services()) == {"aggregator", "snapshot", "control", "evaluator", "ingest"}
     for name in http_services():
         section = section_of(name)
         assert section is not None
@@ -324,7 +436,7 @@ def test_urls_between_services_name_real_services_and_ports() -> None:
     checked = 0
     for name in SERVICES:
         for variable, value in environment(name).items():
-            match = re.fullmatch(r"(\w+)://([\w.-]+):(\d+)(/.*)?", value)
+            match = re.fullmatch(r"(\w+)://(?:[^@/]+@)?([\w.-]+):(\d+)(/.*)?", value)
             if not match or not variable.startswith("FEDASYNC_"):
                 continue
             scheme, host, port = match.group(1), match.group(2), int(match.group(3))
@@ -567,10 +679,11 @@ def test_metric_definitions_parse_as_the_registries_export_them() -> None:
     # The panel check below reads metric names from the source; the three registries that can be
     # built without Redis show the parser reads them exactly.
     built: dict[str, str] = {}
-    for metrics in (AggregatorMetrics(), SnapshotMetrics(), ControlMetrics()):
+    for metrics in (AggregatorMetrics(), SnapshotMetrics(), ControlMetrics(), IngestMetrics()):
         built |= registry_families(metrics.registry)
     parsed: dict[str, str] = {}
-    for file in ("aggregator/metrics.py", "snapshot/app.py", "control/metrics.py"):
+    files = ("aggregator/metrics.py", "snapshot/app.py", "control/metrics.py", "ingest/metrics.py")
+    for file in files:
         parsed |= defined_families(ROOT / "services" / file)
     assert parsed == built
     assert len(built) >= 20
@@ -613,6 +726,8 @@ def test_grafana_dashboard_shows_what_operators_watch() -> None:
         "fedasync_aggregator_model_version",
         "fedasync_evaluator_accuracy",
         "fedasync_snapshot_requests_total",
+        "fedasync_ingest_accepted_total",
+        "fedasync_ingest_refusals_total",
     ):
         assert needed in queried, needed
     kinds = {panel["type"] for _, panel in dashboard_panels()}

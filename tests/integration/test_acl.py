@@ -1,0 +1,379 @@
+"""The services under their least-privilege Redis users (services/acl.py), and what each is refused.
+
+A private redis-server loads the generated ACL file for the default prefix (as compose does). The
+real aggregator, snapshot, control, evaluator and ingest services then each connect as their own
+user, devices publish through ingest (signed) and straight to the stream as the worker user, and
+training must work end to end with not one refusal in Redis's ACL log. The other tests connect as
+each user and assert the NOPERM errors for what that user must not do.
+
+A test-only `observer` user (all rights, appended to the generated file) only watches: it blocks
+on streams instead of polling, and reads what an ACL cannot hide from it. No service uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from pydantic import SecretStr
+from redis.exceptions import NoPermissionError, ResponseError
+
+from services import evaluations
+from services.acl import acl_file, users
+from services.aggregator.commit import Batch, Committer
+from services.aggregator.service import run as run_aggregator
+from services.control.service import run as run_control
+from services.device_keys import add_device, list_devices
+from services.evaluator.service import run as run_evaluator
+from services.ingest.service import run as run_ingest
+from services.keys import AGGREGATOR_GROUP, Keys
+from services.ledger import verify
+from services.redis_conn import connect
+from services.redis_server import RedisServer
+from services.snapshot.service import run as run_snapshot
+from services.worker.service import run as run_worker
+from shared.settings import RedisSettings, Settings, load_settings
+from tests.integration.helpers import ledger, wait_for_ledger
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+T = TypeVar("T")
+
+PREFIX = "fedasync"  # the default, as in docker/redis/users.acl
+KEYS = Keys(PREFIX)
+PASSWORDS = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
+OBSERVER = "observer"
+OBSERVER_LINE = f"user {OBSERVER} on >observer-test-password-0 ~* &* +@all\n"
+TOKEN = "acl-test-control-token-0123456789"
+RUNS = 5  # updates each device publishes
+
+# Redis 7.0 and 7.2+ word the refusals differently; each pattern accepts both wordings.
+KEY_REFUSED = (
+    r"this user has no permissions to access one of the keys used as arguments"
+    r"|No permissions to access a key"
+)
+CHANNEL_REFUSED = (
+    r"this user has no permissions to access one of the channels used as arguments"
+    r"|No permissions to access a channel"
+)
+
+
+def command_refused(command: str) -> str:
+    return rf"(this user|User \w+) has no permissions to run the '{re.escape(command)}' command"
+
+
+def script_refused() -> str:
+    """A command inside a script, refused: the caller's rights apply to what the script runs."""
+    return (
+        r"(The user executing the script can't (run this command or subcommand"
+        r"|access at least one of the keys mentioned in the command arguments)"
+        r"|ACL failure in script).*"
+    )
+
+
+# ------------------------------------------------------------------------------------ fixtures
+@pytest.fixture
+def acl_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server per test, started with the generated ACL file (plus the observer)."""
+    path = tmp_path / "users.acl"
+    path.write_text(acl_file(PREFIX, PASSWORDS) + OBSERVER_LINE)
+    server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(path)))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def url_of(server: RedisServer, user: str) -> str:
+    password = PASSWORDS.get(user, "observer-test-password-0")
+    return f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
+
+
+def client_of(server: RedisServer, user: str) -> aioredis.Redis:
+    return connect(RedisSettings(url=url_of(server, user), socket_timeout_s=5.0))
+
+
+@pytest_asyncio.fixture
+async def clients(acl_server: RedisServer) -> AsyncIterator[dict[str, aioredis.Redis]]:
+    """One client per generated user, the observer, and `default` (no credentials)."""
+    out = {name: client_of(acl_server, name) for name in [*PASSWORDS, OBSERVER]}
+    out["default"] = connect(RedisSettings(url=acl_server.url, socket_timeout_s=5.0))
+    try:
+        yield out
+    finally:
+        for client in out.values():
+            await client.aclose()
+
+
+def settings_as(server: RedisServer, user: str, **sections: dict[str, Any]) -> Settings:
+    base: dict[str, dict[str, Any]] = {
+        "redis": {"url": url_of(server, user), "key_prefix": PREFIX, "socket_timeout_s": 5.0},
+        "task": {"name": "linear", "num_devices": 2},
+        "aggregator": {"batch_ms": 20, "block_ms": 100, "port": 0},
+        "budget": {"max_updates": 1000},
+    }
+    return load_settings(**(base | sections))
+
+
+async def while_serving(services: list[asyncio.Task[Any]], awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`, failing at once (with its error) if a service stops meanwhile."""
+    main = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait([main, *services], timeout=120, return_when="FIRST_COMPLETED")
+    if main in done:
+        return main.result()
+    main.cancel()
+    for task in done:
+        task.result()  # a service's error, e.g. a refusal
+    raise AssertionError("a service stopped early" if done else "nothing happened in 120 s")
+
+
+# --------------------------------------------------------------------------------- end to end
+async def test_every_service_runs_as_its_own_user_and_training_works(
+    acl_server: RedisServer, clients: dict[str, aioredis.Redis]
+) -> None:
+    admin, observer = clients["admin"], clients[OBSERVER]
+    device_key = await add_device(admin, KEYS, "device-0")  # `fedasync devices add`, as admin
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    ports: dict[str, asyncio.Future[int]] = {
+        n: loop.create_future() for n in ("snapshot", "control", "evaluator", "ingest")
+    }
+    aggregator = asyncio.create_task(
+        run_aggregator(
+            settings_as(acl_server, "aggregator"), handle_signals=False, stopping=stopping
+        )
+    )
+    services = [
+        run_snapshot(
+            settings_as(acl_server, "snapshot", snapshot={"port": 0}),
+            handle_signals=False,
+            stopping=stopping,
+            started=ports["snapshot"],
+        ),
+        run_control(
+            settings_as(acl_server, "control", control={"port": 0, "token": TOKEN}),
+            handle_signals=False,
+            stopping=stopping,
+            started=ports["control"],
+        ),
+        run_ingest(
+            settings_as(acl_server, "ingest", ingest={"port": 0}),
+            handle_signals=False,
+            stopping=stopping,
+            started=ports["ingest"],
+        ),
+    ]
+    tasks = [aggregator, *(asyncio.create_task(s) for s in services)]
+    snapshot_url = f"http://127.0.0.1:{await ports['snapshot']}"
+    tasks.append(
+        asyncio.create_task(
+            run_evaluator(
+                settings_as(
+                    acl_server,
+                    "evaluator",
+                    evaluator={"port": 0, "snapshot_url": snapshot_url, "wait_s": 1.0},
+                ),
+                handle_signals=False,
+                stopping=stopping,
+                started=ports["evaluator"],
+            )
+        )
+    )
+    ingest_url = f"http://127.0.0.1:{await ports['ingest']}"
+    worker = {"profile": "none", "snapshot_url": snapshot_url, "max_runs": RUNS}
+    devices = [
+        # a device on the internet: signed, over HTTP, no Redis credentials at all
+        settings_as(
+            acl_server,
+            "worker",
+            worker=worker
+            | {"device_index": 0, "ingest_url": ingest_url, "key": SecretStr(device_key)},
+        ),
+        # a device on the trusted network: straight to the stream as the worker user
+        settings_as(acl_server, "worker", worker=worker | {"device_index": 1}),
+    ]
+    try:
+        results = await while_serving(
+            tasks, asyncio.gather(*(run_worker(d, handle_signals=False) for d in devices))
+        )
+        await while_serving(tasks, wait_for_ledger(observer, KEYS, "0-0", 2 * RUNS))
+        version = int(await observer.get(KEYS.version) or 0)
+        # the evaluator scores the final version (it may skip intermediate ones)
+        record = None
+        after = "0-0"
+        while record is None or record.version < version:
+            reply: Any = await while_serving(
+                tasks, observer.xread({KEYS.evaluations: after}, block=20_000)
+            )
+            assert reply, "no evaluation within 20 s"
+            after = reply[0][1][-1][0].decode()
+            record = evaluations.EvaluationRecord.from_json(reply[0][1][-1][1][b"e"])
+        control_url = f"http://127.0.0.1:{await ports['control']}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{control_url}/v1/status") as response:
+                assert response.status == 200
+                status = await response.json()
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            body = {"changes": {"alpha0": 0.5}, "why": "acl test"}
+            async with session.patch(f"{control_url}/v1/policy", json=body, headers=auth) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["policy"]["alpha0"] == 0.5
+    finally:
+        stopping.set()
+        outcome, *_ = await asyncio.gather(*tasks)
+
+    assert [r.published for r in results] == [RUNS, RUNS]
+    assert [r.refused for r in results] == [0, 0]
+    decisions = await ledger(admin, KEYS)  # `fedasync ledger export`, as admin
+    assert Counter(d["client_id"] for d in decisions) == {"device-0": RUNS, "device-1": RUNS}
+    applied = sum(d["outcome"] == "applied" for d in decisions)
+    assert version == outcome.version == applied >= 1
+    assert record.version == version
+    assert status["version"] == version
+    assert status["decisions"] == 2 * RUNS
+    assert status["evaluation"] is not None
+    report = await verify(admin, KEYS, 1 << 24)  # `fedasync ledger verify`, as admin
+    assert report.ok, report.describe()
+    assert await list_devices(admin, KEYS) == {"device-0": "active"}
+    # not one command of any service was refused
+    assert await admin.acl_log() == []
+
+
+async def test_redis_refuses_to_start_on_the_unrendered_template(tmp_path: Path) -> None:
+    """A `${REDIS_PASSWORD_<USER>}` token is no ACL rule: a template never runs with a known
+    password (docker/redis/users.acl is loaded only once docker/redis/entrypoint.sh filled it)."""
+    template = Path(__file__).resolve().parents[2] / "docker" / "redis" / "users.acl"
+    server = RedisServer(tmp_path, extra_args=("--aclfile", str(template)))
+    with pytest.raises(RuntimeError, match="redis-server exited"):
+        server.start()
+    assert "ACL" in (tmp_path / "redis.log").read_text()
+
+
+# ------------------------------------------------------------------------------------ refusals
+# (user, command, pattern of the refusal): each user can do none of these.
+STATE, UPDATES, DEVICE_KEYS = KEYS.state, KEYS.updates, KEYS.device_keys
+REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
+    # ingest: adds entries through its script; cannot trim, delete, read or overwrite
+    ("ingest", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
+    ("ingest", ("DEL", UPDATES), command_refused("del")),
+    ("ingest", ("XRANGE", UPDATES, "-", "+"), command_refused("xrange")),
+    ("ingest", ("SET", UPDATES, "x"), KEY_REFUSED),  # SET only on its markers
+    ("ingest", ("GET", STATE), KEY_REFUSED),
+    ("ingest", ("HSET", DEVICE_KEYS, "d", "k"), command_refused("hset")),
+    ("ingest", ("HGETALL", DEVICE_KEYS), command_refused("hgetall")),
+    # snapshot: reads models; writes nothing, not even a version announcement
+    ("snapshot", ("SET", KEYS.version, "99"), command_refused("set")),
+    ("snapshot", ("DEL", KEYS.model(0)), command_refused("del")),
+    ("snapshot", ("XADD", UPDATES, "*", "m", "x"), command_refused("xadd")),
+    ("snapshot", ("PUBLISH", KEYS.versions_channel, "99"), command_refused("publish")),
+    ("snapshot", ("GET", STATE), KEY_REFUSED),
+    # worker: appends to the stream; cannot trim, delete, read it, or touch the group
+    ("worker", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
+    ("worker", ("XDEL", UPDATES, "1-1"), command_refused("xdel")),
+    ("worker", ("XGROUP", "DESTROY", UPDATES, AGGREGATOR_GROUP), command_refused("xgroup|destroy")),
+    ("worker", ("XRANGE", UPDATES, "-", "+"), command_refused("xrange")),
+    ("worker", ("GET", STATE), command_refused("get")),
+    ("worker", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
+    # evaluator: its own stream only
+    ("evaluator", ("XADD", UPDATES, "*", "m", "x"), KEY_REFUSED),
+    ("evaluator", ("XREVRANGE", UPDATES, "+", "-"), KEY_REFUSED),
+    ("evaluator", ("XLEN", UPDATES), command_refused("xlen")),
+    ("evaluator", ("GET", STATE), command_refused("get")),
+    # control: backlog figures of the stream, never its payloads; never state or keys
+    ("control", ("XRANGE", UPDATES, "-", "+"), KEY_REFUSED),
+    ("control", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
+    ("control", ("SET", STATE, "x"), KEY_REFUSED),
+    ("control", ("HGET", DEVICE_KEYS, "d"), KEY_REFUSED),
+    # admin: writes device keys but never reads one back; audits read-only
+    ("admin", ("HGET", DEVICE_KEYS, "d"), KEY_REFUSED),
+    ("admin", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
+    ("admin", ("SET", STATE, "x"), command_refused("set")),
+    ("admin", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
+    # aggregator: cannot read device keys in full, nor change them
+    ("aggregator", ("HGETALL", DEVICE_KEYS), command_refused("hgetall")),
+    ("aggregator", ("HSET", DEVICE_KEYS, "d", "k"), KEY_REFUSED),
+    # default (no credentials): PING only
+    ("default", ("GET", STATE), command_refused("get")),
+    ("default", ("XADD", UPDATES, "*", "m", "x"), command_refused("xadd")),
+    ("default", ("FLUSHALL",), command_refused("flushall")),
+    ("default", ("ACL", "SETUSER", "default", "+@all"), command_refused("acl|setuser")),
+]
+
+
+@pytest.mark.parametrize(
+    ("user", "command", "refusal"),
+    REFUSALS,
+    ids=[f"{u}-{' '.join(str(a) for a in c[:2])}" for u, c, _ in REFUSALS],
+)
+async def test_user_is_refused(
+    clients: dict[str, aioredis.Redis], user: str, command: tuple[Any, ...], refusal: str
+) -> None:
+    with pytest.raises(NoPermissionError) as refused:
+        await clients[user].execute_command(*command)
+    assert re.fullmatch(refusal, str(refused.value)), str(refused.value)
+
+
+async def test_only_the_aggregator_can_run_the_commit_script(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    def committer(user: str) -> Committer:
+        return Committer(clients[user], KEYS, epoch=1, seq=0, keep_versions=2, attempts=0)
+
+    for user in ("snapshot", "evaluator", "worker", "admin", "default"):
+        with pytest.raises(NoPermissionError) as refused:
+            await committer(user).commit(Batch(b"s", 0, b""), now=1.0)
+        assert re.fullmatch(command_refused("evalsha"), str(refused.value)), user
+    for user in ("control", "ingest"):  # they run scripts of their own, on their own keys
+        with pytest.raises(NoPermissionError) as refused:
+            await committer(user).commit(Batch(b"s", 0, b""), now=1.0)
+        assert re.fullmatch(KEY_REFUSED, str(refused.value)), user
+    await clients["aggregator"].incr(KEYS.epoch)  # what a starting aggregator does first
+    await committer("aggregator").commit(Batch(b"s", 0, b""), now=1.0)
+    assert await clients[OBSERVER].get(STATE) == b"s"
+
+
+async def test_a_script_runs_with_its_callers_rights(clients: dict[str, aioredis.Redis]) -> None:
+    # ingest may load and run scripts, and SET its markers: a script that SETs the state without
+    # declaring it is still refused, command by command, inside the script
+    script = clients["ingest"].register_script("return redis.call('SET', ARGV[1], 'x')")
+    with pytest.raises(ResponseError) as refused:
+        await script(keys=[], args=[STATE])
+    assert re.fullmatch(script_refused(), str(refused.value)), str(refused.value)
+    assert await clients[OBSERVER].exists(STATE) == 0
+
+
+async def test_a_user_with_xadd_can_still_trim_through_maxlen(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    """What an ACL cannot do: XADD is one command, MAXLEN one of its options. Whoever may append
+    to the stream may trim it; that is why devices on the internet go through ingest."""
+    worker, observer = clients["worker"], clients[OBSERVER]
+    for _ in range(3):
+        await worker.xadd(UPDATES, {"m": b"x"})
+    await worker.xadd(UPDATES, {"m": b"x"}, maxlen=1, approximate=False)
+    assert await observer.xlen(UPDATES) == 1
+
+
+async def test_only_the_aggregator_publishes_and_only_the_snapshot_listens(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    channel = KEYS.versions_channel
+    for user in ("worker", "evaluator", "control", "ingest", "admin"):
+        with pytest.raises(NoPermissionError) as refused:
+            await clients[user].execute_command("SUBSCRIBE", channel)
+        assert re.fullmatch(command_refused("subscribe"), str(refused.value)), user
+    with pytest.raises(NoPermissionError) as refused:
+        await clients["snapshot"].execute_command("SUBSCRIBE", f"{channel}-other")
+    assert re.fullmatch(CHANNEL_REFUSED, str(refused.value)), str(refused.value)
+    with pytest.raises(NoPermissionError) as refused:
+        await clients["aggregator"].publish(f"{channel}-other", b"1")
+    assert re.fullmatch(CHANNEL_REFUSED, str(refused.value)), str(refused.value)
+    assert await clients["aggregator"].publish(channel, b"1") == 0  # allowed; nobody listens

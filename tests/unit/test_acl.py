@@ -1,0 +1,86 @@
+"""The ACL generator and `fedasync acl`: one rule set per user, placeholders or real passwords.
+
+Whether Redis accepts the rules, and what they allow and refuse, is shown against a real server in
+tests/integration/test_acl.py; here, what the generator writes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from services.acl import PASSWORD_RE, acl_file, acl_rules, users
+from services.cli import main
+
+USERS = ["aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"]
+
+
+def test_every_user_starts_from_nothing_and_names_only_keys_under_its_prefix() -> None:
+    rules = acl_rules("p")
+    assert list(rules) == USERS
+    for name, rule in rules.items():
+        words = rule.split()
+        assert words[0] == "resetchannels", name
+        assert "-@all" in words, name
+        assert "+@all" not in words, name
+        patterns = [w.split("~", 1)[1].rstrip(")") for w in words if "~" in w]
+        assert patterns, name
+        assert all(p.startswith("{p}:") for p in patterns), name
+        channels = [w[1:] for w in words if w.startswith("&")]
+        assert channels in ([], ["{p}:versions"]), name
+
+
+def test_only_the_aggregator_may_publish_and_only_it_and_snapshot_have_a_channel() -> None:
+    rules = acl_rules("p")
+    assert [n for n, r in rules.items() if "+publish" in r.split()] == ["aggregator"]
+    assert [n for n, r in rules.items() if "&" in r] == ["aggregator", "snapshot"]
+
+
+def test_glob_characters_of_the_prefix_are_matched_literally() -> None:
+    assert "~{a\\*b\\[1\\]}:state" in acl_rules("a*b[1]")["aggregator"].split()
+
+
+@pytest.mark.parametrize("prefix", ["", "two words", "tab\there", "new\nline"])
+def test_a_prefix_that_cannot_be_written_into_a_rule_is_refused(prefix: str) -> None:
+    with pytest.raises(ValueError, match="cannot be written"):
+        acl_rules(prefix)
+
+
+def test_the_file_has_placeholders_or_the_passwords_given() -> None:
+    lines = acl_file("p").splitlines()
+    assert lines[0] == "user default on nopass resetchannels -@all +ping"
+    assert [line.split()[3] for line in lines[1:]] == [
+        "${REDIS_PASSWORD_" + name.upper() + "}" for name in USERS
+    ]
+    passwords = {name: f"{name}-password-0123" for name in USERS}
+    filled = acl_file("p", passwords).splitlines()
+    assert [line.split()[3] for line in filled[1:]] == [">" + passwords[n] for n in USERS]
+    with pytest.raises(ValueError, match="password of Redis user worker"):
+        acl_file("p", passwords | {"worker": "has@at-0123456789"})
+
+
+def test_cli_prints_the_file_for_a_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["acl", "--prefix", "q"]) == 0
+    assert capsys.readouterr().out == acl_file("q")
+
+
+def test_cli_takes_passwords_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for user in users("q"):
+        monkeypatch.setenv(user.password_variable, f"{user.name}-from-env-0123")
+    assert main(["acl", "--prefix", "q", "--passwords-from-env"]) == 0
+    expected = {name: f"{name}-from-env-0123" for name in USERS}
+    assert capsys.readouterr().out == acl_file("q", expected)
+    monkeypatch.delenv("REDIS_PASSWORD_ADMIN")
+    assert main(["acl", "--prefix", "q", "--passwords-from-env"]) == 2
+    assert "REDIS_PASSWORD_ADMIN is not set" in capsys.readouterr().err
+
+
+def test_cli_makes_new_passwords_for_an_env_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["acl", "--prefix", "q", "--new-passwords"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split("=", 1)[0] for line in lines]
+    values = [line.split("=", 1)[1] for line in lines]
+    assert names == ["REDIS_PASSWORD_" + name.upper() for name in USERS]
+    assert all(PASSWORD_RE.fullmatch(v) for v in values)
+    assert len(set(values)) == len(values)
