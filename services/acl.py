@@ -172,11 +172,13 @@ def users(prefix: str) -> tuple[User, ...]:
         ),
         User(
             "ingest",
-            "adds authenticated updates once (its script), reads device keys",
+            "adds authenticated updates once (its script), reads device keys and the policy "
+            "(pause-ingest)",
             Grant(ping),
             (
                 Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates)),
                 Grant(("get", "set"), keys=(k.ingested("*"),)),
+                Grant(("get",), read=(k.policy,)),
                 Grant(("xadd",), write=(k.updates,)),
                 device_keys,
             ),
