@@ -209,6 +209,11 @@ def run_up(args: argparse.Namespace) -> int:
                 device_keys = asyncio.run(_provision(settings)) if args.secure else {}
                 for spec in worker_specs(settings, ports, device_keys):
                     supervisor.start(spec)
+                console.print(
+                    f"  {'workers':<11} {settings.task.num_devices} device processes started; "
+                    "Ctrl-C stops everything",
+                    highlight=False,
+                )
                 live = not args.no_live and console.is_terminal
                 ended_by = _watch(monitor, console, live, started)
             except KeyboardInterrupt:
