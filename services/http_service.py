@@ -1,17 +1,22 @@
-"""Run an aiohttp app as a service: bind, serve until stopped, clean up; one shape for all."""
+"""Run an aiohttp app as a service: bind, serve until stopped, clean up; one shape for all.
+
+Also the health answers every HTTP service gives (`/livez`, and `/readyz` built on a Redis PING),
+so a load balancer or a compose healthcheck reads them the same way everywhere.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from services.lifecycle import stop_on_signals
-from services.redis_conn import connect
-from shared.settings import RedisSettings
+from services.redis_conn import TRANSIENT, connect
+from shared.settings import RedisSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +50,62 @@ async def serve(
         await runner.cleanup()
         if redis is None:
             await client.aclose()
+
+
+class ServiceRun(Protocol):
+    """A service's `run`: serve until stopped (tests pass a client, an event, a port future)."""
+
+    async def __call__(
+        self,
+        settings: Settings,
+        *,
+        redis: aioredis.Redis | None = None,
+        handle_signals: bool = True,
+        stopping: asyncio.Event | None = None,
+        started: asyncio.Future[int] | None = None,
+    ) -> None: ...
+
+
+def http_service(
+    name: str,
+    create_app: Callable[[Settings, aioredis.Redis], web.Application],
+    address: Callable[[Settings], tuple[str, int]],
+) -> ServiceRun:
+    """The `run` of a service that is one aiohttp app at the (host, port) its settings name."""
+
+    async def run(
+        settings: Settings,
+        *,
+        redis: aioredis.Redis | None = None,
+        handle_signals: bool = True,
+        stopping: asyncio.Event | None = None,
+        started: asyncio.Future[int] | None = None,
+    ) -> None:
+        host, port = address(settings)
+        await serve(
+            name,
+            lambda client: create_app(settings, client),
+            settings.redis,
+            host,
+            port,
+            redis=redis,
+            handle_signals=handle_signals,
+            stopping=stopping,
+            started=started,
+        )
+
+    return run
+
+
+async def livez(request: web.Request) -> web.Response:
+    """Alive: the process answers (nothing else is checked)."""
+    return web.json_response({"status": "alive"})
+
+
+async def redis_readiness(redis: aioredis.Redis, **ready: Any) -> web.Response:
+    """503 while Redis does not answer a PING; else 200 with `ready` in the body."""
+    try:
+        await redis.ping()
+    except TRANSIENT as exc:
+        return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
+    return web.json_response({"status": "ready", **ready})

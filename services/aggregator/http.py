@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.aggregator.metrics import AggregatorMetrics
+from services.http_service import livez
 from services.prometheus import metrics_response
 
 METRICS = web.AppKey("metrics", AggregatorMetrics)
@@ -15,9 +16,6 @@ def create_app(metrics: AggregatorMetrics, ready: list[bool]) -> web.Application
     app = web.Application()
     app[METRICS] = metrics
     app[READY] = ready
-
-    async def livez(request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
 
     async def readyz(request: web.Request) -> web.Response:
         if not request.app[READY][0]:

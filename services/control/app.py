@@ -26,11 +26,12 @@ from services.control.openapi import spec
 from services.control.rules_runner import RuleRunner
 from services.control.switchboard import AlreadyInState, set_switch
 from services.control.window import LedgerWindow
+from services.http_service import livez, redis_readiness
 from services.keys import Keys
 from services.lifecycle import cancel_tasks
 from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.prometheus import metrics_response
-from services.redis_conn import TRANSIENT, get_bytes
+from services.redis_conn import get_bytes
 from shared.params import POLICY_RANGES, ParamError
 from shared.settings import Settings
 from shared.switches import SWITCHES
@@ -215,17 +216,9 @@ async def evaluation_curve(request: web.Request) -> web.Response:
     return web.json_response([asdict(r) for r in records])
 
 
-async def livez(request: web.Request) -> web.Response:
-    return web.json_response({"status": "alive"})
-
-
 async def readyz(request: web.Request) -> web.Response:
     """Ready once Redis answers: everything the service shows comes from there."""
-    try:
-        await request.app[REDIS].ping()
-    except TRANSIENT as exc:
-        return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
-    return web.json_response({"status": "ready"})
+    return await redis_readiness(request.app[REDIS])
 
 
 async def openapi(request: web.Request) -> web.Response:

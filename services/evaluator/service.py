@@ -25,7 +25,7 @@ from learning.tasks import get_task
 from services import evaluations
 from services.evaluations import EvaluationRecord
 from services.evaluator.metrics import EvaluatorMetrics
-from services.http_service import serve
+from services.http_service import http_service, livez, redis_readiness
 from services.keys import Keys
 from services.lifecycle import cancel_tasks
 from services.prometheus import metrics_response
@@ -126,16 +126,9 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     app[METRICS] = metrics
     app[FOLLOWER] = follower
 
-    async def livez(request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
-
     async def readyz(request: web.Request) -> web.Response:
         """Ready once Redis answers; `evaluated` says how far it got."""
-        try:
-            await redis.ping()
-        except TRANSIENT as exc:
-            return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
-        return web.json_response({"status": "ready", "evaluated": follower.evaluated})
+        return await redis_readiness(redis, evaluated=follower.evaluated)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
         return metrics_response(metrics.registry)
@@ -160,23 +153,4 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     return app
 
 
-async def run(
-    settings: Settings,
-    *,
-    redis: aioredis.Redis | None = None,
-    handle_signals: bool = True,
-    stopping: asyncio.Event | None = None,
-    started: asyncio.Future[int] | None = None,
-) -> None:
-    """Serve /livez, /readyz, /metrics and follow versions until `stopping` is set."""
-    await serve(
-        "evaluator",
-        lambda client: create_app(settings, client),
-        settings.redis,
-        settings.evaluator.host,
-        settings.evaluator.port,
-        redis=redis,
-        handle_signals=handle_signals,
-        stopping=stopping,
-        started=started,
-    )
+run = http_service("evaluator", create_app, lambda s: (s.evaluator.host, s.evaluator.port))

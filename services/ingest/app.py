@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from services.device_keys import KeyCache
+from services.http_service import livez, redis_readiness
 from services.ingest.metrics import IngestMetrics
 from services.ingest.protocol import (
     CLIENT_HEADER,
@@ -248,15 +249,8 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
 
-    async def livez(request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
-
     async def readyz(request: web.Request) -> web.Response:
-        try:
-            await redis.ping()
-        except TRANSIENT as exc:
-            return web.json_response({"status": "unavailable", "reason": str(exc)}, status=503)
-        return web.json_response({"status": "ready"})
+        return await redis_readiness(redis)
 
     async def metrics(request: web.Request) -> web.Response:
         return metrics_response(ingest.metrics.registry)

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from services.http_service import livez, redis_readiness
 from services.keys import Keys
 from services.lifecycle import cancel_tasks
 from services.prometheus import metrics_response
@@ -173,20 +174,12 @@ async def _lookup(request: web.Request) -> Served | None:
     return served
 
 
-async def livez(request: web.Request) -> web.Response:
-    return web.json_response({"status": "alive"})
-
-
 async def readyz(request: web.Request) -> web.Response:
     """Ready once a model is held in memory and Redis answers."""
     cache = request.app[CACHE]
-    try:
-        await request.app[REDIS].ping()
-    except TRANSIENT as exc:
-        return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
     if cache.latest is None:
         return web.json_response({"status": "no model yet"}, status=503)
-    return web.json_response({"status": "ready", "version": cache.latest.version})
+    return await redis_readiness(request.app[REDIS], version=cache.latest.version)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
