@@ -10,9 +10,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from services.supervisor import die_with_parent
 
 
 class RedisNotFound(RuntimeError):
@@ -89,6 +92,10 @@ class RedisServer:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            # its own session: a Ctrl-C at the terminal must not stop Redis before the report
+            # is read from it; and it dies with the process that started it, never left behind
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         log.close()
         self._wait_ready(timeout)

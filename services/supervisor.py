@@ -66,8 +66,12 @@ class Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGKILL this child when the parent dies; elsewhere a no-op."""
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGKILL this child when the parent dies; elsewhere a no-op.
+
+    The kernel's "parent" is the thread that started the child: start children from a thread
+    that lives as long as they should (the main thread, in every caller here).
+    """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -111,7 +115,7 @@ class Supervisor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         starts = previous.starts + 1 if previous is not None else 1
         child = Child(spec, process, log_path, starts=starts)

@@ -30,6 +30,7 @@ def clean_env() -> dict[str, str]:
 
 
 def up(out: Path, *options: str) -> subprocess.Popen[str]:
+    """`fedasync up` in a process group of its own, as a shell starts a foreground job."""
     return subprocess.Popen(
         [sys.executable, "-m", "services.up", "--no-live", "--out", str(out), *options],
         cwd=ROOT,
@@ -37,6 +38,7 @@ def up(out: Path, *options: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
 
 
@@ -101,7 +103,7 @@ def test_up_trains_to_its_budget_and_writes_the_run_folder(
     }
 
 
-def test_sigint_stops_every_child_and_a_killed_worker_is_reported(
+def test_ctrl_c_stops_every_child_writes_the_report_and_a_killed_worker_is_reported(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
     out = tmp_path / "run"
@@ -118,7 +120,7 @@ def test_sigint_stops_every_child_and_a_killed_worker_is_reported(
     while alive(worker):  # dead (a zombie until `up` reaps it) before the Ctrl-C
         time.sleep(0.01)
 
-    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 1, output  # interrupted, and a worker died
     assert not [p for p in pids if alive(p)], output
