@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
 from shared.params import POLICY_RANGES, ParamError
 from shared.policy import Mode, NormAction, Policy
+from shared.rules import RULE_NAMES
 from shared.staleness import Decay
 from shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -208,6 +209,23 @@ class ControlSettings(Section):
     disabled_rules: list[str] = Field(
         default_factory=list, description="rules not to run: update-rate, lag, drops, fairness"
     )
+
+    @field_validator("disabled_rules")
+    @classmethod
+    def _known_rules(cls, names: list[str]) -> list[str]:
+        unknown = sorted(set(names) - set(RULE_NAMES))
+        if unknown:
+            raise ValueError(f"unknown rules {unknown}; the rules are {list(RULE_NAMES)}")
+        return names
+
+    @model_validator(mode="after")
+    def _levels_in_order(self) -> ControlSettings:
+        """A rule turns on above its high level and off below its low one: low ≤ high."""
+        for name in ("rate", "lag"):
+            low, high = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if low > high:
+                raise ValueError(f"{name}_low ({low}) must not exceed {name}_high ({high})")
+        return self
 
 
 class EvaluatorSettings(Section):

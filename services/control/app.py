@@ -47,6 +47,17 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
+_NOT_JSON = object()
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The parsed body, or `_NOT_JSON` for anything that is not UTF-8 JSON (a 400, not a 500)."""
+    try:
+        return await request.json()
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+        return _NOT_JSON
+
+
 async def get_policy(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
@@ -61,10 +72,9 @@ async def patch_policy(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=True)
     if denied is not None:
         return denied
-    try:
-        body = await request.json()
-    except json.JSONDecodeError:
-        return _error(400, "the body must be JSON")
+    body = await _json_body(request)
+    if body is _NOT_JSON:
+        return _error(400, "the body must be JSON (UTF-8)")
     changes = body.get("changes") if isinstance(body, dict) else None
     why = body.get("why", "") if isinstance(body, dict) else ""
     if not isinstance(changes, dict) or not changes or not isinstance(why, str):
@@ -109,10 +119,9 @@ async def flip_switch(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in SWITCHES:
         return _error(404, f"unknown switch {name!r}", known=sorted(SWITCHES))
-    try:
-        body = await request.json()
-    except json.JSONDecodeError:
-        return _error(400, "the body must be JSON")
+    body = await _json_body(request)
+    if body is _NOT_JSON:
+        return _error(400, "the body must be JSON (UTF-8)")
     if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
         return _error(400, 'expected {"on": true|false, "reason": "..."}')
     reason = str(body.get("reason", ""))

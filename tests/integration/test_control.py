@@ -72,6 +72,10 @@ async def test_invalid_values_get_422_with_field_and_range(client: TestClient) -
     unknown = await client.patch("/v1/policy", json={"changes": {"alpha": 1}}, headers=AUTH)
     assert unknown.status == 422
     assert (await client.patch("/v1/policy", data=b"{", headers=AUTH)).status == 400
+    for path, method in (("/v1/policy", client.patch), ("/v1/switches/raise-gamma", client.post)):
+        not_utf8 = await method(path, data=b"\xff\xfe{}", headers=AUTH)
+        assert not_utf8.status == 400, path
+        assert "JSON" in (await not_utf8.json())["error"]
 
 
 async def test_writes_without_a_valid_token_are_refused(client: TestClient) -> None:

@@ -109,3 +109,20 @@ def test_settings_env_round_trips_through_the_environment(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert load_settings() == original
+
+
+@pytest.mark.parametrize(
+    ("control", "message"),
+    [
+        ({"rate_low": 300.0, "rate_high": 200.0}, "RATE_LOW"),
+        ({"lag_low": 2000.0}, "LAG_LOW"),
+        ({"disabled_rules": ["rate"]}, "unknown rules"),
+    ],
+)
+def test_rule_settings_that_could_never_work_are_refused(
+    control: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SettingsError, match="FEDASYNC_CONTROL"):
+        load_settings(control=control)
+    with pytest.raises(SettingsError, match=message.split("_")[0].lower()):
+        load_settings(control=control)
