@@ -97,9 +97,13 @@ class Monitor:
         if any(name in SERVICES for name in crashed):
             raise ChildFailed(self.problems[-1])
         done = (self.status or {}).get("training_done")
-        if done is None:
-            if len(self.supervisor.exited(self.workers)) == len(self.workers):
+        if done is None and len(self.supervisor.exited(self.workers)) == len(self.workers):
+            # workers stop on their own once training is done: look again before failing
+            self.status = self._get("/v1/status") or self.status
+            done = (self.status or {}).get("training_done")
+            if done is None:
                 raise ChildFailed("every worker stopped before training was done")
+        if done is None:
             return None
         evaluation = (self.status or {}).get("evaluation") or {}
         if evaluation.get("version", -1) >= int(done["version"]):

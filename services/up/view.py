@@ -46,7 +46,8 @@ def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
         ("updates/s", _num(recent.get("update_rate"), 1)),
         ("applied", str(totals.get("applied", 0))),
         ("dropped", str(totals.get("dropped", 0))),
-        ("rejected", str(totals.get("rejected", 0) + status.get("dead_letters", 0))),
+        # every refusal is a dead letter (the core's rejections are also in the ledger)
+        ("rejected", str(status.get("dead_letters", 0))),
         ("τ p50/p95", _tau(recent)),
         ("accuracy", _accuracy(status)),
         ("budget left", _budget(status)),
