@@ -1,6 +1,6 @@
 """The `fedasync` command: one entry point, one subcommand per job.
 
-Later parts (simulate, aggregator, snapshot, up, ...) register here; each subcommand builds its
+Every service, tool and the simulator registers a subcommand here; each subcommand builds its
 settings in its own handler, never at import time.
 """
 

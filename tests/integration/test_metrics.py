@@ -1,4 +1,4 @@
-"""Aggregator metrics: the figures the write-up asks for, valid Prometheus text (promtool)."""
+"""Metrics of every service: the figures the write-up asks for, valid Prometheus text (promtool)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
+from learning.evaluation import Evaluation
 from services.aggregator.http import create_app
 from services.aggregator.service import Aggregator
 from services.control.app import create_app as create_control_app
+from services.evaluator.metrics import EvaluatorMetrics
+from services.ingest.app import create_app as create_ingest_app
 from services.keys import Keys
 from services.snapshot.app import create_app as create_snapshot_app
 from services.snapshot.app import wait_ready
@@ -97,3 +100,32 @@ async def test_control_metrics_count_rule_actions_and_pass_promtool(
         ["promtool", "check", "metrics"], input=text, capture_output=True, check=False
     )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def promtool_check(text: bytes) -> None:
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+async def test_evaluator_metrics_pass_promtool() -> None:
+    metrics = EvaluatorMetrics()
+    metrics.record(7, Evaluation(loss=0.4, num_samples=90, accuracy=0.8, per_class={0: 0.9}), 0.02)
+    metrics.skipped.inc(3)
+    text = generate_latest(metrics.registry)
+    assert b'fedasync_evaluator_class_accuracy{class="0"} 0.9' in text
+    promtool_check(text)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+async def test_ingest_metrics_pass_promtool(settings: Settings, redis: aioredis.Redis) -> None:
+    async with TestClient(TestServer(create_ingest_app(settings, redis))) as client:
+        refused = await client.post(
+            "/v1/updates", data=b"x", headers={"Content-Type": "text/plain"}
+        )
+        assert refused.status == 415
+        text = await (await client.get("/metrics")).read()
+    assert b'fedasync_ingest_refusals_total{reason="unsupported_media_type"} 1.0' in text
+    promtool_check(text)
