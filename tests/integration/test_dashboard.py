@@ -97,10 +97,9 @@ async def test_dashboard_flips_a_switch_in_chromium(
         page.on("request", lambda request: requested.append(request.url))
         page.on("dialog", lambda dialog: dialog.accept(TOKEN))
         await page.goto(base_url + "/")
-        await page.wait_for_function("document.getElementById('version').textContent === '5'")
-        await page.wait_for_function(
-            "document.getElementById('accuracy').textContent.startsWith('0.850')"
-        )
+        # selectors, not wait_for_function: the page's CSP forbids the eval its polling needs
+        await page.wait_for_selector("#version:text-is('5')")
+        await page.wait_for_selector("#accuracy:text-matches('^0\\.850')")
         # the accuracy curve: one line overall and one per class; τ and α bars drawn
         assert await page.locator("#chart-accuracy path").count() == 4
         assert await page.locator("#chart-tau rect").count() > 0
