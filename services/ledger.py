@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -31,10 +31,15 @@ _CONTEXT = ("stream_id", "at")
 
 
 async def records(
-    redis: aioredis.Redis, keys: Keys, page: int = 1000
+    redis: aioredis.Redis, keys: Keys, page: int = 1000, *, after: str = "0-0"
 ) -> AsyncIterator[dict[str, Any]]:
-    """Ledger records in commit order, each with its ledger entry id."""
-    start = "-"
+    """Ledger records in commit order, each with its ledger entry id (`ledger_id`).
+
+    The one reader of the ledger stream: export, verify, the run folder and the control
+    service's window all go through it. `after` is an exclusive start, so a reader that keeps
+    the last `ledger_id` it saw takes in only what was committed since (0-0: from the start).
+    """
+    start = "(" + after
     while True:
         entries: Any = await redis.xrange(keys.ledger, min=start, max="+", count=page)
         for entry_id, fields in entries:
@@ -46,11 +51,25 @@ async def records(
         start = "(" + entries[-1][0].decode()
 
 
+def export_line(record: dict[str, Any]) -> str:
+    """One record as a line of the export (JSON, keys sorted, so the file diffs cleanly)."""
+    return json.dumps(record, sort_keys=True) + "\n"
+
+
+def write_export(ledger: Iterable[dict[str, Any]], out: TextIO) -> int:
+    """Records already read, written as the export; returns the number of records."""
+    count = 0
+    for record in ledger:
+        out.write(export_line(record))
+        count += 1
+    return count
+
+
 async def export(redis: aioredis.Redis, keys: Keys, out: TextIO) -> int:
-    """Write the ledger as JSON lines; returns the number of records."""
+    """Write the ledger as JSON lines, as it is read; returns the number of records."""
     count = 0
     async for record in records(redis, keys):
-        out.write(json.dumps(record, sort_keys=True) + "\n")
+        out.write(export_line(record))
         count += 1
     return count
 

@@ -6,11 +6,12 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
+from services import ledger
 from services.keys import Keys
+from shared.acceptance import acceptance_rows
 from shared.rules import DecisionWindow, Figures
 
 
@@ -29,19 +30,10 @@ class LedgerWindow:
     async def refresh(self, now: float) -> None:
         """Take in what was committed since the last refresh; forget what left the window."""
         async with self._lock:
-            while True:
-                entries: Any = await self.redis.xrange(
-                    self.keys.ledger, min="(" + self._cursor, max="+", count=1000
-                )
-                for entry_id, fields in entries:
-                    self._cursor = entry_id.decode()
-                    r = msgpack.unpackb(fields[b"d"], raw=False)
-                    self.totals[r["outcome"]] += 1
-                    self.window.add(
-                        float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]
-                    )
-                if len(entries) < 1000:
-                    break
+            async for r in ledger.records(self.redis, self.keys, after=self._cursor):
+                self._cursor = r["ledger_id"]
+                self.totals[r["outcome"]] += 1
+                self.window.add(float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"])
             self.window.expire(now)
 
     def figures(self, now: float, lag: float) -> Figures:
@@ -51,7 +43,6 @@ class LedgerWindow:
         w = self.window
         taus = [tau for _, _, tau, _ in w.recent if tau is not None]
         alphas = [a for _, outcome, _, a in w.recent if a is not None and outcome == "applied"]
-        worst_first = sorted(w.acceptance().items(), key=lambda kv: (kv[1][0] / kv[1][1], kv[0]))
         return {
             "window_s": w.window_s,
             "totals": dict(self.totals),
@@ -62,10 +53,7 @@ class LedgerWindow:
             "alpha": _percentiles(alphas),
             "tau_histogram": _tau_histogram(taus),
             "alpha_histogram": _alpha_histogram(alphas),
-            "clients": [
-                {"client": c, "applied": a, "decided": d, "rate": a / d}
-                for c, (a, d) in worst_first
-            ],
+            "clients": acceptance_rows(w.acceptance()),
         }
 
 

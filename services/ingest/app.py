@@ -89,6 +89,17 @@ class RateLimiter:
             )
 
 
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """An update added to the stream (or found there: a retry), and the size of its body as
+    read, which a chunked upload declares nowhere else (no Content-Length)."""
+
+    update: Update
+    entry_id: str
+    new: bool
+    body_bytes: int
+
+
 class Ingest:
     """The state of one ingest app: settings, Redis, key cache, limiter, metrics."""
 
@@ -125,8 +136,8 @@ class Ingest:
         if length is not None and length > limit:
             raise Refusal(413, "too_large", f"body of {length} bytes > limit {limit}; not read")
 
-    async def accept(self, request: web.Request) -> tuple[Update, str, bool]:
-        """Every check, then the idempotent XADD; (update, entry id, new) or a Refusal.
+    async def accept(self, request: web.Request) -> Accepted:
+        """Every check, then the idempotent XADD; what was accepted, or a Refusal.
 
         The pause switch is checked first of all: while ingest is paused nothing is read.
         """
@@ -164,7 +175,7 @@ class Ingest:
         except TRANSIENT as exc:
             # maybe added, maybe not: a retry with the same update id settles it
             raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
-        return update, ingested.entry_id, ingested.new
+        return Accepted(update, ingested.entry_id, ingested.new, len(body))
 
     async def _check_not_paused(self) -> None:
         """The `pause-ingest` switch: come back later (nothing is read, nothing is lost)."""
@@ -223,17 +234,17 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
 
     async def post_update(request: web.Request) -> web.Response:
         try:
-            update, entry_id, new = await ingest.accept(request)
+            accepted = await ingest.accept(request)
         except Refusal as refusal:
             return ingest.refuse(request, refusal)
-        ingest.metrics.accepted.labels("new" if new else "retry").inc()
-        ingest.metrics.body_bytes.observe(request.content_length or 0)
+        ingest.metrics.accepted.labels("new" if accepted.new else "retry").inc()
+        ingest.metrics.body_bytes.observe(accepted.body_bytes)
         return web.json_response(
             {
                 "status": "accepted",
-                "update_id": update.update_id,
-                "entry_id": entry_id,
-                "retry": not new,
+                "update_id": accepted.update.update_id,
+                "entry_id": accepted.entry_id,
+                "retry": not accepted.new,
             },
             status=202,
         )

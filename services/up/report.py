@@ -28,8 +28,6 @@ async def write_run_folder(
     redis = connect(settings.redis)
     keys = Keys(settings.redis.key_prefix)
     try:
-        with (out / "ledger.jsonl").open("w") as file:
-            await ledger.export(redis, keys, file)
         records = [r async for r in ledger.records(redis, keys)]
         curve = await evaluations.all_records(redis, keys)
         dead_letters = int(await redis.xlen(keys.deadletter))
@@ -37,6 +35,8 @@ async def write_run_folder(
         raised: Any = await redis.xrange(keys.alerts)
     finally:
         await redis.aclose()
+    with (out / "ledger.jsonl").open("w") as file:  # what `fedasync ledger export` writes
+        ledger.write_export(records, file)
     started_at = float(started) if started is not None else None
     summary = summarize(
         records,

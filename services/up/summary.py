@@ -7,27 +7,12 @@ authority (every decision, in commit order); the curve says how good the model g
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from services.evaluations import EvaluationRecord
+from shared.acceptance import acceptance_rows, count_acceptance
 from sim.summary import stats
-
-
-def client_acceptance(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per client: applied / decided (duplicates left out), worst first, then by name."""
-    applied: Counter[str] = Counter()
-    decided: Counter[str] = Counter()
-    for r in records:
-        if r["outcome"] == "duplicate":
-            continue
-        decided[r["client_id"]] += 1
-        applied[r["client_id"]] += r["outcome"] == "applied"
-    rows = [
-        {"client": c, "applied": applied[c], "decided": n, "rate": applied[c] / n}
-        for c, n in decided.items()
-    ]
-    return sorted(rows, key=lambda row: (row["rate"], row["client"]))
 
 
 def summarize(
@@ -78,5 +63,5 @@ def summarize(
             "per_class": final.per_class,
         },
         "evaluations": len(curve),
-        "clients": client_acceptance(records),
+        "clients": acceptance_rows(count_acceptance(records)),
     }

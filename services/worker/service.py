@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +113,41 @@ async def publish(
     raise AssertionError("unreachable")
 
 
+#: how long a Retry-After that is not a number of seconds (an HTTP-date, garbage) makes us wait
+DEFAULT_RETRY_AFTER_S = 1.0
+#: the longest Retry-After honoured: a misconfigured proxy must not park the device for hours
+MAX_RETRY_AFTER_S = 60.0
+
+
+def retry_after_s(value: str | None) -> float:
+    """Seconds to wait from a Retry-After header: a finite, non-negative number of seconds,
+    capped at MAX_RETRY_AFTER_S; anything else (absent, an HTTP-date, garbage) is
+    DEFAULT_RETRY_AFTER_S. Ingest sends whole seconds; the other forms come from proxies."""
+    try:
+        seconds = float(value) if value is not None else DEFAULT_RETRY_AFTER_S
+    except ValueError:
+        return DEFAULT_RETRY_AFTER_S
+    if not math.isfinite(seconds) or seconds < 0:
+        return DEFAULT_RETRY_AFTER_S
+    return min(seconds, MAX_RETRY_AFTER_S)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """The JSON object of an answer, or {} when it is not one: an error page from a proxy
+    (HTML 502), aiohttp's own text 500, an empty body. Callers read fields with .get()."""
+    try:
+        answer = json.loads(body)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def retryable(status: int) -> bool:
+    """Worth sending the same bytes again: rate limited (429) or a server-side failure (5xx,
+    ingest's own 503 or a proxy's 502/504); any other refusal is for good."""
+    return status == 429 or 500 <= status <= 599
+
+
 async def publish_http(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -117,12 +155,20 @@ async def publish_http(
     client_id: str,
     raw: bytes,
     attempts: int,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> str:
     """POST to the ingest service, retried with the same bytes (signed afresh each time) on
-    connection errors, 429 and 503; the update id makes the retries one update. The entry id.
+    connection errors, 429 and 5xx; the update id makes the retries one update. The entry id.
+
+    Between the device and ingest there may be a proxy, so an answer is not trusted to be
+    ingest's JSON: a body that is not a JSON object reads as {} (a 4xx of that kind is a
+    refusal with reason "unknown"), and a Retry-After that is not a number waits 1 s. A 202
+    without an entry id is retried too: the same update id makes ingest answer it again.
 
     While the operators have paused ingest (503 `ingest_paused`) the device waits as long as it
     takes: that is a decision to come back later, not a failure, so it uses up no attempt.
+    `sleep` waits between attempts (tests pass one that records the waits instead).
     """
     url = base_url.rstrip("/") + PATH
     failures = 0
@@ -131,26 +177,29 @@ async def publish_http(
         wait = min(0.05 * 2 ** (failures + 1), 2.0)
         try:
             async with session.post(url, data=raw, headers=headers) as response:
-                answer: Any = await response.json(content_type=None)
-                if response.status == 202:
-                    return str(answer["entry_id"])
-                if response.status not in (429, 503):
-                    raise PublishRefused(
-                        response.status, str(answer.get("reason")), str(answer.get("error"))
-                    )
-                wait = max(wait, float(response.headers.get("Retry-After", "1")))
-                problem = f"{response.status} {answer.get('reason')}"
-                if answer.get("reason") == "ingest_paused":
-                    log.info("ingest paused; trying again in %.0f s", wait)
-                    await asyncio.sleep(wait)
-                    continue
+                status = response.status
+                answer = json_object(await response.read())
+                retry_after = response.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError) as exc:
             problem = str(exc) or type(exc).__name__
+        else:
+            reason = str(answer.get("reason", "unknown"))
+            if status == 202 and "entry_id" in answer:
+                return str(answer["entry_id"])
+            if status != 202 and not retryable(status):
+                raise PublishRefused(status, reason, str(answer.get("error", "")))
+            if status != 202:
+                wait = max(wait, retry_after_s(retry_after))
+            problem = f"{status} {reason}"
+            if status == 503 and reason == "ingest_paused":
+                log.info("ingest paused; trying again in %.0f s", wait)
+                await sleep(wait)
+                continue
         failures += 1
         if failures > attempts:
             raise ConnectionError(f"ingest unavailable after {attempts} retries: {problem}")
         log.warning("publish failed (%s); retrying the same update (attempt %d)", problem, failures)
-        await asyncio.sleep(wait)
+        await sleep(wait)
 
 
 async def _refresh(models: ModelClient, stopping: asyncio.Event) -> bool:

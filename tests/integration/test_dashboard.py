@@ -1,4 +1,5 @@
-"""The dashboard in headless Chromium: it shows the status, flips a switch, asks nothing outside.
+"""The dashboard in headless Chromium: it shows the status, flips a switch, asks nothing outside,
+and asks for the operator token when reads need one (FEDASYNC_CONTROL__OPEN_READS=false).
 
 Needs Debian's `chromium` and the `playwright` package (driving that browser through
 executable_path; no browser download). Skipped, with the reason, when either is missing.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -33,10 +36,13 @@ TOKEN = "dashboard-test-token"
 
 
 @pytest_asyncio.fixture
-async def base_url(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[str]:
-    settings = settings.model_copy(
-        update={"control": settings.control.model_copy(update={"token": TOKEN})}
-    )
+async def base_url(
+    settings: Settings, redis: aioredis.Redis, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """The control service on a free port; `open_reads` from an indirect parameter (default on)."""
+    open_reads: bool = getattr(request, "param", True)
+    control = settings.control.model_copy(update={"token": TOKEN, "open_reads": open_reads})
+    settings = settings.model_copy(update={"control": control})
     keys = Keys(settings.redis.key_prefix)
     for i in range(5):
         await publish(redis, keys, make_update(f"d{i}", base=0, client=f"device-{i % 2}"))
@@ -59,11 +65,9 @@ async def base_url(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[s
         await runner.cleanup()
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed")
-async def test_dashboard_flips_a_switch_in_chromium(
-    base_url: str, settings: Settings, redis: aioredis.Redis, tmp_path: Path
-) -> None:
-    requested: list[str] = []
+@asynccontextmanager
+async def chromium() -> AsyncIterator[Any]:
+    """Debian's Chromium, headless, with nothing of its own that calls out (updates, sync)."""
     async with playwright_api.async_playwright() as driver:
         browser = await driver.chromium.launch(
             executable_path=CHROMIUM,
@@ -78,27 +82,69 @@ async def test_dashboard_flips_a_switch_in_chromium(
             ],
         )
         try:
-            page = await browser.new_page(viewport={"width": 1100, "height": 900})
-            page.on("request", lambda request: requested.append(request.url))
-            page.on("dialog", lambda dialog: dialog.accept(TOKEN))
-            await page.goto(base_url + "/")
-            await page.wait_for_function("document.getElementById('version').textContent === '5'")
-            await page.wait_for_function(
-                "document.getElementById('accuracy').textContent.startsWith('0.850')"
-            )
-            # the accuracy curve: one line overall and one per class; τ and α bars drawn
-            assert await page.locator("#chart-accuracy path").count() == 4
-            assert await page.locator("#chart-tau rect").count() > 0
-            assert await page.locator("#chart-alpha rect").count() > 0
-            await page.click("#flip-raise-gamma")
-            await page.wait_for_selector("#flip-raise-gamma:text('turn off')")
-            shot = tmp_path / "dashboard.png"
-            await page.screenshot(path=str(shot), full_page=True)
-            if os.environ.get("DASHBOARD_SCREENSHOT"):  # to refresh docs/img/dashboard.png
-                shutil.copy(shot, os.environ["DASHBOARD_SCREENSHOT"])
+            yield browser
         finally:
             await browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed")
+async def test_dashboard_flips_a_switch_in_chromium(
+    base_url: str, settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    requested: list[str] = []
+    async with chromium() as browser:
+        page = await browser.new_page(viewport={"width": 1100, "height": 900})
+        page.on("request", lambda request: requested.append(request.url))
+        page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+        await page.goto(base_url + "/")
+        # selectors, not wait_for_function: the page's CSP forbids the eval its polling needs
+        await page.wait_for_selector("#version:text-is('5')")
+        await page.wait_for_selector("#accuracy:text-matches('^0\\.850')")
+        # the accuracy curve: one line overall and one per class; τ and α bars drawn
+        assert await page.locator("#chart-accuracy path").count() == 4
+        assert await page.locator("#chart-tau rect").count() > 0
+        assert await page.locator("#chart-alpha rect").count() > 0
+        await page.click("#flip-raise-gamma")
+        await page.wait_for_selector("#flip-raise-gamma:text('turn off')")
+        shot = tmp_path / "dashboard.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        if os.environ.get("DASHBOARD_SCREENSHOT"):  # to refresh docs/img/dashboard.png
+            shutil.copy(shot, os.environ["DASHBOARD_SCREENSHOT"])
     policy = await read_policy(redis, Keys(settings.redis.key_prefix))
     assert policy.gamma == pytest.approx(0.9)
     assert all(url.startswith(base_url) for url in requested), requested  # no outside host
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed")
+@pytest.mark.parametrize("base_url", [False], indirect=True, ids=["closed-reads"])
+async def test_dashboard_asks_for_the_token_when_reads_need_it(base_url: str) -> None:
+    """With open_reads off every read is 401 without the token: the page asks once, then sends
+    `Authorization: Bearer` on its reads and shows the status."""
+    requested: list[str] = []
+    reads: list[tuple[str, str | None]] = []
+    prompts: list[str] = []
+
+    async def answer(dialog: Any) -> None:
+        prompts.append(dialog.type)
+        await dialog.accept(TOKEN)
+
+    def seen(request: Any) -> None:
+        requested.append(request.url)
+        if "/v1/" in request.url:
+            reads.append((request.url, request.headers.get("authorization")))
+
+    async with chromium() as browser:
+        page = await browser.new_page()
+        page.on("request", seen)
+        page.on("dialog", answer)
+        await page.goto(base_url + "/")
+        await page.wait_for_selector("#version:text-is('5')")
+        await page.wait_for_selector("#accuracy:text-matches('^0\\.850')")
+        assert await page.text_content("#error") == ""
+    assert prompts == ["prompt"]  # one question for the four concurrent reads
+    first_four = {url.removeprefix(base_url).split("?")[0] for url, _ in reads[:4]}
+    assert first_four == {"/v1/status", "/v1/switches", "/v1/alerts", "/v1/evaluations"}
+    assert all(header is None for _, header in reads[:4])  # nothing stored yet: 401 each
+    assert {header for _, header in reads[4:]} == {f"Bearer {TOKEN}"}
+    assert all(url.startswith(base_url) for url in requested), requested  # no outside host

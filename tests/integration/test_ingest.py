@@ -196,6 +196,24 @@ async def test_a_chunked_body_over_the_limit_is_cut_off_while_reading(
     assert await stream_length(redis, settings) == 0
 
 
+async def test_the_size_of_an_accepted_chunked_body_is_observed(
+    client: TestClient[Any, Any], device_key: bytes
+) -> None:
+    """A chunked upload has no Content-Length: the histogram gets the size of the body read."""
+    body = body_of("u-chunked")
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+        for start in range(0, len(body), 100):
+            yield body[start : start + 100]
+
+    headers = signed_headers(device_key, "dev-a", now_ms(), body)
+    response = await client.post(PATH, data=chunks(), headers=headers)
+    assert response.status == 202
+    registry = client.app[INGEST].metrics.registry
+    assert registry.get_sample_value("fedasync_ingest_body_bytes_count") == 1
+    assert registry.get_sample_value("fedasync_ingest_body_bytes_sum") == len(body)
+
+
 async def test_a_retry_with_the_same_update_id_is_one_entry(
     client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,24 @@ def test_mixing_rule_is_written_once() -> None:
         and p.parts[-2] != "bench"
     ]
     assert mixers == [Path("shared/aggregation.py")]
+
+
+def test_the_ledger_stream_is_read_in_one_place() -> None:
+    """Only services/ledger.py pages through the ledger and decodes its records; the control
+    service's window, the run folder, export and verify all read through `ledger.records`."""
+    readers = [
+        p.relative_to(ROOT)
+        for p in sorted((ROOT / "services").rglob("*.py"))
+        if re.search(r"xrange\(\s*(self\.)?keys\.ledger", p.read_text())
+    ]
+    assert readers == [Path("services/ledger.py")]
+
+
+def test_per_client_acceptance_is_built_in_one_place() -> None:
+    """The dashboard's and the run summary's per-client rows come from shared/acceptance.py."""
+    builders = [
+        p.relative_to(ROOT)
+        for p in ALL_CODE
+        if '"rate": a' in p.read_text() and not p.name.startswith("test_")
+    ]
+    assert builders == [Path("shared/acceptance.py")]

@@ -1,0 +1,99 @@
+"""The ledger is read one way (services.ledger.records): from a cursor, by the control service's
+window and, once per run, by the run folder, whose ledger.jsonl is exactly the export."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from services import ledger
+from services.aggregator.service import run as run_aggregator
+from services.control.window import LedgerWindow
+from services.keys import Keys
+from services.up.report import write_run_folder
+from services.up.summary import summarize
+from shared.settings import Settings
+from tests.integration.helpers import initial_state, make_update, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+async def decide(settings: Settings, redis: aioredis.Redis, count: int) -> list[dict[str, Any]]:
+    """`count` updates from three clients, one of them sent twice (a duplicate), decided."""
+    keys = Keys(settings.redis.key_prefix)
+    for i in range(count):
+        await publish(redis, keys, make_update(f"u{i}", base=0, client=f"device-{i % 3}"))
+    await publish(redis, keys, make_update("u0", base=0, client="device-0"))
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    return [r async for r in ledger.records(redis, keys)]
+
+
+async def test_records_after_a_cursor_are_only_the_later_ones(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    everything = await decide(settings, redis, 7)
+    assert len(everything) == 8
+    ids = [r["ledger_id"] for r in everything]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    for cut in (0, 3, 7):
+        later = [r async for r in ledger.records(redis, keys, page=2, after=ids[cut])]
+        assert later == everything[cut + 1 :]
+    paged = [r async for r in ledger.records(redis, keys, page=3)]
+    assert paged == everything
+
+
+async def test_the_window_takes_in_each_record_once(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    everything = await decide(settings, redis, 6)
+    window = LedgerWindow(redis, keys, window_s=1e9, per_client=100)
+    now = max(float(r["at"]) for r in everything)
+    await window.refresh(now)
+    await window.refresh(now)  # nothing new: nothing counted twice
+    outcomes = [r["outcome"] for r in everything]
+    assert dict(window.totals) == {o: outcomes.count(o) for o in set(outcomes)}
+    assert window.totals["duplicate"] == 1
+    # the dashboard's rows are the run summary's rows when the window holds every decision
+    summary = summarize(
+        everything, [], ended_by="test", dead_letters=0, started_at=None, wall_seconds=0.0
+    )
+    assert window.summary()["clients"] == summary["clients"]
+    assert [c["client"] for c in summary["clients"]] == ["device-0", "device-1", "device-2"]
+
+
+async def test_the_run_folder_reads_the_ledger_once_and_writes_the_export(
+    settings: Settings,
+    redis: aioredis.Redis,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    everything = await decide(settings, redis, 5)
+    exported = io.StringIO()
+    assert await ledger.export(redis, keys, exported) == len(everything)
+    reads: list[str] = []
+    read_records = ledger.records
+
+    def counted(*args: Any, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        reads.append("records")
+        return read_records(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "records", counted)
+    summary = await write_run_folder(
+        settings, tmp_path, ended_by="test", wall_seconds=1.0, extra={}
+    )
+    assert reads == ["records"]
+    text = (tmp_path / "ledger.jsonl").read_text()
+    assert text == exported.getvalue()
+    assert [json.loads(line) for line in text.splitlines()] == everything
+    assert summary["updates"]["decided"] == len(everything)
