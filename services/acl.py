@@ -154,7 +154,8 @@ def users(prefix: str) -> tuple[User, ...]:
                     "xrange",
                     "xrevrange",
                     "xlen",
-                    # the policy compare-and-set script; it runs GET, SET, HSET, XADD
+                    # the policy compare-and-set script; it runs GET, SET, HSET, XADD, and for a
+                    # switch flip HGET, HSET, HDEL on the switches hash (granted above)
                     "evalsha",
                     "script|load",
                     "set",

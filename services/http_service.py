@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from services.lifecycle import stop_on_signals
+from services.lifecycle import Background, stop_on_signals
 from services.redis_conn import TRANSIENT, connect
 from shared.settings import RedisSettings, Settings
 
@@ -102,8 +102,16 @@ async def livez(request: web.Request) -> web.Response:
     return web.json_response({"status": "alive"})
 
 
-async def redis_readiness(redis: aioredis.Redis, **ready: Any) -> web.Response:
-    """503 while Redis does not answer a PING; else 200 with `ready` in the body."""
+async def redis_readiness(
+    redis: aioredis.Redis, background: Background | None = None, **ready: Any
+) -> web.Response:
+    """503 while Redis does not answer a PING, or once `background` (the service's loop) has died;
+    else 200 with `ready` in the body."""
+    failure = background.failure() if background is not None else None
+    if failure is not None:
+        return web.json_response(
+            {"status": "background task stopped", "error": failure}, status=503
+        )
     try:
         await redis.ping()
     except TRANSIENT as exc:

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +40,55 @@ def _request_stop(stopping: asyncio.Event, sig: signal.Signals) -> None:
 
 
 async def cancel_tasks(tasks: Iterable[asyncio.Task[object]], timeout: float = 5.0) -> None:
-    """Cancel `tasks` and wait for them, at most `timeout` seconds; log what would not stop."""
+    """Cancel `tasks` and wait for them, at most `timeout` seconds; log what would not stop.
+
+    Every task that ended with an exception is logged, including one that had already ended
+    before it was asked to stop: that is a background loop that died on its own, and without this
+    line nobody would ever hear of it.
+    """
+    tasks = list(tasks)
     pending = [t for t in tasks if not t.done()]
     for task in pending:
         task.cancel()
-    if not pending:
-        return
-    done, still = await asyncio.wait(pending, timeout=timeout)
-    for task in still:
-        log.error("task %s did not stop within %.1f s", task.get_name(), timeout)
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
+    if pending:
+        _, still = await asyncio.wait(pending, timeout=timeout)
+        for task in still:
+            log.error("task %s did not stop within %.1f s", task.get_name(), timeout)
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
+class Background:
+    """The one background task a service's /readyz vouches for.
+
+    A service whose real work is a loop beside its HTTP API (the evaluator's follower, the control
+    service's rules) is not ready once that loop has ended without being asked to: the process
+    still answers, so only /readyz can tell an orchestrator that it needs a restart.
+    """
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        self.task = asyncio.create_task(work, name=name)
+        return self.task
+
+    def failure(self) -> str | None:
+        """Why the task is no longer running though nobody stopped it; None while it runs."""
+        task = self.task
+        if task is None or not task.done() or self._stopping:
+            return None
+        if task.cancelled():
+            return f"task {task.get_name()} was cancelled"
+        exc = task.exception()
+        if exc is None:
+            return f"task {task.get_name()} ended"
+        return f"task {task.get_name()} failed: {type(exc).__name__}: {exc}"
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Cancel the task (after the caller asked it to drain) and log how it ended."""
+        self._stopping = True
+        if self.task is not None:
+            await cancel_tasks([self.task], timeout)

@@ -60,6 +60,15 @@ class Hysteresis:
         if not self.low <= self.high:
             raise ValueError(f"hysteresis needs low <= high, got {self.low} > {self.high}")
 
+    def set_active(self, active: bool) -> None:
+        """Take the state from outside (what is recorded in force); a hold under way restarts.
+
+        The cool-down is left alone: it separates this gate's own changes.
+        """
+        if active != self.active:
+            self.active = active
+            self._since = None
+
     def update(self, value: float, now: float) -> bool | None:
         """True when it turns on, False when it turns off, None when nothing changes."""
         crossing = value < self.low if self.active else value > self.high
@@ -76,6 +85,11 @@ class Hysteresis:
         return self.active
 
 
+def rule_actor(name: str) -> str:
+    """Who a rule's switch flips are recorded as (`who` in the policy log and switches hash)."""
+    return f"rule:{name}"
+
+
 @dataclass(slots=True)
 class SwitchRule:
     """Turn `switch` on while a figure stays high, off again once it is calm."""
@@ -85,9 +99,22 @@ class SwitchRule:
     switch: str
     gate: Hysteresis
     enabled: bool = True
+    #: the switch is on, but someone else (an operator) turned it on: theirs to turn off
+    overridden: bool = False
+
+    def sync(self, owner: str | None) -> None:
+        """Take the switch's recorded state: `owner` is who turned it on, None if it is off.
+
+        The gate's state otherwise lives only in memory: a control service restarted while its
+        rule's switch was on would never turn it off again. A switch this rule turned on makes it
+        active (it turns it off once calm); one somebody else turned on makes it stand aside
+        (`overridden`) until they turn it off, so a rule never undoes an operator's decision.
+        """
+        self.overridden = owner is not None and owner != rule_actor(self.name)
+        self.gate.set_active(owner is not None and not self.overridden)
 
     def evaluate(self, figures: Figures) -> list[Action]:
-        if not self.enabled:
+        if not self.enabled or self.overridden:
             return []
         value = float(getattr(figures, self.figure))
         turned = self.gate.update(value, figures.now)
@@ -206,6 +233,15 @@ class DecisionWindow:
 
 
 Rule = SwitchRule | DropAlertRule | FairnessRule
+
+
+def sync_switch_rules(rules: Iterable[Rule], owners: Mapping[str, str]) -> None:
+    """Give every switch rule its switch's recorded state; `owners`: switch → who turned it on,
+    for each switch that is on."""
+    for rule in rules:
+        if isinstance(rule, SwitchRule):
+            rule.sync(owners.get(rule.switch))
+
 
 #: every rule's name, in the order they are evaluated
 RULE_NAMES = ("update-rate", "lag", "drops", "fairness")

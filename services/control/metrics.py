@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+#: why a run of the automatic rules was skipped
+RULE_FAILURE_REASONS = ("connection", "redis", "error")
+
 
 class ControlMetrics:
     def __init__(self) -> None:
@@ -20,6 +23,15 @@ class ControlMetrics:
             ["source"],
             registry=r,
         )
+        self.rule_failures = Counter(
+            "fedasync_control_rule_failures",
+            "Rule runs that failed and were skipped, by reason: connection (Redis unreachable), "
+            "redis (an error reply, e.g. NOPERM or OOM), error (a bug)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in RULE_FAILURE_REASONS:  # every series from 0
+            self.rule_failures.labels(reason)
         self.policy_version = Gauge(
             "fedasync_control_policy_version", "Version of the policy in force", registry=r
         )

@@ -16,15 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from services.backlog import read_backlog
 from services.control.metrics import ControlMetrics
-from services.control.switchboard import set_switch
+from services.control.switchboard import set_switch, switch_owners
 from services.control.window import LedgerWindow
 from services.keys import Keys
 from services.policy_store import PolicyConflict
 from services.redis_conn import TRANSIENT
-from shared.rules import Action, ActionKind, Rule
+from shared.rules import Action, ActionKind, Rule, rule_actor, sync_switch_rules
 from shared.rules import build_rules as shared_build_rules
 from shared.settings import ControlSettings
 from shared.switches import SwitchError
@@ -68,10 +69,15 @@ class RuleRunner:
         self.metrics = metrics or ControlMetrics()
 
     async def tick(self) -> list[Action]:
-        """Read what was committed since the last tick, evaluate the rules, act."""
+        """Read what was committed since the last tick, evaluate the rules, act.
+
+        Each switch rule first takes its switch's state from the switches hash: that is what is in
+        force, whatever this process remembers (a restart, an operator's flip, a lost race).
+        """
         now = self.clock()
         await self.window.refresh(now)
         backlog = await read_backlog(self.redis, self.keys)
+        sync_switch_rules(self.rules, await switch_owners(self.redis, self.keys))
         figures = self.window.figures(now, float(backlog.waiting))
         actions = [a for rule in self.rules for a in rule.evaluate(figures)]
         for action in actions:
@@ -99,7 +105,7 @@ class RuleRunner:
                 action.switch,
                 action.kind is ActionKind.SWITCH_ON,
                 reason=f"rule {action.rule}: {action.message}",
-                who=f"rule:{action.rule}",
+                who=rule_actor(action.rule),
             )
             self.metrics.policy_changes.labels("rule").inc()
             self.metrics.policy_version.set(policy.version)
@@ -107,10 +113,19 @@ class RuleRunner:
             log.info("rule %s did not flip %s: %s", action.rule, action.switch, exc)
 
     async def run(self, stopping: asyncio.Event) -> None:
+        """Tick every `rules_interval_s` until `stopping`; a failed tick is logged, counted and
+        skipped, never the end of the loop (a refused command, e.g. NOPERM or OOM, may pass)."""
         while not stopping.is_set():
             try:
                 await self.tick()
             except TRANSIENT as exc:
-                log.warning("rules skipped a tick: %s", exc)
+                self.metrics.rule_failures.labels("connection").inc()
+                log.warning("rules skipped a run, Redis unreachable: %s", exc)
+            except RedisError as exc:
+                self.metrics.rule_failures.labels("redis").inc()
+                log.error("rules skipped a run, Redis refused: %s", exc)
+            except Exception:
+                self.metrics.rule_failures.labels("error").inc()
+                log.exception("rules skipped a run")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.cfg.rules_interval_s)

@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from learning.evaluation import Evaluation
 
+#: why the follow loop did not score a version
+FAILURE_REASONS = ("fetch", "redis", "decode", "weights", "error")
+
 
 class EvaluatorMetrics:
     def __init__(self) -> None:
@@ -20,9 +23,14 @@ class EvaluatorMetrics:
         )
         self.failures = Counter(
             "fedasync_evaluator_failures",
-            "Failed attempts to fetch a model from the snapshot service",
+            "Failures of the follow loop, by reason: fetch (snapshot service), redis, decode "
+            "(a model message that does not decode), weights (not this task's model), "
+            "error (a bug)",
+            ["reason"],
             registry=self.registry,
         )
+        for reason in FAILURE_REASONS:  # every series from 0, so `increase()` sees the first one
+            self.failures.labels(reason)
         self.version = Gauge(
             "fedasync_evaluator_version", "Model version last evaluated", registry=self.registry
         )

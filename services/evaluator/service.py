@@ -19,6 +19,7 @@ import aiohttp
 import numpy as np
 import redis.asyncio as aioredis
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from learning.task import Task
 from learning.tasks import get_task
@@ -27,13 +28,14 @@ from services.evaluations import EvaluationRecord
 from services.evaluator.metrics import EvaluatorMetrics
 from services.http_service import http_service, livez, redis_readiness
 from services.keys import Keys
-from services.lifecycle import cancel_tasks
+from services.lifecycle import Background
 from services.prometheus import metrics_response
 from services.redis_conn import TRANSIENT
-from services.snapshot.app import MODEL_CONTENT_TYPE
+from services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
 from shared.model_format import ModelMessage, decode_model
 from shared.seeds import Stream, stream
 from shared.settings import Settings
+from shared.wire import WireError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,13 @@ METRICS = web.AppKey("metrics", EvaluatorMetrics)
 
 
 class Follower:
-    """The loop: wait for a newer version, score it, record it."""
+    """The loop: wait for a newer version, score it, record it.
+
+    Nothing but `stopping` ends the loop. A network or Redis error is retried with a backoff; a
+    version that cannot be scored (a message that does not decode, weights that are not this
+    task's model) is logged, counted and passed over, so one bad snapshot neither kills the
+    evaluator nor makes it fetch the same bytes again and again.
+    """
 
     def __init__(self, settings: Settings, redis: aioredis.Redis, metrics: EvaluatorMetrics):
         self.settings = settings
@@ -50,38 +58,54 @@ class Follower:
         self.metrics = metrics
         self.task: Task = get_task(settings.task.name)
         _, self.test = self.task.dataset(stream(settings.task.seed, Stream.DATA))
+        #: the newest version scored and recorded
         self.evaluated: int | None = None
+        #: the newest version fetched, scored or passed over: the next fetch asks for a newer one
+        self.seen: int | None = None
         self.stopping = asyncio.Event()
 
     async def resume(self) -> None:
         """After a restart, continue after the newest version already recorded."""
         last = await evaluations.latest(self.redis, self.keys)
         if last is not None:
-            self.evaluated = last.version
+            self.evaluated = self.seen = last.version
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         cfg = self.settings.evaluator
         url = cfg.snapshot_url.rstrip("/") + "/v1/models/latest"
         backoff = 0.1
+        resumed = False
         while not self.stopping.is_set():
             try:
-                if self.evaluated is None:
+                if not resumed:
                     await self.resume()
-                model = await self._fetch(session, url, cfg.wait_s)
-                if model is not None:
-                    await self._evaluate(model)
-                backoff = 0.1
-            except (aiohttp.ClientError, TimeoutError, *TRANSIENT) as exc:
-                self.metrics.failures.inc()
+                    resumed = True
+                fetched = await self._fetch(session, url, cfg.wait_s)
+                if fetched is None or await self._score(*fetched):
+                    backoff = 0.1
+                    continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self.metrics.failures.labels("fetch").inc()
                 log.warning("cannot follow versions (%s); retrying in %.1f s", exc, backoff)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), backoff)
-                backoff = min(backoff * 2, 5.0)
+            except (*TRANSIENT, RedisError) as exc:
+                self.metrics.failures.labels("redis").inc()
+                log.warning(
+                    "cannot read or record evaluations (%s); retrying in %.1f s", exc, backoff
+                )
+            except Exception:
+                # a bug, not a bad model: keep the evaluator alive, loudly, at the backoff's pace
+                self.metrics.failures.labels("error").inc()
+                log.exception("evaluation failed; retrying in %.1f s", backoff)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), backoff)
+            backoff = min(backoff * 2, 5.0)
 
     async def _fetch(
         self, session: aiohttp.ClientSession, url: str, wait_s: float
-    ) -> ModelMessage | None:
-        than = -1 if self.evaluated is None else self.evaluated
+    ) -> tuple[int | None, bytes] | None:
+        """The snapshot service's answer to "newer than what I have seen": the version it names
+        in its header, and the body (None if nothing newer came within `wait_s`)."""
+        than = -1 if self.seen is None else self.seen
         params = {"newer_than": str(than), "wait": str(wait_s)}
         async with session.get(url, params=params) as response:
             if response.status == 204:
@@ -89,13 +113,38 @@ class Follower:
             response.raise_for_status()
             if response.content_type != MODEL_CONTENT_TYPE:
                 raise aiohttp.ClientPayloadError(f"unexpected content type {response.content_type}")
-            return decode_model(await response.read())
+            named = response.headers.get(VERSION_HEADER, "")
+            version = int(named) if named.isdigit() else None
+            return version, await response.read()
+
+    async def _score(self, named: int | None, raw: bytes) -> bool:
+        """Decode and score one fetched model, or pass over one that cannot be scored. False if
+        it could not even be passed over (no version to move past): back off before asking again.
+        """
+        try:
+            model = decode_model(raw)
+        except WireError as exc:
+            self._pass_over(named, "decode", f"model message does not decode: {exc}")
+            return named is not None
+        try:
+            self.task.check_weights(np.asarray(model.snapshot.weights))
+        except ValueError as exc:
+            self._pass_over(model.snapshot.version, "weights", str(exc))
+            return True
+        await self._evaluate(model)
+        return True
+
+    def _pass_over(self, version: int | None, reason: str, why: str) -> None:
+        self.metrics.failures.labels(reason).inc()
+        log.error("version %s cannot be evaluated, passed over: %s", version, why)
+        if version is not None and (self.seen is None or version > self.seen):
+            self.seen = version
 
     async def _evaluate(self, model: ModelMessage) -> None:
         version = model.snapshot.version
-        if self.evaluated is not None and version <= self.evaluated:
+        if self.seen is not None and version <= self.seen:
             return
-        skipped = 0 if self.evaluated is None else version - self.evaluated - 1
+        skipped = 0 if self.seen is None else version - self.seen - 1
         started = time.perf_counter()
         evaluation = await asyncio.to_thread(
             self.task.evaluate, np.asarray(model.snapshot.weights), self.test
@@ -103,7 +152,7 @@ class Follower:
         seconds = time.perf_counter() - started
         record = EvaluationRecord.of(version, model.created_at, evaluation, time.time(), seconds)
         await evaluations.append(self.redis, self.keys, record, self.settings.evaluator.keep)
-        self.evaluated = version
+        self.evaluated = self.seen = version
         self.metrics.record(version, evaluation, seconds)
         if skipped > 0:
             self.metrics.skipped.inc(skipped)
@@ -117,18 +166,21 @@ class Follower:
 
 
 FOLLOWER = web.AppKey("follower", Follower)
+BACKGROUND = web.AppKey("background", Background)
 
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     app = web.Application()
     metrics = EvaluatorMetrics()
     follower = Follower(settings, redis, metrics)
+    background = Background()
     app[METRICS] = metrics
     app[FOLLOWER] = follower
+    app[BACKGROUND] = background
 
     async def readyz(request: web.Request) -> web.Response:
-        """Ready once Redis answers; `evaluated` says how far it got."""
-        return await redis_readiness(redis, evaluated=follower.evaluated)
+        """Ready once Redis answers and while the follower runs; `evaluated` says how far it got."""
+        return await redis_readiness(redis, background, evaluated=follower.evaluated)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
         return metrics_response(metrics.registry)
@@ -136,10 +188,10 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     async def follow(app: web.Application) -> AsyncIterator[None]:
         timeout = aiohttp.ClientTimeout(total=settings.evaluator.wait_s + 30)
         session = aiohttp.ClientSession(timeout=timeout)
-        task = asyncio.create_task(follower.run(session), name="follow-versions")
+        background.start(follower.run(session), "follow-versions")
         yield
         follower.stopping.set()
-        await cancel_tasks([task])
+        await background.stop()
         await session.close()
 
     app.add_routes(

@@ -13,6 +13,7 @@ on streams instead of polling, and reads what an ACL cannot hide from it. No ser
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -31,6 +32,7 @@ from services.acl import acl_file, users
 from services.aggregator.commit import Batch, Committer
 from services.aggregator.service import run as run_aggregator
 from services.control.service import run as run_control
+from services.control.switchboard import set_switch
 from services.device_keys import add_device, list_devices
 from services.evaluator.service import run as run_evaluator
 from services.ingest.service import run as run_ingest
@@ -40,6 +42,7 @@ from services.redis_conn import connect
 from services.redis_server import RedisServer
 from services.snapshot.service import run as run_snapshot
 from services.worker.service import run as run_worker
+from shared.policy import Policy
 from shared.settings import RedisSettings, Settings, load_settings
 from tests.integration.helpers import ledger, wait_for_ledger
 
@@ -338,6 +341,20 @@ async def test_only_the_aggregator_can_run_the_commit_script(
     await clients["aggregator"].incr(KEYS.epoch)  # what a starting aggregator does first
     await committer("aggregator").commit(Batch(b"s", 0, b""), now=1.0)
     assert await clients[OBSERVER].get(STATE) == b"s"
+
+
+async def test_the_control_user_flips_a_switch_in_one_script(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    """The flip script writes the policy records and the switches hash: the control user's rights
+    cover every command it runs, and nobody else's do."""
+    await clients[OBSERVER].set(KEYS.policy, json.dumps(Policy().to_dict(), sort_keys=True))
+    on = await set_switch(clients["control"], KEYS, "raise-gamma", True, reason="r", who="ops")
+    assert await clients[OBSERVER].hexists(KEYS.switches, "raise-gamma")
+    off = await set_switch(clients["control"], KEYS, "raise-gamma", False, reason="r", who="ops")
+    assert (on.version, off.version) == (1, 2)
+    assert await clients[OBSERVER].hgetall(KEYS.switches) == {}
+    assert await clients["admin"].acl_log() == []
 
 
 async def test_a_script_runs_with_its_callers_rights(clients: dict[str, aioredis.Redis]) -> None:

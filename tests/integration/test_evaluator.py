@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,16 +12,22 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from learning.tasks import get_task
 from services import evaluations
 from services.aggregator.service import run as run_aggregator
 from services.evaluations import FIELD, EvaluationRecord
+from services.evaluator.service import BACKGROUND, FOLLOWER, create_app
 from services.evaluator.service import run as run_evaluator
 from services.keys import Keys
 from services.redis_conn import get_bytes
+from services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
 from services.snapshot.service import run as run_snapshot
-from shared.model_format import decode_model
+from shared.aggregation import ModelSnapshot
+from shared.layout import Layout
+from shared.model_format import decode_model, encode_model
 from shared.seeds import Stream, stream
 from shared.settings import Settings
 from shared.update import Update
@@ -130,3 +137,102 @@ async def test_evaluator_resumes_scores_the_newest_version_and_follows(
         stopping.set()
         await evaluator
     assert [r.version for r in await evaluations.all_records(redis, keys)] == [3, 10, 11]
+
+
+class ScriptedSnapshots:
+    """A snapshot service serving scripted bodies: each long-poll gets the next version after
+    `newer_than`, or waits out its `wait` if there is none. Records what it was asked."""
+
+    def __init__(self, bodies: dict[int, bytes]) -> None:
+        self.bodies = bodies
+        self.asked: list[int] = []
+        self.closing = asyncio.Event()
+
+    async def latest(self, request: web.Request) -> web.Response:
+        than = int(request.query["newer_than"])
+        self.asked.append(than)
+        newer = sorted(v for v in self.bodies if v > than)
+        if not newer:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), float(request.query["wait"]))
+            return web.Response(status=204)
+        version = newer[0]
+        return web.Response(
+            body=self.bodies[version],
+            content_type=MODEL_CONTENT_TYPE,
+            headers={VERSION_HEADER: str(version)},
+        )
+
+
+def model_bytes(version: int, size: int) -> bytes:
+    weights = np.random.default_rng(version).standard_normal(size).astype(np.float32)
+    return encode_model(ModelSnapshot(version, weights, Layout.flat(size)), created_at=1.0)
+
+
+@pytest_asyncio.fixture
+async def scripted(settings: Settings) -> AsyncIterator[tuple[ScriptedSnapshots, Settings]]:
+    """A scripted snapshot service: version 1 does not decode, 2 is not the task's model (one
+    weight too many), 3 is fine; yields it and settings pointing the evaluator at it."""
+    size = get_task("linear").layout.size
+    snapshots = ScriptedSnapshots(
+        {1: b"\x93not a model", 2: model_bytes(2, size + 1), 3: model_bytes(3, size)}
+    )
+    app = web.Application()
+    app.router.add_get("/v1/models/latest", snapshots.latest)
+    async with TestServer(app) as server:
+        url = str(server.make_url("")).rstrip("/")
+        update = {"snapshot_url": url, "port": 0, "wait_s": 1.0}
+        yield (
+            snapshots,
+            settings.model_copy(update={"evaluator": settings.evaluator.model_copy(update=update)}),
+        )
+        snapshots.closing.set()
+
+
+async def test_a_bad_model_is_counted_and_passed_over_and_the_evaluator_goes_on(
+    scripted: tuple[ScriptedSnapshots, Settings], redis: aioredis.Redis
+) -> None:
+    snapshots, settings = scripted
+    keys = Keys(settings.redis.key_prefix)
+    async with TestClient(TestServer(create_app(settings, redis))) as client:
+        # version 3 scored means versions 1 and 2 did not end the follower
+        _, record = await next_record(redis, keys, "0-0")
+        assert record.version == 3
+        metrics = await (await client.get("/metrics")).text()
+        readiness = await client.get("/readyz")
+        assert readiness.status == 200
+        assert (await readiness.json())["evaluated"] == 3
+    # each bad version was asked for once, then passed over: no tight loop on the same bytes
+    assert snapshots.asked[:3] == [-1, 1, 2]
+    assert set(snapshots.asked[3:]) <= {3}
+    assert 'fedasync_evaluator_failures_total{reason="decode"} 1.0' in metrics
+    assert 'fedasync_evaluator_failures_total{reason="weights"} 1.0' in metrics
+    assert 'fedasync_evaluator_failures_total{reason="fetch"} 0.0' in metrics
+    assert "fedasync_evaluator_skipped_versions_total 0.0" in metrics  # failed, not skipped
+    assert [r.version for r in await evaluations.all_records(redis, keys)] == [3]
+
+
+async def test_readyz_is_503_once_the_follower_has_died(
+    scripted: tuple[ScriptedSnapshots, Settings],
+    redis: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, settings = scripted
+    app = create_app(settings, redis)
+
+    async def broken(session: aiohttp.ClientSession) -> None:
+        raise RuntimeError("follower bug")
+
+    monkeypatch.setattr(app[FOLLOWER], "run", broken)
+    async with TestClient(TestServer(app)) as client:
+        task = app[BACKGROUND].task
+        assert task is not None
+        await asyncio.wait([task])
+        response = await client.get("/readyz")
+        assert response.status == 503
+        body = await response.json()
+        assert body["error"] == "task follow-versions failed: RuntimeError: follower bug"
+        assert (await client.get("/livez")).status == 200  # alive, but not doing its work
+    # and shutting down says so in the log as well
+    assert "task follow-versions failed" in caplog.text

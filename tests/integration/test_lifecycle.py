@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -109,6 +110,27 @@ async def test_snapshot_service_stops_cleanly_on_sigterm(
     assert "draining and stopping" in (tmp_path / "snapshot.log").read_text()
 
 
+class RetryWatch(logging.Handler):
+    """Set once the worker logs that a publish failed and will be retried: the retry path is
+    known to have been taken, with no guess at how long that takes."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.retried = asyncio.Event()
+        self.logger = logging.getLogger("services.worker.service")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("publish failed"):
+            self.retried.set()  # logged from the event loop's thread, inside publish()
+
+    def __enter__(self) -> asyncio.Event:
+        self.logger.addHandler(self)
+        return self.retried
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+
+
 async def test_publish_retries_with_the_same_bytes_across_a_redis_restart(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis")
     server.start()
@@ -119,10 +141,12 @@ async def test_publish_retries_with_the_same_bytes_across_a_redis_restart(tmp_pa
         raw = encode_update(make_update("once", base=0))
         await publish(client, keys, raw, attempts=20)
         server.kill()  # Redis dies; the next publish meets a dead socket
-        publishing = asyncio.create_task(publish(client, keys, raw, attempts=20))
-        await asyncio.sleep(0.2)  # let it fail at least once before Redis is back
-        server.start()  # same port, same AOF
-        await asyncio.wait_for(publishing, timeout=30)
+        with RetryWatch() as retried:
+            publishing = asyncio.create_task(publish(client, keys, raw, attempts=20))
+            await asyncio.wait_for(retried.wait(), timeout=30)  # it failed and will retry
+            assert not publishing.done()
+            server.start()  # same port, same AOF
+            await asyncio.wait_for(publishing, timeout=30)
         entries: Any = await client.xrange(keys.updates)
         assert [fields[b"m"] for _, fields in entries] == [raw, raw]  # the first survived the kill
     finally:

@@ -6,6 +6,8 @@ real one, run in burst mode.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
@@ -18,8 +20,11 @@ from services.aggregator.service import Aggregator
 from services.aggregator.service import run as run_aggregator
 from services.control.app import create_app
 from services.control.rules_runner import RuleRunner
+from services.control.switchboard import set_switch, switch_owners
 from services.keys import Keys
 from services.policy_store import read_policy
+from services.redis_conn import connect
+from services.redis_server import RedisServer
 from shared.rules import ActionKind
 from shared.settings import Settings
 from tests.integration.helpers import initial_state, make_update, publish
@@ -127,3 +132,95 @@ async def test_an_always_dropped_client_raises_a_fairness_alert(
         alerts = await (await client.get("/v1/alerts")).json()
     assert alerts[0]["client"] == "slow"
     assert "0 of its last 10" in alerts[0]["message"]
+
+
+async def test_a_rule_turns_its_switch_off_after_a_restart(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    paused = Aggregator(settings, redis, keys)
+    await paused.start(initial_state(settings))
+    for i in range(50):
+        await publish(redis, keys, make_update(f"l{i}", base=0))
+    clock = Clock()
+    calm = {"lag_high": 20.0, "lag_low": 5.0, "hold_s": 0.0, "cooldown_s": 0.0}
+    [on] = await runner(settings, redis, clock, **calm).tick()
+    assert (on.kind, on.switch) == (ActionKind.SWITCH_ON, "freshest-only")
+    # the control service restarts: a new runner, nothing in memory; meanwhile the lag clears
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    clock.now += 1
+    restarted = runner(settings, redis, clock, **calm)
+    [off] = [a for a in await restarted.tick() if a.kind is not ActionKind.ALERT]
+    assert (off.kind, off.switch) == (ActionKind.SWITCH_OFF, "freshest-only")
+    assert (await read_policy(redis, keys)).tau_max == 10
+    assert await redis.hgetall(keys.switches) == {}
+
+
+async def test_a_rule_leaves_an_operators_switch_alone(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    await Aggregator(settings, redis, keys).start(initial_state(settings))
+    await set_switch(redis, keys, "freshest-only", True, reason="by hand", who="ops")
+    clock = Clock()
+    rules = runner(settings, redis, clock, lag_high=20.0, lag_low=5.0, hold_s=0.0, cooldown_s=0.0)
+    assert await rules.tick() == []  # calm, but not the rule's switch to turn off
+    assert (await read_policy(redis, keys)).tau_max == 0
+    for i in range(50):
+        await publish(redis, keys, make_update(f"o{i}", base=0))
+    clock.now += 1
+    assert await rules.tick() == []  # lagging, but the switch is already on
+    assert set(await switch_owners(redis, keys)) == {"freshest-only"}
+    # once the operator turns it off, the rule decides again
+    await set_switch(redis, keys, "freshest-only", False, reason="by hand", who="ops")
+    clock.now += 1
+    [on] = await rules.tick()
+    assert (on.kind, on.switch) == (ActionKind.SWITCH_ON, "freshest-only")
+    assert await switch_owners(redis, keys) == {"freshest-only": "rule:lag"}
+
+
+class CountingClock(Clock):
+    """Sets `stopping` when read for the `stop_at`-th time: each tick reads it once, first, so the
+    loop has survived every tick before that one when it is read."""
+
+    def __init__(self, stopping: asyncio.Event, stop_at: int) -> None:
+        super().__init__()
+        self.stopping = stopping
+        self.stop_at = stop_at
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads == self.stop_at:
+            self.stopping.set()
+        return self.now
+
+
+async def test_a_refused_command_skips_a_run_and_the_rules_go_on(
+    settings: Settings,
+    redis: aioredis.Redis,
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a control user whose rights were cut (NOPERM on everything but PING)
+    user = f"{settings.redis.key_prefix}-noperm"
+    await redis.acl_setuser(
+        user, enabled=True, passwords=["+noperm-password-0123"], commands=["+ping"]
+    )
+    port = redis_server.port
+    cut = connect(settings.redis, f"redis://{user}:noperm-password-0123@127.0.0.1:{port}/0")
+    stopping = asyncio.Event()
+    clock = CountingClock(stopping, stop_at=3)
+    rules = runner(settings, cut, clock, rules_interval_s=0.01)
+    try:
+        with caplog.at_level(logging.ERROR, logger="services.control.rules_runner"):
+            await asyncio.wait_for(rules.run(stopping), timeout=30)
+    finally:
+        await cut.aclose()
+        await redis.acl_deluser(user)
+    assert clock.reads == 3  # three runs, each refused, and the loop ended only when asked to
+    refusals = [r.getMessage() for r in caplog.records]
+    assert len(refusals) == 3
+    assert all("Redis refused" in m and "permission" in m for m in refusals), refusals
+    text = generate_latest(rules.metrics.registry).decode()
+    assert 'fedasync_control_rule_failures_total{reason="redis"} 3.0' in text
