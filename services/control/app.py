@@ -28,7 +28,7 @@ from services.control.switchboard import AlreadyInState, set_switch
 from services.control.window import LedgerWindow
 from services.http_service import livez, redis_readiness
 from services.keys import Keys
-from services.lifecycle import cancel_tasks
+from services.lifecycle import Background
 from services.policy_store import PolicyConflict, change_policy, read_policy
 from services.prometheus import metrics_response
 from services.redis_conn import get_bytes
@@ -41,6 +41,7 @@ REDIS = web.AppKey("redis", aioredis.Redis)
 KEYS = web.AppKey("keys", Keys)
 WINDOW = web.AppKey("window", LedgerWindow)
 METRICS = web.AppKey("metrics", ControlMetrics)
+BACKGROUND = web.AppKey("background", Background)
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -227,7 +228,7 @@ async def evaluation_curve(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready once Redis answers: everything the service shows comes from there."""
-    return await redis_readiness(request.app[REDIS])
+    return await redis_readiness(request.app[REDIS], request.app[BACKGROUND])
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -240,10 +241,10 @@ async def _rules(app: web.Application) -> AsyncIterator[None]:
     runner = RuleRunner(
         app[SETTINGS].control, app[REDIS], app[KEYS], window=app[WINDOW], metrics=app[METRICS]
     )
-    task = asyncio.create_task(runner.run(stopping), name="rules")
+    app[BACKGROUND].start(runner.run(stopping), "rules")
     yield
     stopping.set()
-    await cancel_tasks([task])
+    await app[BACKGROUND].stop()
 
 
 def create_app(
@@ -256,6 +257,7 @@ def create_app(
     control = settings.control
     app[WINDOW] = LedgerWindow(redis, app[KEYS], control.window_s, control.fairness_decisions)
     app[METRICS] = ControlMetrics()
+    app[BACKGROUND] = Background()
     app.add_routes(
         [
             web.get("/v1/policy", get_policy),

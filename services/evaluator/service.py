@@ -151,11 +151,13 @@ class Follower:
         )
         seconds = time.perf_counter() - started
         record = EvaluationRecord.of(version, model.created_at, evaluation, time.time(), seconds)
-        await evaluations.append(self.redis, self.keys, record, self.settings.evaluator.keep)
-        self.evaluated = self.seen = version
+        # metrics first: whoever sees the record in Redis sees the metrics too (a record that
+        # fails to be written is scored and counted again on the retry)
         self.metrics.record(version, evaluation, seconds)
         if skipped > 0:
             self.metrics.skipped.inc(skipped)
+        await evaluations.append(self.redis, self.keys, record, self.settings.evaluator.keep)
+        self.evaluated = self.seen = version
         log.info(
             "version %d: score %.4f, loss %.4f (%.0f ms)",
             version,
