@@ -8,6 +8,7 @@ run folder.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,9 +29,10 @@ class EvaluationRecord:
     at: float
     #: when the version was committed (unix seconds), from the model message
     committed_at: float
-    loss: float
-    #: accuracy for classification, R² for regression (higher is better)
-    score: float
+    #: None when not finite (a diverged model): JSON has no NaN, and the curve shows a gap
+    loss: float | None
+    #: accuracy for classification, R² for regression (higher is better); None when not finite
+    score: float | None
     num_samples: int
     accuracy: float | None = None
     per_class: dict[str, float] = field(default_factory=dict)
@@ -45,8 +47,8 @@ class EvaluationRecord:
             version=version,
             at=at,
             committed_at=committed_at,
-            loss=evaluation.loss,
-            score=evaluation.score,
+            loss=_finite(evaluation.loss),
+            score=_finite(evaluation.score),
             num_samples=evaluation.num_samples,
             accuracy=evaluation.accuracy,
             per_class={str(k): v for k, v in sorted(evaluation.per_class.items())},
@@ -60,6 +62,10 @@ class EvaluationRecord:
     def from_json(cls, raw: bytes | str) -> EvaluationRecord:
         data: dict[str, Any] = json.loads(raw)
         return cls(**data)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 async def append(redis: aioredis.Redis, keys: Keys, record: EvaluationRecord, keep: int) -> bytes:

@@ -2,7 +2,8 @@
 
 The control service's window keeps each client's last decisions (shared.rules.DecisionWindow),
 the end-of-run summary of `fedasync up` counts all of them; both leave duplicates out (a
-duplicate says nothing about the client's work, only that a retry arrived twice) and both show
+duplicate says nothing about the client's work, only that a retry arrived twice) and updates
+dropped because training had closed (they say how long shutdown took), and both show
 the same rows, so a client reads the same on the dashboard and in summary.json.
 """
 
@@ -13,13 +14,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
+def closing_drop(record: Mapping[str, Any]) -> bool:
+    """An update dropped because training was over: it arrived too late to be judged at all."""
+    return record["outcome"] == "dropped" and record.get("reason") == "closed"
+
+
 def count_acceptance(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
-    """(applied, decided) per client over ledger records, duplicates left out; the same
-    figures as `DecisionWindow.acceptance` when the window keeps every decision."""
+    """(applied, decided) per client over ledger records, duplicates and closing drops left out;
+    the same figures as `DecisionWindow.acceptance` when the window keeps every decision."""
     applied: Counter[str] = Counter()
     decided: Counter[str] = Counter()
     for r in records:
-        if r["outcome"] == "duplicate":
+        if r["outcome"] == "duplicate" or closing_drop(r):
             continue
         decided[r["client_id"]] += 1
         applied[r["client_id"]] += r["outcome"] == "applied"

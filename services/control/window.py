@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from services import ledger
 from services.keys import Keys
-from shared.acceptance import acceptance_rows
+from shared.acceptance import acceptance_rows, closing_drop
 from shared.rules import DecisionWindow, Figures
 
 
@@ -33,7 +33,10 @@ class LedgerWindow:
             async for r in ledger.records(self.redis, self.keys, after=self._cursor):
                 self._cursor = r["ledger_id"]
                 self.totals[r["outcome"]] += 1
-                self.window.add(float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"])
+                if not closing_drop(r):  # after the budget: says nothing about the fleet
+                    self.window.add(
+                        float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]
+                    )
             self.window.expire(now)
 
     def figures(self, now: float, lag: float) -> Figures:

@@ -141,7 +141,7 @@ class Ingest:
 
         The pause switch is checked first of all: while ingest is paused nothing is read.
         """
-        await self._check_not_paused()
+        await self.check_not_paused()
         if request.content_type != CONTENT_TYPE:
             raise Refusal(
                 415,
@@ -177,7 +177,7 @@ class Ingest:
             raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
         return Accepted(update, ingested.entry_id, ingested.new, len(body))
 
-    async def _check_not_paused(self) -> None:
+    async def check_not_paused(self) -> None:
         """The `pause-ingest` switch: come back later (nothing is read, nothing is lost)."""
         try:
             policy = await self.policy.get(time.monotonic())
@@ -250,8 +250,10 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         )
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue`: refuse an oversized body before the device sends it."""
+        """`Expect: 100-continue`: refuse a paused ingest or an oversized body before the
+        device sends it."""
         try:
+            await ingest.check_not_paused()
             ingest.check_length(request)
         except Refusal as refusal:
             return ingest.refuse(request, refusal)

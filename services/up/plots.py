@@ -5,6 +5,7 @@ Each chart has axis labels with units, a title and a legend where there is more 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ def accuracy(curve: Sequence[EvaluationRecord], started_at: float, out: Path) ->
     figure = _figure()
     ax = figure.add_subplot()
     seconds = [r.committed_at - started_at for r in curve]
-    ax.plot(seconds, [r.score for r in curve], color="black", linewidth=2, label="overall")
+    scores = [math.nan if r.score is None else r.score for r in curve]  # None: a gap
+    ax.plot(seconds, scores, color="black", linewidth=2, label="overall")
     for name in curve[-1].per_class:
         points = [
             (s, r.per_class[name])

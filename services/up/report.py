@@ -47,6 +47,9 @@ async def write_run_folder(
         wall_seconds=wall_seconds,
     )
     summary |= extra
+    summary["problems"] = list(summary.get("problems", []))
+    if summary["updates"]["applied"] == 0 and ended_by != "interrupted":
+        summary["problems"].append("no update was applied (see the dead letters and the logs)")
     summary["alerts"] = [
         {k.decode(): v.decode() for k, v in fields.items()} for _, fields in raised
     ]

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from redis.exceptions import RedisError
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -96,6 +97,12 @@ class Monitor:
         crashed = self.report_crashes()
         if any(name in SERVICES for name in crashed):
             raise ChildFailed(self.problems[-1])
+        for child in self.supervisor.exited([n for n in SERVICES if n in self.supervisor.children]):
+            if not child.expected_exit:  # even a clean exit: nothing would serve the run anymore
+                raise ChildFailed(
+                    f"{child.spec.name} stopped (exit code {child.process.returncode}) while the "
+                    f"run needs it; see {child.log_path}:\n{child.log_tail(8)}"
+                )
         done = (self.status or {}).get("training_done")
         if done is None and len(self.supervisor.exited(self.workers)) == len(self.workers):
             # workers stop on their own once training is done: look again before failing
@@ -143,7 +150,7 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
         reason = finished()
         elapsed = time.monotonic() - started
         if monitor.status is not None and (reason or elapsed - last_line >= PLAIN_EVERY_S):
-            console.print(view.line(monitor.status, elapsed), highlight=False)
+            console.print(view.line(monitor.status, elapsed), highlight=False, soft_wrap=True)
             last_line = elapsed
         if reason is not None:
             return reason
@@ -157,6 +164,7 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
         f"{worker.time_scale:g}), task {task.name} ({task.partition}, seed {task.seed}), "
         f"budget {budget.max_updates} updates / {budget.max_seconds:g} s",
         highlight=False,
+        soft_wrap=True,
     )
     rows = [
         ("dashboard", ports.url("control") + "/", f"operator token: {settings.control.token}"),
@@ -172,7 +180,7 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
         ("run folder", str(out), "logs in logs/"),
     ]
     for name, where, note in rows:
-        console.print(f"  {name:<11} {where}  {note}", highlight=False)
+        console.print(f"  {name:<11} {where}  {note}", highlight=False, soft_wrap=True)
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -180,6 +188,12 @@ def run_up(args: argparse.Namespace) -> int:
     settings = load_settings(**overrides(args))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out: Path = args.out or Path("runs") / f"up-{stamp}"
+    if out.exists() and any(out.iterdir()):
+        # its redis/ would bring the old run back (done flag and all) and its report be mixed in
+        console.print(
+            f"[red]fedasync up: {escape(str(out))} is not empty; choose a new --out[/red]"
+        )
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     redis_server: RedisServer | None = None
     if settings.redis.url is None:
@@ -203,7 +217,10 @@ def run_up(args: argparse.Namespace) -> int:
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     old_int = signal.getsignal(signal.SIGINT)
     try:
-        with Supervisor(out / "logs") as supervisor:
+        # the children get the run's settings and nothing else of the caller's FEDASYNC_ variables
+        # (a stray FEDASYNC_WORKER__KEY must not reach workers the run meant to leave unsigned)
+        inherited = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
+        with Supervisor(out / "logs", env=inherited) as supervisor:
             monitor = Monitor(settings, ports, supervisor)
             try:
                 for spec in service_specs(settings, ports):
@@ -217,6 +234,7 @@ def run_up(args: argparse.Namespace) -> int:
                     f"  {'workers':<11} {settings.task.num_devices} device processes started; "
                     "Ctrl-C stops everything",
                     highlight=False,
+                    soft_wrap=True,
                 )
                 live = not args.no_live and console.is_terminal
                 ended_by = _watch(monitor, console, live, started)
@@ -240,22 +258,28 @@ def run_up(args: argparse.Namespace) -> int:
                     ]
                 )
                 monitor.report_crashes()  # a death the last look did not see
-        summary = asyncio.run(
-            write_run_folder(
-                settings,
-                out,
-                ended_by=ended_by,
-                wall_seconds=time.monotonic() - started,
-                extra={"problems": monitor.problems, "settings": _shown(settings)},
+        try:
+            summary = asyncio.run(
+                write_run_folder(
+                    settings,
+                    out,
+                    ended_by=ended_by,
+                    wall_seconds=time.monotonic() - started,
+                    extra={"problems": monitor.problems, "settings": _shown(settings)},
+                )
             )
-        )
+        except (RedisError, OSError) as exc:
+            for problem in monitor.problems:
+                console.print(f"[red]problem: {escape(problem)}[/red]")
+            console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
+            return 1
         print_summary(console, summary, out)
     finally:
         if redis_server is not None:
             redis_server.stop()
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
-    return 0 if ended_by in ("max_updates", "max_seconds") and not monitor.problems else 1
+    return 0 if ended_by in ("max_updates", "max_seconds") and not summary["problems"] else 1
 
 
 async def _provision(settings: Settings) -> dict[str, str]:

@@ -35,6 +35,12 @@ def summarize(
     training_s = None
     if applied and started_at is not None:
         training_s = max(float(applied[-1]["at"]) - started_at, 1e-9)
+    # the rate from the first decision to the last applied update: start-up (services, the
+    # workers' first training) is not part of it
+    applied_per_second = None
+    if len(applied) > 1:
+        span = float(applied[-1]["at"]) - float(records[0]["at"])
+        applied_per_second = (len(applied) - 1) / span if span > 0 else None
     final = curve[-1] if curve else None
     return {
         "ended_by": ended_by,
@@ -50,7 +56,7 @@ def summarize(
         },
         "reasons": {outcome: dict(counts) for outcome, counts in sorted(reasons.items())},
         "training_seconds": training_s,
-        "applied_per_second": None if training_s is None else len(applied) / training_s,
+        "applied_per_second": applied_per_second,
         "tau": stats(taus),
         "alpha": stats(alphas),
         "final": None

@@ -26,7 +26,7 @@ def _accuracy(status: dict[str, Any]) -> str:
     evaluation = status.get("evaluation")
     if not evaluation:
         return "–"
-    return f"{evaluation['score']:.3f} (v{evaluation['version']})"
+    return f"{_num(evaluation['score'], 3)} (v{evaluation['version']})"
 
 
 def _budget(status: dict[str, Any]) -> str:

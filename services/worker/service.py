@@ -82,6 +82,10 @@ class ModelClient:
         self._result.downloads += 1
 
 
+class PublishAbandoned(Exception):
+    """The worker was asked to stop while it waited to publish; the update was not sent."""
+
+
 class PublishRefused(Exception):
     """The ingest service refused the update for good (a 4xx other than 429)."""
 
@@ -156,7 +160,8 @@ async def publish_http(
     raw: bytes,
     attempts: int,
     *,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    stopping: asyncio.Event | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> str:
     """POST to the ingest service, retried with the same bytes (signed afresh each time) on
     connection errors, 429 and 5xx; the update id makes the retries one update. The entry id.
@@ -168,8 +173,21 @@ async def publish_http(
 
     While the operators have paused ingest (503 `ingest_paused`) the device waits as long as it
     takes: that is a decision to come back later, not a failure, so it uses up no attempt.
-    `sleep` waits between attempts (tests pass one that records the waits instead).
+    A wait between attempts ends early when `stopping` is set: the update is then given up
+    (`PublishAbandoned`; it was never acknowledged) so a stop is not held up by a pause.
+    `sleep` replaces that wait (tests pass one that records the waits instead).
     """
+    stop = stopping or asyncio.Event()
+
+    async def pause(seconds: float) -> None:
+        if sleep is not None:
+            await sleep(seconds)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), seconds)
+        if stop.is_set():
+            raise PublishAbandoned("stopping: the update was not published")
+
     url = base_url.rstrip("/") + PATH
     failures = 0
     while True:
@@ -193,13 +211,13 @@ async def publish_http(
             problem = f"{status} {reason}"
             if status == 503 and reason == "ingest_paused":
                 log.info("ingest paused; trying again in %.0f s", wait)
-                await sleep(wait)
+                await pause(wait)
                 continue
         failures += 1
         if failures > attempts:
             raise ConnectionError(f"ingest unavailable after {attempts} retries: {problem}")
         log.warning("publish failed (%s); retrying the same update (attempt %d)", problem, failures)
-        await sleep(wait)
+        await pause(wait)
 
 
 async def _refresh(models: ModelClient, stopping: asyncio.Event) -> bool:
@@ -280,7 +298,7 @@ async def work(
         try:
             if cfg.ingest_url is not None and key is not None:
                 entry_id = await publish_http(
-                    session, cfg.ingest_url, key, client_id, raw, attempts
+                    session, cfg.ingest_url, key, client_id, raw, attempts, stopping=stopping
                 )
             elif redis is None:
                 raise ValueError("a worker without an ingest URL and key needs Redis")
@@ -292,6 +310,9 @@ async def work(
             result.refused += 1
             log.error("update %s refused: %s", update.update_id, exc)
             continue
+        except PublishAbandoned:
+            log.info("stopping: update %s was not published", update.update_id)
+            break
         journal.acknowledged(update.update_id, entry_id)
         result.published += 1
         if cfg.max_runs is not None and result.published >= cfg.max_runs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,12 +30,12 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FEDASYNC_")}
 
 
-def up(out: Path, *options: str) -> subprocess.Popen[str]:
+def up(out: Path, *options: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`fedasync up` in a process group of its own, as a shell starts a foreground job."""
     return subprocess.Popen(
         [sys.executable, "-m", "services.up", "--no-live", "--out", str(out), *options],
         cwd=ROOT,
-        env=clean_env(),
+        env=clean_env() if env is None else env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -155,3 +156,41 @@ def test_secure_devices_sign_and_publish_through_ingest(
     for _, fields in entries:  # built by the ingest service: signer, signing time, signature
         assert set(fields) == {b"m", b"c", b"t", b"s"}
         assert fields[b"c"] in (b"device-0", b"device-1")
+
+
+def test_a_run_folder_with_contents_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "used"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    process = up(out, "--devices", "1")
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 2, output
+    assert "is not empty" in output
+    assert (out / "summary.json").read_text() == "{}"
+
+
+def test_a_service_that_stops_is_a_failure_and_stray_settings_stay_out(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "run"
+    options = ("--devices", "1", "--task", "linear", "--profile", "none")
+    env = clean_env() | {"FEDASYNC_WORKER__KEY": "ab" * 32}  # meant for some other device
+    process = up(out, *options, "--max-updates", "1000000", env=env)
+    processes.append(process)
+    assert process.stdout is not None
+    for line in process.stdout:  # progress lines: wait until updates are being applied
+        if re.search(r"applied [1-9]", line):
+            break
+    aggregator = next(
+        p
+        for p in children(process.pid)
+        if b"services.aggregator" in Path(f"/proc/{p}/cmdline").read_bytes()
+    )
+    os.kill(aggregator, signal.SIGTERM)  # someone else stops it: it drains and exits 0
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 1, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("aggregator stopped (exit code 0)" in p for p in summary["problems"])
+    # the caller's FEDASYNC_WORKER__KEY did not reach the worker: its updates were applied
+    assert summary["updates"]["applied"] > 0
+    assert summary["updates"]["dead_letters"] == 0

@@ -7,6 +7,7 @@ from a script, one answer per request, and records what it was sent.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from services.ingest.protocol import PATH
 from services.worker.service import (
     DEFAULT_RETRY_AFTER_S,
     MAX_RETRY_AFTER_S,
+    PublishAbandoned,
     PublishRefused,
     publish_http,
     retry_after_s,
@@ -170,3 +172,22 @@ def test_retry_after_is_a_number_of_seconds_or_the_default(
     header: str | None, seconds: float
 ) -> None:
     assert retry_after_s(header) == seconds
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_stop_while_ingest_is_paused_gives_the_update_up_at_once(
+    ingest: ScriptedIngest,
+) -> None:
+    stopping = asyncio.Event()
+
+    def paused_then_stop() -> web.Response:
+        stopping.set()  # the worker is told to stop while it waits out an hour-long pause
+        body = {"error": "ingest paused", "reason": "ingest_paused"}
+        return web.json_response(body, status=503, headers={"Retry-After": "3600"})
+
+    ingest.script = [paused_then_stop]
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(PublishAbandoned):
+            await publish_http(session, ingest.url, KEY, "device-0", RAW, 5, stopping=stopping)
+    assert len(ingest.bodies) == 1  # no second attempt after the stop

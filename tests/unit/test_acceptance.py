@@ -51,3 +51,13 @@ def test_the_window_and_the_ledger_count_the_same_way() -> None:
             window.add(r["at"], r["outcome"], r["client_id"], None, None)
         assert window.acceptance() == count_acceptance(ledger)
         assert acceptance_rows(window.acceptance()) == acceptance_rows(count_acceptance(ledger))
+
+
+def test_updates_dropped_after_training_closed_do_not_count() -> None:
+    ledger = [
+        {"outcome": "applied", "client_id": "a", "reason": None},
+        {"outcome": "dropped", "client_id": "a", "reason": "stale"},
+        {"outcome": "dropped", "client_id": "a", "reason": "closed"},
+        {"outcome": "dropped", "client_id": "b", "reason": "closed"},
+    ]
+    assert count_acceptance(ledger) == {"a": (1, 2)}
