@@ -8,6 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from services.keys import AGGREGATOR_GROUP, Keys
+from services.redis_conn import as_text, stream_entries
 
 #: the most entries counted when the server cannot say the lag itself (Redis 6.2): ten times the
 #: default `lag_high`, so the lag rule still sees both its thresholds, while one count never
@@ -48,7 +49,7 @@ async def read_backlog(redis: aioredis.Redis, keys: Keys) -> Backlog:
             if "lag" in group:
                 lag = int(group["lag"] or 0)
             else:
-                lag = await count_after(redis, keys.updates, _text(group["last-delivered-id"]))
+                lag = await count_after(redis, keys.updates, as_text(group["last-delivered-id"]))
     return Backlog(int(await redis.xlen(keys.updates)), pending, lag)
 
 
@@ -61,17 +62,8 @@ async def count_after(
 ) -> int:
     """Entries of `stream` after `entry_id`, counted page by page up to `cap` (then `cap`)."""
     count = 0
-    start = entry_id
-    while count < cap:
-        entries: Any = await redis.xrange(
-            stream, min="(" + start, max="+", count=min(page, cap - count)
-        )
-        count += len(entries)
-        if len(entries) < page:
-            return count
-        start = _text(entries[-1][0])
+    async for _ in stream_entries(redis, stream, after=entry_id, page=min(page, cap)):
+        count += 1
+        if count >= cap:
+            break
     return count
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from learning.evaluation import Evaluation
 from services.keys import Keys
+from services.redis_conn import stream_entries
 
 FIELD = "e"
 
@@ -90,11 +91,7 @@ async def recent(redis: aioredis.Redis, keys: Keys, count: int) -> list[Evaluati
 async def all_records(
     redis: aioredis.Redis, keys: Keys, page: int = 1000
 ) -> list[EvaluationRecord]:
-    out: list[EvaluationRecord] = []
-    start = "-"
-    while True:
-        entries: Any = await redis.xrange(keys.evaluations, min=start, count=page)
-        out.extend(EvaluationRecord.from_json(e[1][FIELD.encode()]) for e in entries)
-        if len(entries) < page:
-            return out
-        start = "(" + entries[-1][0].decode()
+    return [
+        EvaluationRecord.from_json(fields[FIELD.encode()])
+        async for _, fields in stream_entries(redis, keys.evaluations, page=page)
+    ]

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from services.keys import Keys
 from services.policy_store import policy_version
-from services.redis_conn import get_bytes
+from services.redis_conn import get_bytes, stream_entries
 from shared.checkpoint import load_state
 from shared.decision import DropReason
 from shared.model_format import decode_model
@@ -39,16 +39,10 @@ async def records(
     service's window all go through it. `after` is an exclusive start, so a reader that keeps
     the last `ledger_id` it saw takes in only what was committed since (0-0: from the start).
     """
-    start = "(" + after
-    while True:
-        entries: Any = await redis.xrange(keys.ledger, min=start, max="+", count=page)
-        for entry_id, fields in entries:
-            record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
-            record["ledger_id"] = entry_id.decode()
-            yield record
-        if len(entries) < page:
-            return
-        start = "(" + entries[-1][0].decode()
+    async for entry_id, fields in stream_entries(redis, keys.ledger, after=after, page=page):
+        record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
+        record["ledger_id"] = entry_id
+        yield record
 
 
 def export_line(record: dict[str, Any]) -> str:

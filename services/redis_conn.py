@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -81,3 +81,23 @@ async def get_bytes(redis: aioredis.Redis, key: str) -> bytes | None:
     if value is not None and not isinstance(value, bytes):
         raise TypeError(f"{key}: expected bytes, got {type(value).__name__}")
     return value
+
+
+async def stream_entries(
+    redis: aioredis.Redis, stream: str, *, after: str = "0-0", page: int = 1000
+) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
+    """(entry id, fields) of `stream` after `after` (exclusive), oldest first, read page by page
+    so a long stream is never held in one reply."""
+    start = "(" + after
+    while True:
+        entries: Any = await redis.xrange(stream, min=start, max="+", count=page)
+        for entry_id, fields in entries:
+            yield as_text(entry_id), fields
+        if len(entries) < page:
+            return
+        start = "(" + as_text(entries[-1][0])
+
+
+def as_text(value: str | bytes) -> str:
+    """A reply field as text, whether the client decodes replies or not."""
+    return value.decode() if isinstance(value, bytes) else value

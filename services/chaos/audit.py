@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from services.keys import Keys
 from services.ledger import VerifyReport, records, verify
-from services.redis_conn import connect
+from services.redis_conn import connect, stream_entries
 from shared.settings import RedisSettings
 from shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -39,12 +39,5 @@ async def audit(url: str, keys: Keys) -> Audit:
         await client.aclose()
 
 
-async def _entry_ids(client: aioredis.Redis, stream: str, page: int = 1000) -> list[str]:
-    out: list[str] = []
-    start = "-"
-    while True:
-        entries: Any = await client.xrange(stream, min=start, max="+", count=page)
-        out += [entry_id.decode() for entry_id, _ in entries]
-        if len(entries) < page:
-            return out
-        start = "(" + out[-1]
+async def _entry_ids(client: aioredis.Redis, stream: str) -> list[str]:
+    return [entry_id async for entry_id, _ in stream_entries(client, stream)]

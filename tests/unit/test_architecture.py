@@ -89,7 +89,9 @@ def test_the_ledger_stream_is_read_in_one_place() -> None:
     readers = [
         p.relative_to(ROOT)
         for p in sorted((ROOT / "services").rglob("*.py"))
-        if re.search(r"xrange\(\s*(self\.)?keys\.ledger", p.read_text())
+        if re.search(
+            r"(xrange\(\s*|stream_entries\(\s*\w+,\s*)(self\.)?keys\.ledger", p.read_text()
+        )
     ]
     assert readers == [Path("services/ledger.py")]
 
