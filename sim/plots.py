@@ -19,13 +19,15 @@ from sim.runner import Simulation
 DPI = 100
 
 
-def _figure() -> Figure:
+def new_figure() -> Figure:
+    """A report-sized figure on the Agg canvas (the simulator's and `fedasync up`'s charts)."""
     figure = Figure(figsize=(7.5, 4.5), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
 
 
-def _save(figure: Figure, path: Path) -> str:
+def save_png(figure: Figure, path: Path) -> str:
+    """Write without the software tag, so the same chart gives the same bytes."""
     figure.savefig(path, metadata={"Software": None})
     return path.name
 
@@ -39,7 +41,7 @@ def _async(sim: Simulation) -> list[RunResult]:
 
 
 def curve(sim: Simulation, out: Path, *, by: str) -> str:
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     name = _score_name(sim)
     for r in sim.results:
@@ -58,11 +60,11 @@ def curve(sim: Simulation, out: Path, *, by: str) -> str:
     ax.set_ylabel(f"test {name} (fraction)" if name == "accuracy" else "test R²")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(figure, out / f"{'accuracy' if by == 'time' else 'accuracy_updates'}.png")
+    return save_png(figure, out / f"{'accuracy' if by == 'time' else 'accuracy_updates'}.png")
 
 
 def loss_curve(sim: Simulation, out: Path) -> str:
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     for r in sim.results:
         points = r.recorder.evals
@@ -73,11 +75,11 @@ def loss_curve(sim: Simulation, out: Path) -> str:
     ax.set_title("Test loss against simulated time")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(figure, out / "loss.png")
+    return save_png(figure, out / "loss.png")
 
 
 def histogram(sim: Simulation, out: Path, *, field: str) -> str:
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     runs = _async(sim)
     series = []
@@ -104,11 +106,11 @@ def histogram(sim: Simulation, out: Path, *, field: str) -> str:
     ax.grid(alpha=0.3)
     if runs:
         ax.legend()
-    return _save(figure, out / f"{field}.png")
+    return save_png(figure, out / f"{field}.png")
 
 
 def acceptance(sim: Simulation, out: Path) -> str:
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     medians = np.asarray(sim.world.medians_s)
     for r, marker in zip(sim.results, "os^vDP*X", strict=False):
@@ -126,14 +128,14 @@ def acceptance(sim: Simulation, out: Path) -> str:
     ax.set_title("Per-client acceptance against device speed")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(figure, out / "acceptance.png")
+    return save_png(figure, out / "acceptance.png")
 
 
 def per_class(sim: Simulation, out: Path) -> str | None:
     classes = sim.world.task.num_classes
     if not classes:
         return None
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     width = 0.8 / len(sim.results)
     for i, r in enumerate(sim.results):
@@ -146,7 +148,7 @@ def per_class(sim: Simulation, out: Path) -> str | None:
     ax.set_ylim(0, 1.05)
     ax.set_title("Final accuracy per class")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=min(4, len(sim.results)))
-    return _save(figure, out / "per_class.png")
+    return save_png(figure, out / "per_class.png")
 
 
 _SWITCH_COLOURS = {
@@ -198,7 +200,7 @@ def rules_chart(sim: Simulation, out: Path) -> str | None:
         ax.legend(handles, labels, loc="upper right", fontsize="small")
     axes[-1].set_xlabel("simulated time (min)")
     figure.suptitle("What the automatic rules saw, and the switches they turned on")
-    return _save(figure, out / "rules.png")
+    return save_png(figure, out / "rules.png")
 
 
 def write_plots(sim: Simulation, out: Path) -> list[str]:

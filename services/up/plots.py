@@ -10,27 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from services.evaluations import EvaluationRecord
-
-
-def _figure() -> Figure:
-    figure = Figure(figsize=(7.5, 4.5), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def _save(figure: Figure, path: Path) -> str:
-    figure.savefig(path, metadata={"Software": None})
-    return path.name
+from sim.plots import new_figure, save_png
 
 
 def accuracy(curve: Sequence[EvaluationRecord], started_at: float, out: Path) -> str | None:
     if not curve:
         return None
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     seconds = [r.committed_at - started_at for r in curve]
     scores = [math.nan if r.score is None else r.score for r in curve]  # None: a gap
@@ -50,13 +37,13 @@ def accuracy(curve: Sequence[EvaluationRecord], started_at: float, out: Path) ->
     ax.set_title(f"Test {name} of each evaluated version")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return _save(figure, out / "accuracy.png")
+    return save_png(figure, out / "accuracy.png")
 
 
 def histogram(values: Sequence[float], field: str, tau_max: int, out: Path) -> str | None:
     if not values:
         return None
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     if field == "tau":
         top = int(max(values))
@@ -71,13 +58,13 @@ def histogram(values: Sequence[float], field: str, tau_max: int, out: Path) -> s
         ax.set_title("Effective α of applied updates")
     ax.set_ylabel("updates (count)")
     ax.grid(alpha=0.3)
-    return _save(figure, out / f"{field}.png")
+    return save_png(figure, out / f"{field}.png")
 
 
 def acceptance(clients: Sequence[dict[str, Any]], out: Path) -> str | None:
     if not clients:
         return None
-    figure = _figure()
+    figure = new_figure()
     ax = figure.add_subplot()
     names = [c["client"] for c in clients]
     ax.barh(names, [c["rate"] for c in clients], color="tab:blue")
@@ -87,4 +74,4 @@ def acceptance(clients: Sequence[dict[str, Any]], out: Path) -> str | None:
     ax.set_title("Per-client acceptance, worst first")
     ax.tick_params(axis="y", labelsize=7)
     ax.grid(alpha=0.3, axis="x")
-    return _save(figure, out / "acceptance.png")
+    return save_png(figure, out / "acceptance.png")

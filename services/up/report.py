@@ -19,6 +19,7 @@ from services.keys import Keys
 from services.redis_conn import connect, get_bytes
 from services.up import plots
 from services.up.summary import summarize
+from services.up.view import num
 from shared.settings import Settings
 
 
@@ -82,10 +83,6 @@ def _write_curve(curve: list[evaluations.EvaluationRecord], path: Path) -> None:
             )
 
 
-def _num(value: Any, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
 def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     table = Table(title="fedasync up: summary", show_header=False, title_justify="left")
     final = summary.get("final") or {}
@@ -93,7 +90,7 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     table.add_row("ended by", summary["ended_by"])
     table.add_row("final version", str(summary["version"]))
     name = "accuracy" if final.get("accuracy") is not None else "score"
-    table.add_row(f"final test {name}", _num(final.get("score")))
+    table.add_row(f"final test {name}", num(final.get("score"), 3))
     if final.get("per_class"):
         per_class = "  ".join(f"{c}: {v:.2f}" for c, v in final["per_class"].items())
         table.add_row("per class", per_class)
@@ -103,13 +100,13 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         f"{updates['rejected']} rejected, {updates['duplicate']} duplicates, "
         f"{updates['dead_letters']} dead letters",
     )
-    table.add_row("applied per second", _num(summary["applied_per_second"], 1))
+    table.add_row("applied per second", num(summary["applied_per_second"], 1))
     tau, alpha = summary["tau"], summary["alpha"]
     table.add_row(
         "τ p50 / p95 / max",
-        f"{_num(tau['p50'], 0)} / {_num(tau['p95'], 0)} / {_num(tau['max'], 0)}",
+        f"{num(tau['p50'], 0)} / {num(tau['p95'], 0)} / {num(tau['max'], 0)}",
     )
-    table.add_row("α p50 / p95", f"{_num(alpha['p50'])} / {_num(alpha['p95'])}")
+    table.add_row("α p50 / p95", f"{num(alpha['p50'], 3)} / {num(alpha['p95'], 3)}")
     worst = summary["clients"][:5]
     table.add_row(
         "acceptance, worst first",

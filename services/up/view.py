@@ -13,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 
-def _num(value: Any, digits: int = 2) -> str:
+def num(value: Any, digits: int = 2) -> str:
+    """A figure to show, or a dash when there is none yet."""
     return "–" if value is None else f"{value:.{digits}f}"
 
 
@@ -26,7 +27,7 @@ def _accuracy(status: dict[str, Any]) -> str:
     evaluation = status.get("evaluation")
     if not evaluation:
         return "–"
-    return f"{_num(evaluation['score'], 3)} (v{evaluation['version']})"
+    return f"{num(evaluation['score'], 3)} (v{evaluation['version']})"
 
 
 def _budget(status: dict[str, Any]) -> str:
@@ -34,7 +35,7 @@ def _budget(status: dict[str, Any]) -> str:
     if done:
         return f"done: {done.get('reason', '?')}"
     updates, seconds = status.get("budget_left_updates"), status.get("budget_left_seconds")
-    return f"{updates if updates is not None else '–'} updates / {_num(seconds, 0)} s"
+    return f"{updates if updates is not None else '–'} updates / {num(seconds, 0)} s"
 
 
 def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
@@ -43,7 +44,7 @@ def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
     totals = recent.get("totals", {})
     return [
         ("version", str(status.get("version", "–"))),
-        ("updates/s", _num(recent.get("update_rate"), 1)),
+        ("updates/s", num(recent.get("update_rate"), 1)),
         ("applied", str(totals.get("applied", 0))),
         ("dropped", str(totals.get("dropped", 0))),
         # every refusal is a dead letter (the core's rejections are also in the ledger)
