@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from services.redis_server import free_port
 from services.supervisor import ServiceSpec
+from services.worker.device import default_client_id
 from shared.settings import Settings, settings_env
 
 HOST = "127.0.0.1"
@@ -86,10 +87,6 @@ def service_specs(settings: Settings, ports: Ports) -> list[ServiceSpec]:
     ]
 
 
-def client_id(index: int) -> str:
-    return f"device-{index}"
-
-
 def worker_specs(
     settings: Settings, ports: Ports, device_keys: Mapping[str, str]
 ) -> list[ServiceSpec]:
@@ -100,10 +97,10 @@ def worker_specs(
     for index in range(settings.task.num_devices):
         mine = env | {
             "FEDASYNC_WORKER__DEVICE_INDEX": str(index),
-            "FEDASYNC_WORKER__CLIENT_ID": client_id(index),
+            "FEDASYNC_WORKER__CLIENT_ID": default_client_id(index),
         }
-        if client_id(index) in device_keys:
-            mine["FEDASYNC_WORKER__KEY"] = device_keys[client_id(index)]
+        if default_client_id(index) in device_keys:
+            mine["FEDASYNC_WORKER__KEY"] = device_keys[default_client_id(index)]
             mine["FEDASYNC_WORKER__INGEST_URL"] = ports.url("ingest")
         specs.append(ServiceSpec(f"worker-{index}", "services.worker", mine))
     return specs

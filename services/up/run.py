@@ -36,12 +36,12 @@ from services.up.options import overrides
 from services.up.plan import (
     SERVICES,
     Ports,
-    client_id,
     configure,
     service_specs,
     worker_specs,
 )
 from services.up.report import print_summary, write_run_folder
+from services.worker.device import default_client_id
 from shared.settings import ENV_PREFIX, Settings, load_settings
 
 #: how long after the end of training the evaluator may take to score the final version
@@ -288,7 +288,7 @@ async def _provision(settings: Settings) -> dict[str, str]:
     keys = Keys(settings.redis.key_prefix)
     try:
         return {
-            client_id(i): await add_device(redis, keys, client_id(i))
+            default_client_id(i): await add_device(redis, keys, default_client_id(i))
             for i in range(settings.task.num_devices)
         }
     finally:

@@ -36,6 +36,11 @@ class Device:
     train: TrainParams
 
 
+def default_client_id(device_index: int) -> str:
+    """A worker's client id when none is configured (keys issued for a fleet use the same)."""
+    return f"device-{device_index}"
+
+
 def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
     if worker.device_index >= task_settings.num_devices:
         raise ValueError(

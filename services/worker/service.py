@@ -31,7 +31,7 @@ from services.keys import Keys
 from services.lifecycle import stop_on_signals
 from services.redis_conn import TRANSIENT, connect
 from services.snapshot.app import DONE_HEADER
-from services.worker.device import Device, build_device, run_rng
+from services.worker.device import Device, build_device, default_client_id, run_rng
 from services.worker.journal import Journal
 from shared.device_auth import parse_key, sign
 from shared.model_format import ModelMessage, decode_model
@@ -244,7 +244,7 @@ async def work(
 ) -> WorkerResult:
     cfg = settings.worker
     keys = Keys(settings.redis.key_prefix)
-    client_id = cfg.client_id or f"device-{cfg.device_index}"
+    client_id = cfg.client_id or default_client_id(cfg.device_index)
     key = None if cfg.key is None else parse_key(cfg.key.get_secret_value())
     result = WorkerResult()
     models = ModelClient(session, cfg.snapshot_url, result)
