@@ -67,7 +67,7 @@ from services.redis_conn import connect
 from services.redis_server import RedisServer, free_port
 from services.supervisor import ServiceSpec, Supervisor
 from shared.model_format import decode_model
-from shared.settings import ENV_PREFIX, Settings, load_settings, settings_env
+from shared.settings import Settings, load_settings, settings_env
 from shared.update import Update
 from shared.wire import encode_update
 
@@ -726,9 +726,8 @@ def main() -> int:
     try:
         ports = {name: free_port() for name in SERVICES}
         settings = configure(plan, server.url, ports)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
         child_env = settings_env(settings)
-        with Supervisor(work / "logs", env=env, cwd=ROOT) as supervisor:
+        with Supervisor(work / "logs", cwd=ROOT) as supervisor:
             for name in SERVICES:
                 ready = f"http://{HOST}:{ports[name]}/readyz"
                 supervisor.start(ServiceSpec(name, f"services.{name}", child_env, ready))

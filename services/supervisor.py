@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from shared.settings import ENV_PREFIX
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -83,8 +85,12 @@ class Supervisor:
     def __init__(
         self, log_dir: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
     ) -> None:
+        """`env` is added to this process's environment, from which every FEDASYNC_ variable is
+        left out: a child's settings are exactly those its caller and its spec give (a stray
+        FEDASYNC_WORKER__KEY in the operator's shell must not reach a run's workers)."""
         self.log_dir = log_dir
-        self.env = dict(os.environ if env is None else env)
+        inherited = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
+        self.env = inherited | dict(env or {})
         self.cwd = cwd
         self.children: dict[str, Child] = {}
         log_dir.mkdir(parents=True, exist_ok=True)

