@@ -209,13 +209,21 @@ def acl_rules(prefix: str) -> dict[str, str]:
     return {user.name: user.rules() for user in users(prefix)}
 
 
-#: the default user (no password) may only PING: a health check needs no secret, nothing else
-DEFAULT_USER_LINE = "user default on nopass resetchannels -@all +ping"
+#: The default user is switched off (nobody can log in as it) but keeps every right. Redis replays
+#: its append-only file as the default user, and Redis 7.0 (and 7.2 before redis/redis#14545)
+#: re-checks that user's ACL at each EXEC of the replay: with a restricted default user every
+#: MULTI/EXEC block in the AOF, which is how a script with several writes (every commit) is
+#: logged, is refused and skipped, so a restart silently loses every commit. Off, it cannot be
+#: used by a client; with all rights, the replay is allowed.
+DEFAULT_USER_LINE = "user default off resetchannels ~* &* +@all"
+#: health checks log in as this user (any password) and may only PING
+HEALTH_USER = "health"
+HEALTH_USER_LINE = f"user {HEALTH_USER} on nopass resetchannels -@all +ping"
 
 
 def acl_file(prefix: str, passwords: Mapping[str, str] | None = None) -> str:
     """The ACL file: passwords from `passwords` (user → password), else placeholders."""
-    lines = [DEFAULT_USER_LINE]
+    lines = [DEFAULT_USER_LINE, HEALTH_USER_LINE]
     for user in users(prefix):
         if passwords is None:
             secret = "${" + user.password_variable + "}"

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.acl import HEALTH_USER
 from services.supervisor import die_with_parent
 
 
@@ -45,6 +46,18 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _second_reply(sock: socket.socket) -> bytes:
+    """The second line Redis sends back (both replies here are one line each)."""
+    data = b""
+    while data.count(b"\r\n") < 2:
+        chunk = sock.recv(256)
+        if not chunk:
+            break
+        data += chunk
+    lines = data.split(b"\r\n")
+    return lines[1] if len(lines) > 1 else b""
 
 
 class RedisServer:
@@ -103,16 +116,18 @@ class RedisServer:
     def _wait_ready(self, timeout: float) -> None:
         """Poll until the server answers PING (it replays its AOF before it does).
 
-        Unauthenticated: with an ACL file the default user must keep +ping (services/acl.py).
+        As the health user first: under the ACL file (services/acl.py) nobody may log in as the
+        default user. Without an ACL file that AUTH fails and the PING is answered anyway.
         """
+        probe = f"AUTH {HEALTH_USER} probe\r\nPING\r\n".encode()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
+                    sock.sendall(probe)
+                    if _second_reply(sock).startswith(b"+PONG"):
                         return
             except OSError:
                 pass

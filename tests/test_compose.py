@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.acl import DEFAULT_USER_LINE, acl_file, users
+from services.acl import DEFAULT_USER_LINE, HEALTH_USER, acl_file, users
 from services.aggregator.metrics import AggregatorMetrics
 from services.cli import build_parser
 from services.control.metrics import ControlMetrics
@@ -340,8 +340,11 @@ def test_redis_renders_the_acl_template_and_loads_the_result() -> None:
     mounts = bind_mounts("redis")
     assert mounts[ACL_TARGET + ".template"] == ACL_TEMPLATE
     assert mounts["/usr/local/etc/redis/entrypoint.sh"] == REDIS_ENTRYPOINT
-    # the healthcheck has no password: the default user may PING and nothing else
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    # the healthcheck logs in as the health user (no password needed: it may PING and nothing
+    # else); nobody may log in as the default user
+    assert redis["healthcheck"]["test"] == [
+        "CMD", "redis-cli", "--user", HEALTH_USER, "--pass", "-", "--no-auth-warning", "ping"
+    ]
 
 
 def render_acl(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -21,12 +21,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import numpy as np
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from pydantic import SecretStr
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    NoPermissionError,
+    ResponseError,
+)
 
+from learning.tasks import get_task
 from services import evaluations
 from services.acl import acl_file, users
 from services.aggregator.commit import Batch, Committer
@@ -44,6 +51,8 @@ from services.snapshot.service import run as run_snapshot
 from services.worker.service import run as run_worker
 from shared.policy import Policy
 from shared.settings import RedisSettings, Settings, load_settings
+from shared.update import Update
+from shared.wire import encode_update
 from tests.integration.helpers import ledger, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -106,9 +115,11 @@ def client_of(server: RedisServer, user: str) -> aioredis.Redis:
 
 @pytest_asyncio.fixture
 async def clients(acl_server: RedisServer) -> AsyncIterator[dict[str, aioredis.Redis]]:
-    """One client per generated user, the observer, and `default` (no credentials)."""
+    """One client per generated user, the observer, and `health` (any password)."""
     out = {name: client_of(acl_server, name) for name in [*PASSWORDS, OBSERVER]}
-    out["default"] = connect(RedisSettings(url=acl_server.url, socket_timeout_s=5.0))
+    out["health"] = connect(
+        RedisSettings(url=f"redis://health:any@127.0.0.1:{acl_server.port}/0", socket_timeout_s=5.0)
+    )
     try:
         yield out
     finally:
@@ -303,11 +314,11 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     # aggregator: cannot read device keys in full, nor change them
     ("aggregator", ("HGETALL", DEVICE_KEYS), command_refused("hgetall")),
     ("aggregator", ("HSET", DEVICE_KEYS, "d", "k"), KEY_REFUSED),
-    # default (no credentials): PING only
-    ("default", ("GET", STATE), command_refused("get")),
-    ("default", ("XADD", UPDATES, "*", "m", "x"), command_refused("xadd")),
-    ("default", ("FLUSHALL",), command_refused("flushall")),
-    ("default", ("ACL", "SETUSER", "default", "+@all"), command_refused("acl|setuser")),
+    # health (no password needed): PING only
+    ("health", ("GET", STATE), command_refused("get")),
+    ("health", ("XADD", UPDATES, "*", "m", "x"), command_refused("xadd")),
+    ("health", ("FLUSHALL",), command_refused("flushall")),
+    ("health", ("ACL", "SETUSER", "default", "on"), command_refused("acl|setuser")),
 ]
 
 
@@ -330,7 +341,7 @@ async def test_only_the_aggregator_can_run_the_commit_script(
     def committer(user: str) -> Committer:
         return Committer(clients[user], KEYS, epoch=1, seq=0, keep_versions=2, attempts=0)
 
-    for user in ("snapshot", "evaluator", "worker", "admin", "default"):
+    for user in ("snapshot", "evaluator", "worker", "admin", "health"):
         with pytest.raises(NoPermissionError) as refused:
             await committer(user).commit(Batch(b"s", 0, b""), now=1.0)
         assert re.fullmatch(command_refused("evalsha"), str(refused.value)), user
@@ -394,3 +405,111 @@ async def test_only_the_aggregator_publishes_and_only_the_snapshot_listens(
         await clients["aggregator"].publish(f"{channel}-other", b"1")
     assert re.fullmatch(CHANNEL_REFUSED, str(refused.value)), str(refused.value)
     assert await clients["aggregator"].publish(channel, b"1") == 0  # allowed; nobody listens
+
+
+# ------------------------------------------------------------------- restart under the ACL file
+async def snapshot_of_every_key(observer: aioredis.Redis) -> dict[bytes, Any]:
+    """Every key's type and content, read as the observer: what a restart must give back."""
+    out: dict[bytes, Any] = {}
+    for key in sorted(await observer.keys("*")):
+        kind = (await observer.type(key)).decode()
+        if kind == "string":
+            out[key] = await observer.get(key)
+        elif kind == "hash":
+            out[key] = await observer.hgetall(key)
+        elif kind == "zset":
+            out[key] = await observer.zrange(key, 0, -1, withscores=True)
+        elif kind == "stream":
+            groups = await observer.xinfo_groups(key)
+            out[key] = (
+                await observer.xrange(key),
+                [(g["name"], g["last-delivered-id"], g["pending"]) for g in groups],
+            )
+        else:
+            raise AssertionError(f"{key!r}: a key of type {kind} this test does not compare")
+    return out
+
+
+async def publish_updates(worker: aioredis.Redis, first: int, count: int, base: int) -> None:
+    size = get_task("linear").layout.size
+    rng = np.random.default_rng(first)
+    for i in range(first, first + count):
+        weights = rng.standard_normal(size).astype(np.float32)
+        update = Update(f"u{i}", f"device-{i % 3}", base, 10, weights)
+        await worker.xadd(UPDATES, {"m": encode_update(update)})
+
+
+async def test_a_redis_kill_9_under_the_acl_file_keeps_every_commit(
+    acl_server: RedisServer,
+) -> None:
+    """Issue 12, item 0: Redis 7.0 replays its AOF as the default user and re-checks that user's
+    ACL at each EXEC; a restricted default user made it skip every MULTI/EXEC block, i.e. every
+    commit. After a kill -9 and a restart, state, model, ledger and consumer group must be intact,
+    and the aggregator must carry on from the version it had reached."""
+    aggregator_settings = settings_as(acl_server, "aggregator")
+    observer = client_of(acl_server, OBSERVER)
+    worker = client_of(acl_server, "worker")
+    control = client_of(acl_server, "control")
+    try:
+        await publish_updates(worker, 0, 12, base=0)
+        await run_aggregator(aggregator_settings, handle_signals=False, burst=True)
+        # the control service's scripts write several keys too: a switch flip is one of them
+        await set_switch(control, KEYS, "raise-gamma", True, reason="before the kill", who="t")
+        before = await snapshot_of_every_key(observer)
+        version_before = int(before[KEYS.version.encode()])
+        assert version_before >= 1
+        # the fault is the one that bit: commits are in the AOF as MULTI/EXEC blocks
+        aof = b"".join(p.read_bytes() for p in acl_server.directory.rglob("*.aof"))
+        commits = int(before[KEYS.commit_seq.encode()])
+        assert aof.count(b"MULTI") >= commits >= 1, "the commits were not logged as MULTI/EXEC"
+        pid = acl_server.process.pid if acl_server.process else None
+        await observer.aclose()
+        await worker.aclose()
+        await control.aclose()
+
+        acl_server.restart()  # SIGKILL, then the same port, data directory and ACL file
+
+        assert acl_server.process is not None
+        assert acl_server.process.pid != pid
+        log = (acl_server.directory / "redis.log").read_text()
+        assert "NOPERM" not in log, "the AOF replay refused a transaction"
+        observer = client_of(acl_server, OBSERVER)
+        worker = client_of(acl_server, "worker")
+        control = client_of(acl_server, "control")
+        assert await snapshot_of_every_key(observer) == before
+        # and the aggregator resumes where it was, not from genesis
+        await publish_updates(worker, 12, 6, base=version_before)
+        await run_aggregator(aggregator_settings, handle_signals=False, burst=True)
+        decisions = await ledger(observer, KEYS)
+        assert [d["update_id"] for d in decisions] == [f"u{i}" for i in range(18)]
+        applied = [d["version"] for d in decisions if d["outcome"] == "applied"]
+        assert applied == list(range(1, len(applied) + 1))
+        assert applied[-1] > version_before
+        report = await verify(observer, KEYS, 1 << 24)
+        assert report.ok, report.describe()
+    finally:
+        for client in (observer, worker, control):
+            await client.aclose()
+
+
+async def test_nobody_can_log_in_as_the_default_user(acl_server: RedisServer) -> None:
+    """Off, the default user takes no client: a connection without credentials gets NOAUTH and
+    AUTH as `default` is refused, whatever password; health checks log in as `health`."""
+    anonymous = connect(RedisSettings(url=acl_server.url, socket_timeout_s=5.0))
+    as_default = connect(
+        RedisSettings(url=f"redis://default:x@127.0.0.1:{acl_server.port}/0", socket_timeout_s=5.0)
+    )
+    health = connect(
+        RedisSettings(url=f"redis://health:any@127.0.0.1:{acl_server.port}/0", socket_timeout_s=5.0)
+    )
+    try:
+        with pytest.raises(AuthenticationError):
+            await anonymous.get(STATE)
+        with pytest.raises((AuthenticationError, AuthenticationWrongNumberOfArgsError)):
+            await as_default.ping()
+        assert await health.ping() is True
+        with pytest.raises(NoPermissionError):
+            await health.get(STATE)
+    finally:
+        for client in (anonymous, as_default, health):
+            await client.aclose()
