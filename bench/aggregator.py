@@ -29,16 +29,16 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from learning.tasks import get_task
-from services.aggregator.service import run as run_aggregator
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.redis_conn import connect
-from services.redis_server import RedisServer
-from shared.aggregation import AggregationState
-from shared.layout import Layout
-from shared.settings import Settings, load_settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.learning.tasks import get_task
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.runtime.settings import Settings, load_settings
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.layout import Layout
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,9 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
     )
     size = get_task("linear").layout.size
     work = payloads(size, 400)
-    first = subprocess.Popen([sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "fedasync.services.aggregator"], cwd=ROOT, env=env
+    )
     try:
         await fill(redis, keys.updates, work[:200])
         last = await next_decision(redis, keys.ledger, "0-0")
@@ -116,7 +118,9 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
     tail: Any = await redis.xrevrange(keys.ledger, count=1)
     last = tail[0][0].decode()
     start = time.perf_counter()
-    second = subprocess.Popen([sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env)
+    second = subprocess.Popen(
+        [sys.executable, "-m", "fedasync.services.aggregator"], cwd=ROOT, env=env
+    )
     try:
         await next_decision(redis, keys.ledger, last)
         return time.perf_counter() - start

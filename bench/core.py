@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 
-from shared.aggregation import AggregationState
-from shared.layout import Layout
-from shared.policy import Policy
-from shared.update import Update
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.layout import Layout
+from fedasync.shared.policy import Policy
+from fedasync.shared.update import Update
 
 
 def bare_mix(weights: np.ndarray, updates: list[np.ndarray], alpha: float) -> np.ndarray:

@@ -1,8 +1,9 @@
 """Load: a fleet of simulated devices against the real services, with an update-rate spike.
 
 A private redis-server (AOF, appendfsync always) and the aggregator, snapshot and control services
-run as child processes (services/supervisor.py), configured only through FEDASYNC_ variables as
-in production. One asyncio process plays every device over HTTP and Redis, as a real device does:
+run as child processes (services/runtime/supervisor.py), configured only through FEDASYNC_
+variables as in production. One asyncio process plays every device over HTTP and Redis, as a real
+device does:
 
 - **rest**: between two trainings a device follows the model with long-polls
   (`GET /v1/models/latest?newer_than=<its version>&wait=…`), as the evaluator does; each commit
@@ -61,15 +62,15 @@ import aiohttp
 import numpy as np
 import redis.asyncio as aioredis
 
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.ledger import records, verify
-from services.redis_conn import connect
-from services.redis_server import RedisServer, free_port
-from services.supervisor import ServiceSpec, Supervisor
-from shared.model_format import decode_model
-from shared.settings import Settings, load_settings, settings_env
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer, free_port
+from fedasync.services.runtime.settings import Settings, load_settings, settings_env
+from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.ledger import records, verify
+from fedasync.shared.model_format import decode_model
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("warm-up", "before", "spike", "after")
@@ -614,7 +615,7 @@ async def run_load(
 
 
 def model_size(task: str) -> int:
-    from learning.tasks import get_task
+    from fedasync.learning.tasks import get_task
 
     return get_task(task).layout.size
 
@@ -730,7 +731,7 @@ def main() -> int:
         with Supervisor(work / "logs", cwd=ROOT) as supervisor:
             for name in SERVICES:
                 ready = f"http://{HOST}:{ports[name]}/readyz"
-                supervisor.start(ServiceSpec(name, f"services.{name}", child_env, ready))
+                supervisor.start(ServiceSpec(name, f"fedasync.services.{name}", child_env, ready))
                 supervisor.wait_ready(name, timeout=60)
             assert server.process is not None
             results = asyncio.run(run_load(plan, settings, supervisor, server.process.pid))

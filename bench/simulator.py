@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from learning.dataset import Dataset
-from learning.evaluation import Evaluation
-from learning.task import Task
-from sim.config import build
-from sim.runner import simulate
-from sim.world import build_world
+from fedasync.learning.dataset import Dataset
+from fedasync.learning.evaluation import Evaluation
+from fedasync.learning.task import Task
+from fedasync.sim.config import build
+from fedasync.sim.runner import simulate
+from fedasync.sim.world import build_world
 
 
 class Timed(Task):

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from services.aggregator.service import run as run_aggregator
-from services.keys import Keys
-from services.redis_conn import connect, get_bytes
-from services.redis_server import RedisServer, free_port
-from shared.aggregation import AggregationState
-from shared.layout import Layout
-from shared.settings import load_settings
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.redis_conn import connect, get_bytes
+from fedasync.services.runtime.redis_server import RedisServer, free_port
+from fedasync.services.runtime.settings import load_settings
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def bench(parameters: int, connections: int, seconds: int, server: RedisServer, 
         FEDASYNC_SNAPSHOT__PORT=str(ours_port),
         FEDASYNC_LOG__LEVEL="WARNING",
     )
-    ours = subprocess.Popen([sys.executable, "-m", "services.snapshot"], cwd=ROOT, env=env)
+    ours = subprocess.Popen([sys.executable, "-m", "fedasync.services.snapshot"], cwd=ROOT, env=env)
     results: dict[str, dict[str, float]] = {}
     try:
         ours_url = f"http://127.0.0.1:{ours_port}/v1/models/latest"

@@ -15,9 +15,11 @@ COPY shared ./shared
 COPY services ./services
 COPY learning ./learning
 COPY sim ./sim
+# the one package: its subpackages are links to the four folders above
+COPY fedasync ./fedasync
 RUN pip install ".[worker]" \
     && useradd --create-home --uid 10001 fedasync
 
 USER fedasync
-# No ENTRYPOINT: compose runs `python -m services.worker`, and `fedasync ...` works as a command.
+# No ENTRYPOINT: compose runs `python -m fedasync.services.worker`, and `fedasync ...` works as a command.
 CMD ["fedasync", "--help"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from learning.dataset import Dataset, split
-from learning.evaluation import Evaluation, classification, cross_entropy
-from learning.task import Task, TrainParams, batches
-from shared.layout import Layout
+from fedasync.learning.dataset import Dataset, split
+from fedasync.learning.evaluation import Evaluation, classification, cross_entropy
+from fedasync.learning.task import Task, TrainParams, batches
+from fedasync.shared.layout import Layout
 
 
 class SyntheticClassification(Task):

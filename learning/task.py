@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learning.dataset import Dataset
-from learning.evaluation import Evaluation
-from shared.layout import Layout
+from fedasync.learning.dataset import Dataset
+from fedasync.learning.evaluation import Evaluation
+from fedasync.shared.layout import Layout
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from learning.digits import DigitsMLP
-from learning.linear import LinearRegression
-from learning.synthetic import SyntheticClassification
-from learning.task import Task
+from fedasync.learning.digits import DigitsMLP
+from fedasync.learning.linear import LinearRegression
+from fedasync.learning.synthetic import SyntheticClassification
+from fedasync.learning.task import Task
 
 TASKS: dict[str, Callable[..., Task]] = {
     "linear": LinearRegression,

@@ -1,4 +1,4 @@
-"""fedasync's pure core: staleness rules, policy, aggregation state machine, wire codec, settings.
+"""fedasync's pure core: staleness rules, policy, aggregation state machine, wire codec.
 
 Nothing in this package performs I/O, reads a clock or draws random numbers; the simulator and
 every service compose it, so the same inputs always give the same decisions.

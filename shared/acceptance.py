@@ -1,6 +1,6 @@
 """Per-client acceptance, worst first: one way to count it and one way to show it.
 
-The control service's window keeps each client's last decisions (shared.rules.DecisionWindow),
+The control service's window keeps each client's last decisions (rules.DecisionWindow),
 the end-of-run summary of `fedasync up` counts all of them; both leave duplicates out (a
 duplicate says nothing about the client's work, only that a retry arrived twice) and updates
 dropped because training had closed (they say how long shutdown took), and both show

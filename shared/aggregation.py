@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.decision import Decision, DropReason, Outcome, RejectReason
-from shared.dedup import DedupMemory
-from shared.layout import Layout
-from shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
-from shared.policy import Mode, NormAction, Policy
-from shared.update import MAX_ID_LENGTH, Update
+from fedasync.shared.decision import Decision, DropReason, Outcome, RejectReason
+from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.layout import Layout
+from fedasync.shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
+from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.update import MAX_ID_LENGTH, Update
 
 _ACCEPTED_DTYPES = (np.dtype("<f4"), np.dtype("<f2"))
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from shared.aggregation import AggregationState
-from shared.dedup import DedupMemory
-from shared.layout import Layout
-from shared.wire import WireError, pack, unpack
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.layout import Layout
+from fedasync.shared.wire import WireError, pack, unpack
 
 FORMAT_VERSION = 1
 _F32 = np.dtype("<f4")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.params import TAU_MAX_LIMIT
+from fedasync.shared.params import TAU_MAX_LIMIT
 
 #: Versions of ids kept by default; at least TAU_MAX_LIMIT so that "beyond the horizon" implies
 #: "stale under any policy".

@@ -22,7 +22,7 @@ import hmac
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.update import MAX_ID_LENGTH
+from fedasync.shared.update import MAX_ID_LENGTH
 
 #: Domain separation: a MAC made for something else can never pass as an update signature.
 DOMAIN = b"fedasync-update-v1\n"

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.aggregation import ModelSnapshot
-from shared.layout import Layout, LayoutError
-from shared.wire import (
+from fedasync.shared.aggregation import ModelSnapshot
+from fedasync.shared.layout import Layout, LayoutError
+from fedasync.shared.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     WireError,
     WireReason,

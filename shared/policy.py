@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
-from shared import staleness
-from shared.params import BUDGET_RANGES, POLICY_RANGES, ParamError
-from shared.staleness import Decay
+from fedasync.shared import staleness
+from fedasync.shared.params import BUDGET_RANGES, POLICY_RANGES, ParamError
+from fedasync.shared.staleness import Decay
 
 
 class Mode(StrEnum):

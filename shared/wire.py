@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from shared.update import MAX_ID_LENGTH, Update
+from fedasync.shared.update import MAX_ID_LENGTH, Update
 
 SCHEMA_VERSION = 1
 #: Default cap on an encoded update; settings may lower or raise it.

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.fleet import RunLatency
-from shared.params import TAU_MAX_LIMIT
+from fedasync.shared.fleet import RunLatency
+from fedasync.shared.params import TAU_MAX_LIMIT
 
 #: a device counts as permanently dropped when at least this share of its runs is too slow
 PERMANENT = 0.95

@@ -17,17 +17,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from shared.aggregation import AggregationState, ModelSnapshot
-from shared.policy import Policy
-from shared.rules import ActionKind, DecisionWindow, Rule, build_rules
-from shared.switches import switch_off, switch_on
-from shared.update import Update
-from sim.clock import EventQueue
-from sim.config import FedAvgConfig, RulesConfig, label
-from sim.device import Device, RunPlan
-from sim.recorder import Recorder
-from sim.result import DecisionHook, EndedBy, Progress, RunResult
-from sim.world import World
+from fedasync.shared.aggregation import AggregationState, ModelSnapshot
+from fedasync.shared.policy import Policy
+from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
+from fedasync.shared.switches import switch_off, switch_on
+from fedasync.shared.update import Update
+from fedasync.sim.clock import EventQueue
+from fedasync.sim.config import FedAvgConfig, RulesConfig, label
+from fedasync.sim.device import Device, RunPlan
+from fedasync.sim.recorder import Recorder
+from fedasync.sim.result import DecisionHook, EndedBy, Progress, RunResult
+from fedasync.sim.world import World
 
 
 @dataclass(frozen=True, slots=True)

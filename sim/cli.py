@@ -1,4 +1,5 @@
-"""`fedasync simulate` and `fedasync advise`, registered on the main command by services/cli.py.
+"""`fedasync simulate` and `fedasync advise`, registered on the main command
+by services/commands/cli.py.
 
 Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input.
 """
@@ -12,14 +13,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from learning.partition import PartitionError
-from learning.tasks import UnknownTaskError
-from shared.fleet import ReplayedLatency, RunLatency
-from sim.advisor import Advice, advise, estimated_rate
-from sim.config import ConfigError, load_config
-from sim.presets import PRESETS, UnknownPresetError, preset_text
-from sim.result import Progress
-from sim.trace import TraceError, read_durations
+from fedasync.learning.partition import PartitionError
+from fedasync.learning.tasks import UnknownTaskError
+from fedasync.shared.fleet import ReplayedLatency, RunLatency
+from fedasync.sim.advisor import Advice, advise, estimated_rate
+from fedasync.sim.config import ConfigError, load_config
+from fedasync.sim.presets import PRESETS, UnknownPresetError, preset_text
+from fedasync.sim.result import Progress
+from fedasync.sim.trace import TraceError, read_durations
 
 _INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, UnknownTaskError)
 
@@ -82,8 +83,8 @@ def _simulate(args: argparse.Namespace) -> int:
             raise ConfigError("--show-config needs --preset")
         print(preset_text(args.preset), end="")
         return 0
-    from sim.output import write_all, write_data
-    from sim.runner import simulate
+    from fedasync.sim.output import write_all, write_data
+    from fedasync.sim.runner import simulate
 
     config = load_config(args.config, args.preset, args.seed)
     out = args.out if args.out is not None else Path("runs") / f"{config.name}-seed{config.seed}"
@@ -138,8 +139,8 @@ def _advise(args: argparse.Namespace) -> int:
     if args.trace is not None:
         latencies = [ReplayedLatency(d) for d in read_durations(args.trace).values()]
     else:
-        from sim.runner import fleet_advice
-        from sim.world import build_world
+        from fedasync.sim.runner import fleet_advice
+        from fedasync.sim.world import build_world
 
         if args.config is None and args.preset is None:
             raise ConfigError("give --trace, --preset or --config")

@@ -2,7 +2,7 @@
 
 Every field has a default, a file only states what differs, and unknown keys are errors, so a
 misspelt setting is never silently ignored. Policy parameters are checked by the core's own
-ranges (shared.params), the same that the aggregator service applies.
+ranges (fedasync.shared.params), the same that the aggregator service applies.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared.params import ParamError
-from shared.policy import Policy
-from shared.staleness import Decay
+from fedasync.shared.params import ParamError
+from fedasync.shared.policy import Policy
+from fedasync.shared.staleness import Decay
 
 #: the core's defaults, so a simulation and a deployment start from the same policy
 _CORE_DEFAULTS = Policy()
@@ -33,7 +33,7 @@ class Strict(BaseModel):
 
 class TaskConfig(Strict):
     name: Literal["linear", "synthetic", "digits"] = "digits"
-    #: passed to learning.tasks.get_task, e.g. {hidden = 32} for digits
+    #: passed to fedasync.learning.tasks.get_task, e.g. {hidden = 32} for digits
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -448,7 +448,7 @@ def load_config(
     path: Path | None = None, preset: str | None = None, seed: int | None = None
 ) -> SimConfig:
     """A preset, a file, or a file on top of a preset (named by --preset or its `preset` key)."""
-    from sim.presets import preset_data  # presets are parsed with this module's rules
+    from fedasync.sim.presets import preset_data  # presets are parsed with this module's rules
 
     data: dict[str, Any] = {}
     if path is not None:

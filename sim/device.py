@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learning.dataset import Dataset
-from shared.fleet import Availability, RunLatency
-from shared.seeds import DeviceStream, device_stream
+from fedasync.learning.dataset import Dataset
+from fedasync.shared.fleet import Availability, RunLatency
+from fedasync.shared.seeds import DeviceStream, device_stream
 
 
 @dataclass(frozen=True, slots=True)

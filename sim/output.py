@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.runner import Simulation
-from sim.summary import build_summary, dumps
+from fedasync.sim.runner import Simulation
+from fedasync.sim.summary import build_summary, dumps
 
 
 def cell(value: Any) -> str:
@@ -88,8 +88,8 @@ def write_data(sim: Simulation, out: Path) -> dict[str, Any]:
 
 def write_all(sim: Simulation, out: Path) -> dict[str, Any]:
     """Everything, plots and report included."""
-    from sim.plots import write_plots  # matplotlib only when plots are wanted
-    from sim.report import write_report
+    from fedasync.sim.plots import write_plots  # matplotlib only when plots are wanted
+    from fedasync.sim.report import write_report
 
     summary = write_data(sim, out)
     images = write_plots(sim, out)

@@ -13,8 +13,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from sim.result import RunResult
-from sim.runner import Simulation
+from fedasync.sim.result import RunResult
+from fedasync.sim.runner import Simulation
 
 DPI = 100
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learning.evaluation import Evaluation
-from shared.decision import Decision
+from fedasync.learning.evaluation import Evaluation
+from fedasync.shared.decision import Decision
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared.decision import Decision
-from shared.update import Update
-from sim.recorder import Recorder
+from fedasync.shared.decision import Decision
+from fedasync.shared.update import Update
+from fedasync.sim.recorder import Recorder
 
 EndedBy = Literal["max_updates", "max_seconds", "no_more_events"]
 

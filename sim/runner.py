@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim import config as cfg
-from sim.advisor import Advice, advise, estimated_rate
-from sim.asynchronous import run_async
-from sim.result import DecisionHook, Progress, RunResult
-from sim.synchronous import run_sync
-from sim.world import World, build_world
+from fedasync.sim import config as cfg
+from fedasync.sim.advisor import Advice, advise, estimated_rate
+from fedasync.sim.asynchronous import run_async
+from fedasync.sim.result import DecisionHook, Progress, RunResult
+from fedasync.sim.synchronous import run_sync
+from fedasync.sim.world import World, build_world
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.recorder import Recorder
-from sim.result import RunResult
-from sim.runner import Simulation
+from fedasync.sim.recorder import Recorder
+from fedasync.sim.result import RunResult
+from fedasync.sim.runner import Simulation
 
 SCHEMA = 1
 HOUR = 3600.0

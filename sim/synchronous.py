@@ -3,7 +3,7 @@
 A round lasts until the last kept device reports: every selected device when there is neither
 over-selection nor a deadline, else the first m to finish, or what arrived by the deadline.
 A device that drops out is noticed when it drops (optimistic for FedAvg: a real server would
-often notice only at its timeout). The average is `shared.fedavg.fedavg`, the core's only one.
+often notice only at its timeout). The average is `shared/fedavg.py`, the core's only one.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.fedavg import fedavg
-from shared.seeds import Stream, stream
-from sim.asynchronous import make_devices
-from sim.clock import EventQueue
-from sim.config import FedAvgConfig, label
-from sim.device import RunPlan
-from sim.recorder import Recorder, RoundRecord
-from sim.result import EndedBy, Progress, RunResult
-from sim.world import World
+from fedasync.shared.fedavg import fedavg
+from fedasync.shared.seeds import Stream, stream
+from fedasync.sim.asynchronous import make_devices
+from fedasync.sim.clock import EventQueue
+from fedasync.sim.config import FedAvgConfig, label
+from fedasync.sim.device import RunPlan
+from fedasync.sim.recorder import Recorder, RoundRecord
+from fedasync.sim.result import EndedBy, Progress, RunResult
+from fedasync.sim.world import World
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from learning import partition
-from learning.dataset import Dataset
-from learning.task import Task, TrainParams
-from learning.tasks import get_task
-from shared import fleet as profiles
-from shared.fleet import AlwaysOnline, Availability, Intermittent, RunLatency, Windows
-from shared.seeds import DeviceStream, Stream, device_stream, stream
-from sim import config as cfg
-from sim.trace import read_durations, read_windows
+from fedasync.learning import partition
+from fedasync.learning.dataset import Dataset
+from fedasync.learning.task import Task, TrainParams
+from fedasync.learning.tasks import get_task
+from fedasync.shared import fleet as profiles
+from fedasync.shared.fleet import AlwaysOnline, Availability, Intermittent, RunLatency, Windows
+from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
+from fedasync.sim import config as cfg
+from fedasync.sim.trace import read_durations, read_windows
 
 
 @dataclass(slots=True)

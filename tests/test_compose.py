@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
-from services.acl import DEFAULT_USER_LINE, HEALTH_USER, acl_file, users
-from services.aggregator.metrics import AggregatorMetrics
-from services.cli import build_parser
-from services.control.metrics import ControlMetrics
-from services.ingest.metrics import IngestMetrics
-from services.snapshot.app import SnapshotMetrics
-from shared.settings import RedisSettings, Settings, setting_names
+from fedasync.services.aggregator.metrics import AggregatorMetrics
+from fedasync.services.commands.cli import build_parser
+from fedasync.services.control.metrics import ControlMetrics
+from fedasync.services.ingest.metrics import IngestMetrics
+from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
+from fedasync.services.snapshot.app import SnapshotMetrics
+from fedasync.services.stores.acl import DEFAULT_USER_LINE, HEALTH_USER, acl_file, users
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -75,11 +75,11 @@ def ours(name: str) -> bool:
 
 
 def section_of(name: str) -> str | None:
-    """The settings section of the service's module (services.snapshot → snapshot)."""
+    """The settings section of the service's module (fedasync.services.snapshot → snapshot)."""
     module = module_of(SERVICES[name])
-    if module is None or not module.startswith("services."):
+    if module is None or not module.startswith("fedasync.services."):
         return None
-    section = module.split(".")[1]
+    section = module.split(".")[2]
     return section if section in Settings.model_fields else None
 
 
@@ -296,6 +296,9 @@ def acl_users() -> dict[str, str]:
     for line in ACL_TEMPLATE.read_text().splitlines():
         words = line.split()
         assert words[:1] == ["user"], line
+        if words[1] == "default":  # off: nobody logs in as it (services/stores/acl.py)
+            assert words[2] == "off", line
+            continue
         assert words[2] == "on", line
         out[words[1]] = words[3]
     return out
@@ -343,7 +346,14 @@ def test_redis_renders_the_acl_template_and_loads_the_result() -> None:
     # the healthcheck logs in as the health user (no password needed: it may PING and nothing
     # else); nobody may log in as the default user
     assert redis["healthcheck"]["test"] == [
-        "CMD", "redis-cli", "--user", HEALTH_USER, "--pass", "-", "--no-auth-warning", "ping"
+        "CMD",
+        "redis-cli",
+        "--user",
+        HEALTH_USER,
+        "--pass",
+        "-",
+        "--no-auth-warning",
+        "ping",
     ]
 
 
@@ -467,7 +477,7 @@ def test_long_running_services_have_healthchecks_on_their_readiness_endpoints() 
     for name, service in SERVICES.items():
         if service.get("profiles"):  # one-off tools
             continue
-        if module_of(service) == "services.worker":
+        if module_of(service) == "fedasync.services.worker":
             assert "healthcheck" not in service  # a worker serves no endpoint
             continue
         test = service["healthcheck"]["test"]
@@ -489,7 +499,7 @@ def test_depends_on_waits_only_for_services_that_report_health() -> None:
 # --------------------------------------------------------------------------------- the workers
 def test_worker_is_a_scalable_pool_on_the_worker_image() -> None:
     worker = SERVICES["worker"]
-    assert module_of(worker) == "services.worker"
+    assert module_of(worker) == "fedasync.services.worker"
     assert worker["deploy"]["replicas"] >= 1
     assert worker["build"]["dockerfile"] == "docker/worker.Dockerfile"
     assert worker["restart"] == "on-failure"  # done training: exit 0, stay stopped
@@ -523,9 +533,9 @@ def test_worker_script_gives_each_replica_its_own_client_id(tmp_path: Path) -> N
         )
         return result.stdout.strip()
 
-    assert started() == "device-0-3f2a9c1b7d2e -m services.worker"
-    assert started(HOSTNAME="a0b1c2") == "device-0-a0b1c2 -m services.worker"
-    assert started(FEDASYNC_WORKER__CLIENT_ID="phone-17") == "phone-17 -m services.worker"
+    assert started() == "device-0-3f2a9c1b7d2e -m fedasync.services.worker"
+    assert started(HOSTNAME="a0b1c2") == "device-0-a0b1c2 -m fedasync.services.worker"
+    assert started(FEDASYNC_WORKER__CLIENT_ID="phone-17") == "phone-17 -m fedasync.services.worker"
 
 
 # ------------------------------------------------------------------------- images and files
@@ -567,11 +577,13 @@ def test_dockerfiles_pin_cpu_torch_and_never_run_as_root() -> None:
 
 
 def test_dockerfiles_copy_every_package() -> None:
-    packages = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    """The one package and every folder it links to (fedasync/shared -> ../shared, ...)."""
+    assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"] == ["fedasync*"]
+    linked = [p.name for p in (ROOT / "fedasync").iterdir() if p.is_symlink()]
+    assert sorted(linked) == ["learning", "services", "shared", "sim"]
     for path in (ROOT / "docker").glob("*Dockerfile"):
         text = path.read_text()
-        for package in packages:
-            name = package.rstrip("*")
+        for name in ["fedasync", *linked]:
             assert f"COPY {name} ./{name}" in text, (path.name, name)
 
 
@@ -602,7 +614,7 @@ def test_images_install_the_project_with_the_extras_their_services_need() -> Non
         assert "" in extras, f"{path.name} does not install the project from pyproject.toml"
         deps = [dep for extra in extras if extra for dep in EXTRAS[extra]]
         module = module_of(SERVICES[name])
-        if module == "services.worker":
+        if module == "fedasync.services.worker":
             assert "worker" in extras
             installs = dockerfile_lines(path)
             torch = next(i for i, line in enumerate(installs) if "pip install torch==" in line)
@@ -611,7 +623,10 @@ def test_images_install_the_project_with_the_extras_their_services_need() -> Non
         else:
             assert not any("torch" in dep for dep in deps), f"{path.name}: the slim image"
             assert not any("torch" in arg for a in pip_installs(path) for arg in a)
-        if module in ("services.evaluator", "services.worker"):  # digits data: scikit-learn
+        if module in (
+            "fedasync.services.evaluator",
+            "fedasync.services.worker",
+        ):  # digits data: scikit-learn
             assert any(dep.startswith("scikit-learn") for dep in deps), name
 
 

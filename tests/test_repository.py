@@ -30,7 +30,7 @@ def test_layout() -> None:
 
 def test_pyproject_extras_and_console_script() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["fedasync"] == "services.cli:main"
+    assert project["scripts"]["fedasync"] == "fedasync.services.commands.cli:main"
     extras = project["optional-dependencies"]
     assert "torch==2.13.0" in extras["worker"]  # pinned: unpinned torch pulls a CUDA build
     assert not any("torch" in dep for dep in project["dependencies"])
@@ -71,8 +71,9 @@ def test_services_without_torch_or_sklearn() -> None:
         "sys.modules['torch'] = None\n"
         "sys.modules['sklearn'] = None\n"
         "import numpy as np\n"
-        "import services.cli, services.aggregator.service, services.snapshot.app\n"
-        "from learning.tasks import get_task\n"
+        "import fedasync.services.commands.cli\n"
+        "import fedasync.services.aggregator.service, fedasync.services.snapshot.app\n"
+        "from fedasync.learning.tasks import get_task\n"
         "task = get_task('digits')\n"
         "w = task.init_weights(np.random.default_rng(0))\n"
         "assert w.dtype == np.float32 and w.size == task.layout.size\n"

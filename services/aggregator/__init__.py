@@ -1,1 +1,1 @@
-"""The aggregator service: `python -m services.aggregator` or `fedasync aggregator`."""
+"""The aggregator service: `python -m fedasync.services.aggregator` or `fedasync aggregator`."""

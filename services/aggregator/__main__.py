@@ -1,12 +1,12 @@
-"""Entry point: `python -m services.aggregator`; exits 3 when fenced off by a newer aggregator."""
+"""Entry point: `python -m fedasync.services.aggregator`; exits 3 when fenced off by a newer one."""
 
 from __future__ import annotations
 
 import sys
 
-from services.aggregator.commit import CommitConflict, Fenced
-from services.aggregator.service import run
-from services.entry import run_service
+from fedasync.services.aggregator.commit import CommitConflict, Fenced
+from fedasync.services.aggregator.service import run
+from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.redis_conn import TRANSIENT
+from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.aggregator.metrics import AggregatorMetrics
-from services.http_service import livez
-from services.prometheus import metrics_response
+from fedasync.services.aggregator.metrics import AggregatorMetrics
+from fedasync.services.runtime.http_service import livez
+from fedasync.services.runtime.prometheus import metrics_response
 
 METRICS = web.AppKey("metrics", AggregatorMetrics)
 READY = web.AppKey("ready", list)  # [bool]: set once the state is restored

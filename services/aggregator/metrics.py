@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shared.decision import Decision, Outcome
+from fedasync.shared.decision import Decision, Outcome
 
 _TAU_BUCKETS = (0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
 _ALPHA_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)

@@ -20,20 +20,21 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ResponseError
 
-from services.aggregator.commit import Batch, Committer, DeadLetter
-from services.aggregator.http import create_app
-from services.aggregator.metrics import AggregatorMetrics
-from services.backlog import read_backlog
-from services.device_keys import KeyCache
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.lifecycle import cancel_tasks, stop_on_signals
-from services.policy_store import ensure_policy, read_policy
-from services.redis_conn import TRANSIENT, connect, get_bytes, retrying
-from shared.aggregation import AggregationState, ModelSnapshot
-from shared.checkpoint import load_state, save_state
-from shared.decision import Outcome
-from shared.dedup import DedupMemory
-from shared.device_auth import (
+from fedasync.services.aggregator.commit import Batch, Committer, DeadLetter
+from fedasync.services.aggregator.http import create_app
+from fedasync.services.aggregator.metrics import AggregatorMetrics
+from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
+from fedasync.services.runtime.redis_conn import TRANSIENT, connect, get_bytes, retrying
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.backlog import read_backlog
+from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.policy_store import ensure_policy, read_policy
+from fedasync.shared.aggregation import AggregationState, ModelSnapshot
+from fedasync.shared.checkpoint import load_state, save_state
+from fedasync.shared.decision import Outcome
+from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.device_auth import (
     AuthError,
     AuthReason,
     Proof,
@@ -42,11 +43,10 @@ from shared.device_auth import (
     stream_id_ms,
     verify,
 )
-from shared.model_format import decode_model, encode_model
-from shared.policy import Policy
-from shared.seeds import Stream, stream
-from shared.settings import Settings
-from shared.wire import WireError, decode_update, pack
+from fedasync.shared.model_format import decode_model, encode_model
+from fedasync.shared.policy import Policy
+from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.wire import WireError, decode_update, pack
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,9 @@ class Aggregator:
         )
 
     def _initial_state(self) -> AggregationState:
-        from learning.tasks import get_task  # numpy only: no torch needed to build the model
+        from fedasync.learning.tasks import (
+            get_task,  # numpy only: no torch needed to build the model
+        )
 
         task = get_task(self.settings.task.name)
         weights = task.init_weights(stream(self.settings.task.seed, Stream.MODEL))

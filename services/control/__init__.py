@@ -1,1 +1,1 @@
-"""The control service: `python -m services.control` or `fedasync control`."""
+"""The control service: `python -m fedasync.services.control` or `fedasync control`."""

@@ -1,11 +1,11 @@
-"""Entry point: `python -m services.control`."""
+"""Entry point: `python -m fedasync.services.control`."""
 
 from __future__ import annotations
 
 import sys
 
-from services.control.service import run
-from services.entry import run_service
+from fedasync.services.control.service import run
+from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:

@@ -1,8 +1,8 @@
 """HTTP API of the control service: the policy in force, changes to it, and status.
 
-Every policy change is validated by the core's own rules (shared.policy, shared.params), stored as
-a new policy version with who, when and why (services/policy_store.py), and picked up by the
-aggregator at its next batch boundary, so the ledger shows which decisions it made.
+Every policy change is validated by the core's own rules (shared/policy.py, shared/params.py),
+stored as a new policy version with who, when and why (services/stores/policy_store.py), and picked
+up by the aggregator at its next batch boundary, so the ledger shows which decisions it made.
 """
 
 from __future__ import annotations
@@ -18,23 +18,23 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from services import evaluations
-from services.backlog import read_backlog
-from services.control.auth import refusal
-from services.control.metrics import ControlMetrics
-from services.control.openapi import spec
-from services.control.rules_runner import RuleRunner
-from services.control.switchboard import AlreadyInState, set_switch
-from services.control.window import LedgerWindow
-from services.http_service import livez, redis_readiness
-from services.keys import Keys
-from services.lifecycle import Background
-from services.policy_store import PolicyConflict, change_policy, read_policy
-from services.prometheus import metrics_response
-from services.redis_conn import get_bytes
-from shared.params import POLICY_RANGES, ParamError
-from shared.settings import Settings
-from shared.switches import SWITCHES
+from fedasync.services.control.auth import refusal
+from fedasync.services.control.metrics import ControlMetrics
+from fedasync.services.control.openapi import spec
+from fedasync.services.control.rules_runner import RuleRunner
+from fedasync.services.control.switchboard import AlreadyInState, set_switch
+from fedasync.services.control.window import LedgerWindow
+from fedasync.services.runtime.http_service import livez, redis_readiness
+from fedasync.services.runtime.lifecycle import Background
+from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.redis_conn import get_bytes
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.backlog import read_backlog
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import PolicyConflict, change_policy, read_policy
+from fedasync.shared.params import POLICY_RANGES, ParamError
+from fedasync.shared.switches import SWITCHES
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
@@ -193,7 +193,7 @@ async def status(request: web.Request) -> web.Response:
     )
 
 
-_DASHBOARD = (resources.files("services.control") / "dashboard.html").read_bytes()
+_DASHBOARD = (resources.files("fedasync.services.control") / "dashboard.html").read_bytes()
 
 
 async def dashboard(request: web.Request) -> web.Response:

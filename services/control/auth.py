@@ -6,7 +6,7 @@ import hmac
 
 from aiohttp import web
 
-from shared.settings import ControlSettings
+from fedasync.services.runtime.settings import ControlSettings
 
 
 def refusal(request: web.Request, settings: ControlSettings, write: bool) -> web.Response | None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.params import POLICY_RANGES
-from shared.policy import NormAction
-from shared.switches import SWITCHES
+from fedasync.shared.params import POLICY_RANGES
+from fedasync.shared.policy import NormAction
+from fedasync.shared.switches import SWITCHES
 
 _ERROR = {
     "type": "object",

@@ -18,17 +18,17 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.backlog import read_backlog
-from services.control.metrics import ControlMetrics
-from services.control.switchboard import set_switch, switch_owners
-from services.control.window import LedgerWindow
-from services.keys import Keys
-from services.policy_store import PolicyConflict
-from services.redis_conn import TRANSIENT
-from shared.rules import Action, ActionKind, Rule, rule_actor, sync_switch_rules
-from shared.rules import build_rules as shared_build_rules
-from shared.settings import ControlSettings
-from shared.switches import SwitchError
+from fedasync.services.control.metrics import ControlMetrics
+from fedasync.services.control.switchboard import set_switch, switch_owners
+from fedasync.services.control.window import LedgerWindow
+from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.settings import ControlSettings
+from fedasync.services.stores.backlog import read_backlog
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import PolicyConflict
+from fedasync.shared.rules import Action, ActionKind, Rule, rule_actor, sync_switch_rules
+from fedasync.shared.rules import build_rules as shared_build_rules
+from fedasync.shared.switches import SwitchError
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from services.control.app import create_app
-from services.http_service import http_service
-from shared.settings import Settings
+from fedasync.services.control.app import create_app
+from fedasync.services.runtime.http_service import http_service
+from fedasync.services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +15,7 @@ _serve = http_service("control service", create_app, lambda s: (s.control.host, 
 
 
 async def run(settings: Settings, **options: Any) -> None:
-    """Serve until stopped (options as `services.http_service.ServiceRun`)."""
+    """Serve until stopped (options as `fedasync.services.runtime.http_service.ServiceRun`)."""
     if settings.control.token is None:
         log.warning("no FEDASYNC_CONTROL__TOKEN: every write will be refused")
     await _serve(settings, **options)

@@ -8,10 +8,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from services.keys import Keys
-from services.policy_store import SwitchChange, change_policy, read_policy
-from shared.policy import Policy
-from shared.switches import SWITCHES, SwitchError, switch_off, switch_on
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import SwitchChange, change_policy, read_policy
+from fedasync.shared.policy import Policy
+from fedasync.shared.switches import SWITCHES, SwitchError, switch_off, switch_on
 
 
 class AlreadyInState(SwitchError):

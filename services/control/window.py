@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from services import ledger
-from services.keys import Keys
-from shared.acceptance import acceptance_rows, closing_drop
-from shared.rules import DecisionWindow, Figures
+from fedasync.services.stores import ledger
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.acceptance import acceptance_rows, closing_drop
+from fedasync.shared.rules import DecisionWindow, Figures
 
 
 class LedgerWindow:

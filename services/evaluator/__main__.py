@@ -1,11 +1,11 @@
-"""Entry point: `python -m services.evaluator`."""
+"""Entry point: `python -m fedasync.services.evaluator`."""
 
 from __future__ import annotations
 
 import sys
 
-from services.entry import run_service
-from services.evaluator.service import run
+from fedasync.services.evaluator.service import run
+from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from learning.evaluation import Evaluation
+from fedasync.learning.evaluation import Evaluation
 
 #: why the follow loop did not score a version
 FAILURE_REASONS = ("fetch", "redis", "decode", "weights", "error")

@@ -21,21 +21,21 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from learning.task import Task
-from learning.tasks import get_task
-from services import evaluations
-from services.evaluations import EvaluationRecord
-from services.evaluator.metrics import EvaluatorMetrics
-from services.http_service import http_service, livez, redis_readiness
-from services.keys import Keys
-from services.lifecycle import Background
-from services.prometheus import metrics_response
-from services.redis_conn import TRANSIENT
-from services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
-from shared.model_format import ModelMessage, decode_model
-from shared.seeds import Stream, stream
-from shared.settings import Settings
-from shared.wire import WireError
+from fedasync.learning.task import Task
+from fedasync.learning.tasks import get_task
+from fedasync.services.evaluator.metrics import EvaluatorMetrics
+from fedasync.services.runtime.http_service import http_service, livez, redis_readiness
+from fedasync.services.runtime.lifecycle import Background
+from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.evaluations import EvaluationRecord
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.model_format import ModelMessage, decode_model
+from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.wire import WireError
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
-"""Entry point: `python -m services.ingest`."""
+"""Entry point: `python -m fedasync.services.ingest`."""
 
 from __future__ import annotations
 
 import sys
 
-from services.entry import run_service
-from services.ingest.service import run
+from fedasync.services.ingest.service import run
+from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:

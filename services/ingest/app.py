@@ -20,26 +20,26 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from services.device_keys import KeyCache
-from services.http_service import livez, redis_readiness
-from services.ingest.metrics import IngestMetrics
-from services.ingest.protocol import (
+from fedasync.services.ingest.metrics import IngestMetrics
+from fedasync.services.ingest.protocol import (
     CLIENT_HEADER,
     CONTENT_TYPE,
     PATH,
     SIGNATURE_HEADER,
     TIME_HEADER,
 )
-from services.ingest.store import IngestStore, UpdateIdReused
-from services.keys import Keys
-from services.policy_store import PolicyCache
-from services.prometheus import metrics_response
-from services.redis_conn import TRANSIENT
-from shared.device_auth import AuthError, Proof, check_claim, parse_proof, verify
-from shared.settings import Settings
-from shared.token_bucket import TokenBucket
-from shared.update import Update
-from shared.wire import WireError, WireReason, decode_update
+from fedasync.services.ingest.store import IngestStore, UpdateIdReused
+from fedasync.services.runtime.http_service import livez, redis_readiness
+from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import PolicyCache
+from fedasync.shared.device_auth import AuthError, Proof, check_claim, parse_proof, verify
+from fedasync.shared.token_bucket import TokenBucket
+from fedasync.shared.update import Update
+from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.device_auth import sign
+from fedasync.shared.device_auth import sign
 
 PATH = "/v1/updates"
 CONTENT_TYPE = "application/vnd.fedasync.update+msgpack"

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from services.keys import Keys
+from fedasync.services.stores.keys import Keys
 
 INGEST_SCRIPT = """
 local existing = redis.call('GET', KEYS[1])

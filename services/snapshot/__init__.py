@@ -1,1 +1,1 @@
-"""The snapshot service: `python -m services.snapshot` or `fedasync snapshot`."""
+"""The snapshot service: `python -m fedasync.services.snapshot` or `fedasync snapshot`."""

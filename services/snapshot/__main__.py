@@ -1,11 +1,11 @@
-"""Entry point: `python -m services.snapshot`."""
+"""Entry point: `python -m fedasync.services.snapshot`."""
 
 from __future__ import annotations
 
 import sys
 
-from services.entry import run_service
-from services.snapshot.service import run
+from fedasync.services.runtime.entry import run_service
+from fedasync.services.snapshot.service import run
 
 
 def main() -> int:

@@ -18,13 +18,13 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.http_service import livez, redis_readiness
-from services.keys import Keys
-from services.lifecycle import cancel_tasks
-from services.prometheus import metrics_response
-from services.redis_conn import TRANSIENT, get_bytes
-from services.snapshot.cache import ModelCache, Served, TooManyWaiters
-from shared.settings import Settings
+from fedasync.services.runtime.http_service import livez, redis_readiness
+from fedasync.services.runtime.lifecycle import cancel_tasks
+from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
+from fedasync.services.stores.keys import Keys
 
 log = logging.getLogger(__name__)
 

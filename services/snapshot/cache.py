@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.model_format import decode_model, summary, to_safetensors
+from fedasync.shared.model_format import decode_model, summary, to_safetensors
 
 
 @dataclass(slots=True)

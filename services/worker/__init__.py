@@ -1,1 +1,1 @@
-"""The device worker: `python -m services.worker` or `fedasync worker`."""
+"""The device worker: `python -m fedasync.services.worker` or `fedasync worker`."""

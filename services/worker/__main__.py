@@ -1,11 +1,11 @@
-"""Entry point: `python -m services.worker`."""
+"""Entry point: `python -m fedasync.services.worker`."""
 
 from __future__ import annotations
 
 import sys
 
-from services.entry import run_service
-from services.worker.service import run
+from fedasync.services.runtime.entry import run_service
+from fedasync.services.worker.service import run
 
 
 def main() -> int:

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learning import partition
-from learning.dataset import Dataset
-from learning.task import Task, TrainParams
-from learning.tasks import get_task
-from shared import fleet
-from shared.seeds import DeviceStream, Stream, device_stream, stream
-from shared.settings import TaskSettings, WorkerSettings
+from fedasync.learning import partition
+from fedasync.learning.dataset import Dataset
+from fedasync.learning.task import Task, TrainParams
+from fedasync.learning.tasks import get_task
+from fedasync.services.runtime.settings import TaskSettings, WorkerSettings
+from fedasync.shared import fleet
+from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
 
 PROFILES: dict[
     str, fleet.Mixture | fleet.LogNormalFleet | fleet.ParetoFleet | fleet.ExponentialFleet

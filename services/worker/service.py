@@ -26,18 +26,18 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
-from services.ingest.protocol import PATH, signed_headers
-from services.keys import Keys
-from services.lifecycle import stop_on_signals
-from services.redis_conn import TRANSIENT, connect
-from services.snapshot.app import DONE_HEADER
-from services.worker.device import Device, build_device, default_client_id, run_rng
-from services.worker.journal import Journal
-from shared.device_auth import parse_key, sign
-from shared.model_format import ModelMessage, decode_model
-from shared.settings import Settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.services.ingest.protocol import PATH, signed_headers
+from fedasync.services.runtime.lifecycle import stop_on_signals
+from fedasync.services.runtime.redis_conn import TRANSIENT, connect
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.app import DONE_HEADER
+from fedasync.services.stores.keys import Keys
+from fedasync.services.worker.device import Device, build_device, default_client_id, run_rng
+from fedasync.services.worker.journal import Journal
+from fedasync.shared.device_auth import parse_key, sign
+from fedasync.shared.model_format import ModelMessage, decode_model
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 
 log = logging.getLogger(__name__)
 

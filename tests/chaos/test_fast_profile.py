@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from services.chaos.harness import run
-from services.chaos.report import describe
-from services.chaos.schedule import PROFILES, FaultKind
+from fedasync.services.commands.chaos.harness import run
+from fedasync.services.commands.chaos.report import describe
+from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 

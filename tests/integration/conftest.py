@@ -10,9 +10,9 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from services.redis_conn import connect
-from services.redis_server import RedisServer
-from shared.settings import Settings, load_settings
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.runtime.settings import Settings, load_settings
 
 
 @pytest.fixture(scope="module")

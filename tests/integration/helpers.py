@@ -7,14 +7,14 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from services.keys import Keys
-from services.ledger import records
-from shared.aggregation import AggregationState
-from shared.dedup import DedupMemory
-from shared.layout import Layout
-from shared.settings import Settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import records
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.layout import Layout
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 
 SIZE = 8
 

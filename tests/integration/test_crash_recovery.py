@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from learning.tasks import get_task
-from services.aggregator.service import run as run_aggregator
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.ledger import records, verify
-from shared.settings import Settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.learning.tasks import get_task
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.ledger import records, verify
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 from tests.integration.helpers import wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -53,7 +53,11 @@ def aggregator_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]
     )
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.aggregator"], cwd=ROOT, env=env, stdout=out, stderr=out
+            [sys.executable, "-m", "fedasync.services.aggregator"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=out,
         )
 
 

@@ -19,13 +19,13 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from services import evaluations
-from services.aggregator.service import run as run_aggregator
-from services.control.app import create_app
-from services.evaluations import EvaluationRecord
-from services.keys import Keys
-from services.policy_store import read_policy
-from shared.settings import Settings
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.control.app import create_app
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.evaluations import EvaluationRecord
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import read_policy
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

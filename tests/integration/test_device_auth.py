@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from services.aggregator.service import Aggregator, run
-from services.device_keys import KeyCache, add_device, revoke_device
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.ledger import verify as verify_ledger
-from shared.device_auth import parse_key, sign
-from shared.settings import Settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.services.aggregator.service import Aggregator, run
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import KeyCache, add_device, revoke_device
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.ledger import verify as verify_ledger
+from fedasync.shared.device_auth import parse_key, sign
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 from tests.integration.helpers import dead_letters, initial_state, ledger, make_update
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

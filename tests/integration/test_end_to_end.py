@@ -8,19 +8,19 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from learning.tasks import get_task
-from services import evaluations
-from services.aggregator.service import run as run_aggregator
-from services.evaluations import FIELD, EvaluationRecord
-from services.evaluator.service import run as run_evaluator
-from services.keys import Keys
-from services.ledger import verify
-from services.redis_conn import get_bytes
-from services.snapshot.service import run as run_snapshot
-from services.worker.service import run as run_worker
-from shared.model_format import decode_model
-from shared.seeds import Stream, stream
-from shared.settings import Settings
+from fedasync.learning.tasks import get_task
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.evaluator.service import run as run_evaluator
+from fedasync.services.runtime.redis_conn import get_bytes
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.service import run as run_snapshot
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import verify
+from fedasync.services.worker.service import run as run_worker
+from fedasync.shared.model_format import decode_model
+from fedasync.shared.seeds import Stream, stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -15,23 +15,23 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from learning.tasks import get_task
-from services import evaluations
-from services.aggregator.service import run as run_aggregator
-from services.evaluations import FIELD, EvaluationRecord
-from services.evaluator.service import BACKGROUND, FOLLOWER, create_app
-from services.evaluator.service import run as run_evaluator
-from services.keys import Keys
-from services.redis_conn import get_bytes
-from services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
-from services.snapshot.service import run as run_snapshot
-from shared.aggregation import ModelSnapshot
-from shared.layout import Layout
-from shared.model_format import decode_model, encode_model
-from shared.seeds import Stream, stream
-from shared.settings import Settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.learning.tasks import get_task
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app
+from fedasync.services.evaluator.service import run as run_evaluator
+from fedasync.services.runtime.redis_conn import get_bytes
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.services.snapshot.service import run as run_snapshot
+from fedasync.services.stores import evaluations
+from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.aggregation import ModelSnapshot
+from fedasync.shared.layout import Layout
+from fedasync.shared.model_format import decode_model, encode_model
+from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 from tests.integration.helpers import wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -17,15 +17,15 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
-from services.aggregator.service import run as run_aggregator
-from services.control.app import create_app as create_control_app
-from services.device_keys import add_device, revoke_device
-from services.ingest.app import INGEST, create_app
-from services.ingest.protocol import CONTENT_TYPE, PATH, signed_headers
-from services.keys import Keys
-from shared.device_auth import parse_key
-from shared.settings import Settings
-from shared.wire import encode_update
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.control.app import create_app as create_control_app
+from fedasync.services.ingest.app import INGEST, create_app
+from fedasync.services.ingest.protocol import CONTENT_TYPE, PATH, signed_headers
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import add_device, revoke_device
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.device_auth import parse_key
+from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -9,14 +9,14 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
-from services.aggregator.service import run as run_aggregator
-from services.device_keys import add_device
-from services.ingest.service import run as run_ingest
-from services.keys import Keys
-from services.ledger import verify
-from services.snapshot.service import run as run_snapshot
-from services.worker.service import run as run_worker
-from shared.settings import Settings
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.ingest.service import run as run_ingest
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.service import run as run_snapshot
+from fedasync.services.stores.device_keys import add_device
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import verify
+from fedasync.services.worker.service import run as run_worker
 from tests.integration.helpers import dead_letters, ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -23,9 +23,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.device_keys import add_device
-from services.ingest.app import INGEST, Ingest, create_app
-from services.ingest.protocol import (
+from fedasync.services.ingest.app import INGEST, Ingest, create_app
+from fedasync.services.ingest.protocol import (
     CLIENT_HEADER,
     CONTENT_TYPE,
     PATH,
@@ -33,12 +32,13 @@ from services.ingest.protocol import (
     TIME_HEADER,
     signed_headers,
 )
-from services.keys import Keys
-from services.redis_conn import connect
-from services.redis_server import RedisServer
-from shared.device_auth import parse_key
-from shared.settings import Settings, load_settings
-from shared.wire import encode_update, pack
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.runtime.settings import Settings, load_settings
+from fedasync.services.stores.device_keys import add_device
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.device_auth import parse_key
+from fedasync.shared.wire import encode_update, pack
 from tests.integration.helpers import make_update
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The ledger is read one way (services.ledger.records): from a cursor, by the control service's
+"""The ledger is read one way (stores/ledger.py: records): from a cursor, by the control service's
 window and, once per run, by the run folder, whose ledger.jsonl is exactly the export."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from services import ledger
-from services.aggregator.service import run as run_aggregator
-from services.control.window import LedgerWindow
-from services.keys import Keys
-from services.up.report import write_run_folder
-from services.up.summary import summarize
-from shared.settings import Settings
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.up.report import write_run_folder
+from fedasync.services.commands.up.summary import summarize
+from fedasync.services.control.window import LedgerWindow
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores import ledger
+from fedasync.services.stores.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

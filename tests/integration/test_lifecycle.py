@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from learning.tasks import get_task
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.redis_conn import connect
-from services.redis_server import RedisServer, free_port
-from services.worker.service import publish
-from shared.settings import Settings, load_settings
-from shared.update import Update
-from shared.wire import encode_update
+from fedasync.learning.tasks import get_task
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer, free_port
+from fedasync.services.runtime.settings import Settings, load_settings
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.worker.service import publish
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
 from tests.integration.helpers import ledger, make_update, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -57,7 +57,7 @@ def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subproces
     )
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", f"services.{module}"], cwd=ROOT, env=env, stdout=out, stderr=out
+            [sys.executable, "-m", f"fedasync.services.{module}"], cwd=ROOT, env=env, stdout=out, stderr=out
         )
 
 
@@ -117,7 +117,7 @@ class RetryWatch(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.retried = asyncio.Event()
-        self.logger = logging.getLogger("services.worker.service")
+        self.logger = logging.getLogger("fedasync.services.worker.service")
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("publish failed"):

@@ -16,10 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.aggregator.service import Aggregator
-from services.keys import AGGREGATOR_GROUP, Keys
-from services.ledger import records
-from shared.settings import Settings
+from fedasync.services.aggregator.service import Aggregator
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.ledger import records
 from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -12,17 +12,17 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
-from learning.evaluation import Evaluation
-from services.aggregator.http import create_app
-from services.aggregator.service import Aggregator
-from services.control.app import create_app as create_control_app
-from services.evaluator.metrics import EvaluatorMetrics
-from services.ingest.app import create_app as create_ingest_app
-from services.keys import Keys
-from services.snapshot.app import create_app as create_snapshot_app
-from services.snapshot.app import wait_ready
-from shared.settings import Settings
-from shared.update import Update
+from fedasync.learning.evaluation import Evaluation
+from fedasync.services.aggregator.http import create_app
+from fedasync.services.aggregator.service import Aggregator
+from fedasync.services.control.app import create_app as create_control_app
+from fedasync.services.evaluator.metrics import EvaluatorMetrics
+from fedasync.services.ingest.app import create_app as create_ingest_app
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.app import create_app as create_snapshot_app
+from fedasync.services.snapshot.app import wait_ready
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.update import Update
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

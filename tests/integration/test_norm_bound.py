@@ -13,12 +13,12 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
-from services.aggregator.service import Aggregator
-from services.control.app import create_app
-from services.keys import Keys
-from services.ledger import verify
-from services.policy_store import ensure_policy
-from shared.settings import Settings
+from fedasync.services.aggregator.service import Aggregator
+from fedasync.services.control.app import create_app
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import verify
+from fedasync.services.stores.policy_store import ensure_policy
 from tests.integration.helpers import dead_letters, initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -16,17 +16,17 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 
-from services.aggregator.service import Aggregator
-from services.aggregator.service import run as run_aggregator
-from services.control.app import create_app
-from services.control.rules_runner import RuleRunner
-from services.control.switchboard import set_switch, switch_owners
-from services.keys import Keys
-from services.policy_store import read_policy
-from services.redis_conn import connect
-from services.redis_server import RedisServer
-from shared.rules import ActionKind
-from shared.settings import Settings
+from fedasync.services.aggregator.service import Aggregator
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.control.app import create_app
+from fedasync.services.control.rules_runner import RuleRunner
+from fedasync.services.control.switchboard import set_switch, switch_owners
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import read_policy
+from fedasync.shared.rules import ActionKind
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -213,7 +213,7 @@ async def test_a_refused_command_skips_a_run_and_the_rules_go_on(
     clock = CountingClock(stopping, stop_at=3)
     rules = runner(settings, cut, clock, rules_interval_s=0.01)
     try:
-        with caplog.at_level(logging.ERROR, logger="services.control.rules_runner"):
+        with caplog.at_level(logging.ERROR, logger="fedasync.services.control.rules_runner"):
             await asyncio.wait_for(rules.run(stopping), timeout=30)
     finally:
         await cut.aclose()

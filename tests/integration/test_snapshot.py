@@ -11,9 +11,9 @@ import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from safetensors.numpy import load as load_safetensors
 
-from services.aggregator.service import run as run_aggregator
-from services.keys import Keys
-from services.snapshot.app import (
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.app import (
     CACHE,
     DONE_HEADER,
     MODEL_CONTENT_TYPE,
@@ -21,8 +21,8 @@ from services.snapshot.app import (
     create_app,
     wait_ready,
 )
-from shared.model_format import decode_model
-from shared.settings import Settings
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.model_format import decode_model
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from services.control.switchboard import set_switch
-from services.keys import Keys
-from services.policy_store import (
+from fedasync.services.control.switchboard import set_switch
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import (
     PolicyConflict,
     SwitchChange,
     change_policy,
     ensure_policy,
     read_policy,
 )
-from shared.settings import Settings
-from shared.switches import switch_off
+from fedasync.shared.switches import switch_off
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

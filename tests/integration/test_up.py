@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.redis_server import RedisServer
+from fedasync.services.runtime.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,15 @@ def clean_env() -> dict[str, str]:
 def up(out: Path, *options: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`fedasync up` in a process group of its own, as a shell starts a foreground job."""
     return subprocess.Popen(
-        [sys.executable, "-m", "services.up", "--no-live", "--out", str(out), *options],
+        [
+            sys.executable,
+            "-m",
+            "fedasync.services.commands.up",
+            "--no-live",
+            "--out",
+            str(out),
+            *options,
+        ],
         cwd=ROOT,
         env=clean_env() if env is None else env,
         stdout=subprocess.PIPE,
@@ -116,7 +124,9 @@ def test_ctrl_c_stops_every_child_writes_the_report_and_a_killed_worker_is_repor
             break
     pids = children(process.pid)
     assert len(pids) == 4 + 3 + 1  # services, workers, redis-server
-    worker = next(p for p in pids if b"services.worker" in Path(f"/proc/{p}/cmdline").read_bytes())
+    worker = next(
+        p for p in pids if b"fedasync.services.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+    )
     os.kill(worker, signal.SIGKILL)  # a crash the summary must report
     while alive(worker):  # dead (a zombie until `up` reaps it) before the Ctrl-C
         time.sleep(0.01)
@@ -184,7 +194,7 @@ def test_a_service_that_stops_is_a_failure_and_stray_settings_stay_out(
     aggregator = next(
         p
         for p in children(process.pid)
-        if b"services.aggregator" in Path(f"/proc/{p}/cmdline").read_bytes()
+        if b"fedasync.services.aggregator" in Path(f"/proc/{p}/cmdline").read_bytes()
     )
     os.kill(aggregator, signal.SIGTERM)  # someone else stops it: it drains and exits 0
     output, _ = process.communicate(timeout=120)

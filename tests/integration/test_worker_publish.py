@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from services.ingest.protocol import PATH
-from services.worker.service import (
+from fedasync.services.ingest.protocol import PATH
+from fedasync.services.worker.service import (
     DEFAULT_RETRY_AFTER_S,
     MAX_RETRY_AFTER_S,
     PublishAbandoned,

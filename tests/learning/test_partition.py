@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learning import partition
-from learning.partition import PartitionError
+from fedasync.learning import partition
+from fedasync.learning.partition import PartitionError
 
 LABELS = np.repeat(np.arange(10), 50)  # 500 samples, 10 balanced classes
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learning.task import Task
-from learning.tasks import TASKS, UnknownTaskError, get_task
+from fedasync.learning.task import Task
+from fedasync.learning.tasks import TASKS, UnknownTaskError, get_task
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"linear": {"samples": 600}, "synthetic": {"samples": 600, "groups": 6}, "digits": {}}
@@ -105,7 +105,7 @@ def test_digits_init_matches_torch_default_bounds() -> None:
 def test_initial_model_and_evaluation_need_no_torch() -> None:
     code = (
         "import sys, numpy as np\n"
-        "from learning.tasks import get_task\n"
+        "from fedasync.learning.tasks import get_task\n"
         "t = get_task('digits')\n"
         "w = t.init_weights(np.random.default_rng(0))\n"
         "_, test = t.dataset(np.random.default_rng(0))\n"

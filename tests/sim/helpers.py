@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.config import SimConfig, build, merge
+from fedasync.sim.config import SimConfig, build, merge
 
 LINEAR: dict[str, Any] = {
     "name": "tiny",

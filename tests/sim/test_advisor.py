@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.fleet import LONG_TAIL, DeviceLatency, ReplayedLatency
-from shared.params import TAU_MAX_LIMIT
-from sim.advisor import advise, estimated_rate, fleet_quantile
-from sim.runner import fleet_advice
-from sim.world import build_world
+from fedasync.shared.fleet import LONG_TAIL, DeviceLatency, ReplayedLatency
+from fedasync.shared.params import TAU_MAX_LIMIT
+from fedasync.sim.advisor import advise, estimated_rate, fleet_quantile
+from fedasync.sim.runner import fleet_advice
+from fedasync.sim.world import build_world
 from tests.sim.helpers import config
 
 # 20 devices: 19 take 10 s, one takes 100 s, no jitter

@@ -1,4 +1,4 @@
-"""`fedasync simulate` and `advise`, via a parser built as services/cli.py builds it."""
+"""`fedasync simulate` and `advise`, via a parser built as services/commands/cli.py builds it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import register
+from fedasync.sim.cli import register
 
 
 def run(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from sim.runner import simulate
+from fedasync.sim.runner import simulate
 from tests.sim.helpers import config, fixed_fleet
 
 MEDIANS = [5.0, 7.0, 11.0, 13.0, 17.0, 19.0, 23.0, 29.0]

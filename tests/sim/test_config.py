@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import ConfigError, load_config
-from sim.presets import PRESETS, UnknownPresetError
+from fedasync.sim.config import ConfigError, load_config
+from fedasync.sim.presets import PRESETS, UnknownPresetError
 from tests.sim.helpers import config
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.output import write_all, write_data
-from sim.runner import simulate
+from fedasync.sim.output import write_all, write_data
+from fedasync.sim.runner import simulate
 from tests.sim.helpers import LINEAR, config
 
 DIGITS = {

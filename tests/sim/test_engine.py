@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.clock import EventQueue
-from sim.runner import simulate
-from sim.summary import build_summary
+from fedasync.sim.clock import EventQueue
+from fedasync.sim.runner import simulate
+from fedasync.sim.summary import build_summary
 from tests.sim.helpers import config, fixed_fleet
 
 
@@ -82,7 +82,7 @@ def test_a_trace_is_replayed_exactly(tmp_path: Path) -> None:
     (tmp_path / "windows.csv").write_text(
         "device,online_from_s,online_until_s\nphone,0,100\nboard,0,1000\nphone,200,300\n"
     )
-    (tmp_path / "sim.toml").write_text(
+    (tmp_path / "fedasync.sim.toml").write_text(
         '[task]\nname = "linear"\nparams = {samples = 400}\n'
         "[fleet]\ndevices = 2\n"
         'latency = {kind = "trace", path = "durations.csv"}\n'
@@ -90,9 +90,9 @@ def test_a_trace_is_replayed_exactly(tmp_path: Path) -> None:
         "[budget]\nmax_seconds = 1000\nmax_updates = 10000\n"
         '[[algorithms]]\nkind = "fedasync"\ntau_max = 1000\n'
     )
-    from sim.config import load_config
+    from fedasync.sim.config import load_config
 
-    sim = simulate(load_config(tmp_path / "sim.toml"))
+    sim = simulate(load_config(tmp_path / "fedasync.sim.toml"))
     rec = sim.results[0].recorder
     assert sim.world.client_ids == ["phone", "board"]
     phone_times = [d.time_s for d in rec.decisions if d.device == 0]

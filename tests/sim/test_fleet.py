@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from shared import fleet
-from shared.fedavg import fedavg
+from fedasync.shared import fleet
+from fedasync.shared.fedavg import fedavg
 
 
 def test_mixture_counts_follow_the_shares_exactly() -> None:

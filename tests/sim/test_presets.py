@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.config import build, merge
-from sim.presets import PRESETS, preset_data
-from sim.runner import simulate
-from sim.summary import build_summary
+from fedasync.sim.config import build, merge
+from fedasync.sim.presets import PRESETS, preset_data
+from fedasync.sim.runner import simulate
+from fedasync.sim.summary import build_summary
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

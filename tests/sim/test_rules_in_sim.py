@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from shared.decision import Decision
-from shared.update import Update
-from sim.config import ConfigError
-from sim.runner import simulate
+from fedasync.shared.decision import Decision
+from fedasync.shared.update import Update
+from fedasync.sim.config import ConfigError
+from fedasync.sim.runner import simulate
 from tests.sim.helpers import config, fixed_fleet
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from sim.config import ConfigError, build
-from sim.presets import preset_data
-from sim.result import RunResult
-from sim.runner import simulate
-from sim.summary import build_summary
+from fedasync.sim.config import ConfigError, build
+from fedasync.sim.presets import preset_data
+from fedasync.sim.result import RunResult
+from fedasync.sim.runner import simulate
+from fedasync.sim.summary import build_summary
 from tests.sim.helpers import config, fixed_fleet
 
 

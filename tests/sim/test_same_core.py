@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from learning.linear import LinearRegression
-from shared.aggregation import AggregationState
-from shared.decision import Decision
-from shared.update import Update
-from sim.runner import simulate
-from sim.world import build_world
+from fedasync.learning.linear import LinearRegression
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.decision import Decision
+from fedasync.shared.update import Update
+from fedasync.sim.runner import simulate
+from fedasync.sim.world import build_world
 from tests.sim.helpers import config
 
 FLEET = {"devices": 8, "latency": {"kind": "longtail"}, "dropout": 0.15}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.aggregation import AggregationState
-from shared.dedup import DedupMemory
-from shared.layout import Layout
-from shared.update import Update
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.layout import Layout
+from fedasync.shared.update import Update
 
 
 def make_state(

@@ -12,13 +12,13 @@ import sys
 
 import numpy as np
 
-from shared.aggregation import AggregationState
-from shared.checkpoint import save_state
-from shared.decision import Decision
-from shared.layout import Layout
-from shared.policy import Policy
-from shared.staleness import Decay
-from shared.update import Update
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.checkpoint import save_state
+from fedasync.shared.decision import Decision
+from fedasync.shared.layout import Layout
+from fedasync.shared.policy import Policy
+from fedasync.shared.staleness import Decay
+from fedasync.shared.update import Update
 
 SIZE = 257
 

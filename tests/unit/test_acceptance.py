@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from shared.acceptance import acceptance_rows, count_acceptance
-from shared.rules import DecisionWindow
+from fedasync.shared.acceptance import acceptance_rows, count_acceptance
+from fedasync.shared.rules import DecisionWindow
 
 OUTCOMES = ("applied", "dropped", "rejected", "duplicate")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.acl import PASSWORD_RE, acl_file, acl_rules, users
-from services.cli import main
+from fedasync.services.commands.cli import main
+from fedasync.services.stores.acl import PASSWORD_RE, acl_file, acl_rules, users
 
 USERS = ["aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"]
 

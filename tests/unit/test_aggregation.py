@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.aggregation import AggregationState
-from shared.decision import DropReason, Outcome, RejectReason
-from shared.layout import Layout
-from shared.policy import Mode, Policy
-from shared.staleness import Decay
-from shared.update import Update
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.decision import DropReason, Outcome, RejectReason
+from fedasync.shared.layout import Layout
+from fedasync.shared.policy import Mode, Policy
+from fedasync.shared.staleness import Decay
+from fedasync.shared.update import Update
 from tests.unit.helpers import make_state, make_update
 
 

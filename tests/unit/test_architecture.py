@@ -84,7 +84,7 @@ def test_mixing_rule_is_written_once() -> None:
 
 
 def test_the_ledger_stream_is_read_in_one_place() -> None:
-    """Only services/ledger.py pages through the ledger and decodes its records; the control
+    """Only services/stores/ledger.py pages through the ledger and decodes its records; the control
     service's window, the run folder, export and verify all read through `ledger.records`."""
     readers = [
         p.relative_to(ROOT)
@@ -93,7 +93,7 @@ def test_the_ledger_stream_is_read_in_one_place() -> None:
             r"(xrange\(\s*|stream_entries\(\s*\w+,\s*)(self\.)?keys\.ledger", p.read_text()
         )
     ]
-    assert readers == [Path("services/ledger.py")]
+    assert readers == [Path("services/stores/ledger.py")]
 
 
 def test_per_client_acceptance_is_built_in_one_place() -> None:

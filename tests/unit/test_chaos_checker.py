@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from services.chaos.checker import Decided, check
-from services.chaos.schedule import PROFILES, FaultKind, Profile, build_schedule
+from fedasync.services.commands.chaos.checker import Decided, check
+from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind, Profile, build_schedule
 
 
 def applied(uid: str, version: int, entry: str) -> Decided:

@@ -6,9 +6,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.checkpoint import CheckpointError, load_state, save_state
-from shared.policy import Policy
-from shared.wire import pack
+from fedasync.shared.checkpoint import CheckpointError, load_state, save_state
+from fedasync.shared.policy import Policy
+from fedasync.shared.wire import pack
 from tests.unit.helpers import make_state, make_update
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main
+from fedasync.services.commands.cli import main
 
 
 def test_alpha_table_shows_every_rule_and_drops(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shared.device_auth import (
+from fedasync.shared.device_auth import (
     AuthError,
     AuthReason,
     check_claim,
@@ -17,7 +17,7 @@ from shared.device_auth import (
     stream_id_ms,
     verify,
 )
-from shared.token_bucket import TokenBucket
+from fedasync.shared.token_bucket import TokenBucket
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

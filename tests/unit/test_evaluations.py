@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from learning.evaluation import Evaluation
-from services.evaluations import EvaluationRecord
+from fedasync.learning.evaluation import Evaluation
+from fedasync.services.stores.evaluations import EvaluationRecord
 
 
 def not_json(name: str) -> float:

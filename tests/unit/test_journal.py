@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.worker.journal import Journal, read_journals
+from fedasync.services.worker.journal import Journal, read_journals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ def test_lines_written_before_a_kill_9_are_all_there(tmp_path: Path) -> None:
     path = tmp_path / "w.journal"
     code = (
         "import os, signal\n"
-        "from services.worker.journal import Journal\n"
+        "from fedasync.services.worker.journal import Journal\n"
         f"journal = Journal({str(path)!r})\n"
         "journal.attempted('u1')\n"
         "journal.acknowledged('u1', '1-0')\n"

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from services.lifecycle import Background, cancel_tasks
+from fedasync.services.runtime.lifecycle import Background, cancel_tasks
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,7 +25,7 @@ async def test_cancel_tasks_logs_a_task_that_had_already_failed(
 ) -> None:
     task = asyncio.create_task(fail(), name="loop")
     await asyncio.wait([task])  # it ended by itself, before anyone asked it to stop
-    with caplog.at_level(logging.ERROR, logger="services.lifecycle"):
+    with caplog.at_level(logging.ERROR, logger="fedasync.services.runtime.lifecycle"):
         await cancel_tasks([task])
     [record] = caplog.records
     assert record.getMessage() == "task loop failed"
@@ -39,7 +39,7 @@ async def test_cancel_tasks_cancels_the_running_and_logs_the_failed_together(
     failed = asyncio.create_task(fail(), name="failed")
     running = asyncio.create_task(forever(), name="running")
     await asyncio.wait([failed])
-    with caplog.at_level(logging.ERROR, logger="services.lifecycle"):
+    with caplog.at_level(logging.ERROR, logger="fedasync.services.runtime.lifecycle"):
         await cancel_tasks([failed, running])
     assert running.cancelled()
     assert [r.getMessage() for r in caplog.records] == ["task failed failed"]

@@ -11,13 +11,13 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.aggregation import AggregationState
-from shared.checkpoint import load_state, save_state
-from shared.decision import Decision, Outcome, RejectReason
-from shared.params import ParamError
-from shared.policy import NormAction, Policy
-from shared.staleness import Decay
-from shared.wire import pack
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.checkpoint import load_state, save_state
+from fedasync.shared.decision import Decision, Outcome, RejectReason
+from fedasync.shared.params import ParamError
+from fedasync.shared.policy import NormAction, Policy
+from fedasync.shared.staleness import Decay
+from fedasync.shared.wire import pack
 from tests.unit.helpers import make_state, make_update
 
 ORDINARY = [(1.0, 0, 0, 0), (0, 2.0, 0, 0), (2.0, 0, 0, 0), (0, 0, 4.0, 0), (0, 0, 0, 2.0)]

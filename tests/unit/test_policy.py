@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from shared.params import POLICY_RANGES, ParamError
-from shared.policy import Mode, Policy
-from shared.staleness import Decay
+from fedasync.shared.params import POLICY_RANGES, ParamError
+from fedasync.shared.policy import Mode, Policy
+from fedasync.shared.staleness import Decay
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.aggregation import AggregationState
-from shared.checkpoint import load_state, save_state
-from shared.decision import Decision, DropReason, Outcome
-from shared.layout import Layout
-from shared.params import POLICY_RANGES, TAU_MAX_LIMIT, Range
-from shared.policy import Mode, NormAction, Policy
-from shared.staleness import Decay
-from shared.update import Update
-from shared.wire import WireError, WireReason, decode_update, encode_update, pack
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.checkpoint import load_state, save_state
+from fedasync.shared.decision import Decision, DropReason, Outcome
+from fedasync.shared.layout import Layout
+from fedasync.shared.params import POLICY_RANGES, TAU_MAX_LIMIT, Range
+from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.staleness import Decay
+from fedasync.shared.update import Update
+from fedasync.shared.wire import WireError, WireReason, decode_update, encode_update, pack
 
 SIZE = 5
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from shared.rules import (
+from fedasync.shared.rules import (
     ActionKind,
     DropAlertRule,
     FairnessRule,

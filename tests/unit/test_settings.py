@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-import shared.settings as settings_module
-from shared.policy import Policy
-from shared.settings import (
+import fedasync.services.runtime.settings as settings_module
+from fedasync.services.runtime.settings import (
     Settings,
     SettingsError,
     load_settings,
     settings_env,
     settings_reference,
 )
+from fedasync.shared.policy import Policy
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared import staleness
-from shared.aggregation import AggregationState
-from shared.layout import Layout
-from shared.policy import Policy
-from shared.staleness import Decay
-from shared.update import Update
+from fedasync.shared import staleness
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.layout import Layout
+from fedasync.shared.policy import Policy
+from fedasync.shared.staleness import Decay
+from fedasync.shared.update import Update
 
 # α = 0.6·(τ+1)^−0.6, worked by hand: 2^−0.6 = e^(−0.6·ln 2) = 0.659754, ×0.6 = 0.395852, ...
 POLYNOMIAL = {0: 0.6, 1: 0.395852, 5: 0.204767, 10: 0.142336}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.policy import Policy
-from shared.switches import SWITCHES, SwitchError, switch_off, switch_on
+from fedasync.shared.policy import Policy
+from fedasync.shared.switches import SWITCHES, SwitchError, switch_off, switch_on
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from services.evaluations import EvaluationRecord
-from services.up.summary import summarize
+from fedasync.services.commands.up.summary import summarize
+from fedasync.services.stores.evaluations import EvaluationRecord
 
 
 def decision(at: float, outcome: str, client: str, tau: int, **extra: Any) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from shared.update import Update
-from shared.wire import (
+from fedasync.shared.update import Update
+from fedasync.shared.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     WireError,
     WireReason,

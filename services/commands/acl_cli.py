@@ -1,0 +1,51 @@
+"""`fedasync acl`: print the Redis ACL file of every fedasync user (services/stores/acl.py).
+
+Without options each user carries a `${REDIS_PASSWORD_<USER>}` placeholder (docker/redis/users.acl
+is this output for the default prefix); `--passwords-from-env` fills them in from those variables;
+`--new-passwords` prints fresh random passwords as `.env` lines for Docker Compose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from typing import Any
+
+from fedasync.services.runtime.settings import load_settings
+
+
+def register(commands: Any) -> None:
+    """Add the `acl` subcommand to the `fedasync` parser."""
+    acl = commands.add_parser("acl", help="print the Redis ACL file (least-privilege users)")
+    acl.add_argument("--prefix", help="key prefix (default: FEDASYNC_REDIS__KEY_PREFIX)")
+    source = acl.add_mutually_exclusive_group()
+    source.add_argument(
+        "--passwords-from-env",
+        action="store_true",
+        help="passwords from REDIS_PASSWORD_<USER> instead of placeholders",
+    )
+    source.add_argument(
+        "--new-passwords",
+        action="store_true",
+        help="print new random passwords as REDIS_PASSWORD_<USER>=... lines (for .env)",
+    )
+    acl.set_defaults(handler=_acl)
+
+
+def _acl(args: argparse.Namespace) -> int:
+    from fedasync.services.stores.acl import acl_file, passwords_from_env, users
+
+    prefix = args.prefix if args.prefix is not None else load_settings().redis.key_prefix
+    try:
+        if args.new_passwords:
+            for user in users(prefix):
+                print(f"{user.password_variable}={secrets.token_hex(24)}")
+            return 0
+        passwords = passwords_from_env(prefix, os.environ) if args.passwords_from_env else None
+        print(acl_file(prefix, passwords), end="")
+    except ValueError as exc:
+        print(f"fedasync: {exc}", file=sys.stderr)
+        return 2
+    return 0

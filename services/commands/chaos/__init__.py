@@ -1,0 +1,10 @@
+"""The chaos harness: the real services as processes, seeded faults, a total-queue check.
+
+`fedasync chaos` (or `python -m fedasync.services.commands.chaos`) runs aggregator, snapshot
+service and workers against a private Redis, kills and pauses them on a seeded schedule, drains the
+stream and checks that every acknowledged update has exactly one terminal decision, that versions
+are contiguous, that the ledger replays to the committed model and that the served model is the
+committed one. Modules: schedule (what and when), system (the processes), faults (injecting and
+recovering), probe and audit (reading the outcome), checker (the pure check), report (the figures),
+harness (the phases), cli (the command).
+"""

@@ -1,0 +1,43 @@
+"""After the run: read the ledger and the stream, and replay the ledger (`ledger verify`).
+
+Uses the same code as `fedasync ledger export` and `fedasync ledger verify`, so the harness
+checks exactly what an operator would run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from fedasync.services.runtime.redis_conn import connect, stream_entries
+from fedasync.services.runtime.settings import RedisSettings
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import VerifyReport, records, verify
+from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass(slots=True)
+class Audit:
+    records: list[dict[str, Any]]
+    entry_ids: list[str]
+    dead_lettered: set[str]
+    verify: VerifyReport
+
+
+async def audit(url: str, keys: Keys) -> Audit:
+    client = connect(RedisSettings(url=url, socket_timeout_s=30.0))
+    try:
+        ledger = [record async for record in records(client, keys)]
+        entries = await _entry_ids(client, keys.updates)
+        dead: Any = await client.xrange(keys.deadletter)
+        dead_lettered = {fields[b"stream_id"].decode() for _, fields in dead}
+        report = await verify(client, keys, DEFAULT_MAX_MESSAGE_BYTES)
+        return Audit(ledger, entries, dead_lettered, report)
+    finally:
+        await client.aclose()
+
+
+async def _entry_ids(client: aioredis.Redis, stream: str) -> list[str]:
+    return [entry_id async for entry_id, _ in stream_entries(client, stream)]

@@ -1,0 +1,50 @@
+"""`fedasync chaos [--profile fast|long] [--seed N] [--out DIR]`; exit 1 if any check fails."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedasync.services.commands.chaos.schedule import PROFILES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="fast", help="how many faults (fast: CI)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule")
+    parser.add_argument(
+        "--out", type=Path, help="run folder (default runs/chaos-PROFILE-seedN-TIME)"
+    )
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `chaos` subcommand to the `fedasync` parser."""
+    chaos = commands.add_parser(
+        "chaos", help="inject faults into real services and check that no update is lost"
+    )
+    add_arguments(chaos)
+    chaos.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from fedasync.services.commands.chaos.harness import (
+        run,  # imports the services only when a run is asked for
+    )
+    from fedasync.services.commands.chaos.report import describe
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / f"chaos-{args.profile}-seed{args.seed}-{stamp}"
+    summary = run(PROFILES[args.profile], args.seed, out)
+    print(describe(summary))
+    return 0 if summary["ok"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedasync.services.commands.chaos", description=__doc__
+    )
+    add_arguments(parser)
+    return handle(parser.parse_args(argv))

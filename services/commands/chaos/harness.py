@@ -1,0 +1,118 @@
+"""One chaos run: start the system, inject the scheduled faults, drain, check, report.
+
+The phases, in order:
+
+1. start a private Redis (AOF, fsync always), the aggregator and the snapshot service (each
+   ready), then the workers, which journal every publish;
+2. inject the faults of the seeded schedule, restarting what they took down after its outage
+   and whatever exits unasked (as a supervisor would);
+3. stop the workers (SIGTERM: a publish in flight completes and is journalled), restore anything
+   still down, and wait until the aggregator has drained the stream: every entry delivered and
+   acknowledged, with its ledger record;
+4. compare the model the snapshot service serves with the committed one, stop the services,
+   read the ledger, replay it (`ledger verify`) and count (chaos/checker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from fedasync.services.commands.chaos.audit import audit
+from fedasync.services.commands.chaos.checker import Decided, check
+from fedasync.services.commands.chaos.faults import Injector, wait_until
+from fedasync.services.commands.chaos.probe import wait_drained, wait_served
+from fedasync.services.commands.chaos.report import build_summary, write_summary
+from fedasync.services.commands.chaos.schedule import Fault, Profile, build_schedule
+from fedasync.services.commands.chaos.system import AGGREGATOR, SNAPSHOT, System
+from fedasync.services.worker.journal import read_journals
+
+#: longest the harness waits for the drain and for the snapshot service to catch up, seconds
+DRAIN_TIMEOUT_S = 120.0
+SERVED_TIMEOUT_S = 30.0
+#: how often the fault loop looks for exited children when nothing is scheduled, seconds
+TICK_S = 0.1
+
+
+def run(
+    profile: Profile, seed: int, out: Path, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run the profile once; returns the summary (also written to `out`/summary.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    schedule = build_schedule(profile, seed)
+    started = time.monotonic()
+    with System(out, profile) as system:
+        say(f"chaos: starting Redis and services (logs in {out / 'logs'})")
+        system.start()
+        injector = Injector(system)
+        say(f"chaos: {len(schedule)} faults over {profile.window_s:.0f} s")
+        _inject(system, injector, schedule, say)
+
+        say("chaos: faults over; stopping the workers and draining the stream")
+        for name in system.workers:
+            if system.supervisor.kill(name, signal.SIGTERM, wait=15.0) is None:
+                system.supervisor.kill(name)
+        injector.recover(everything=True)
+        services = [AGGREGATOR, SNAPSHOT]
+        client = redis.Redis(port=system.redis.port, socket_timeout=10.0)
+        try:
+            drained, backlog = wait_drained(
+                client,
+                system.keys,
+                DRAIN_TIMEOUT_S,
+                lambda: injector.restart_exited(services),
+            )
+            served = wait_served(client, system.keys, system.snapshot_url, SERVED_TIMEOUT_S)
+        finally:
+            client.close()
+        system.supervisor.stop_all(groups=[[SNAPSHOT], [AGGREGATOR]])
+        say("chaos: services stopped; auditing the ledger")
+        audited = asyncio.run(audit(system.redis.url, system.keys))
+        journals = read_journals(system.journals())
+    verdict = check(
+        set(journals.acknowledged),
+        journals.attempted,
+        [Decided.from_record(record) for record in audited.records],
+        audited.entry_ids,
+        audited.dead_lettered,
+    )
+    summary = build_summary(
+        profile=profile,
+        seed=seed,
+        out=out,
+        duration_s=time.monotonic() - started,
+        injector=injector,
+        drained=drained,
+        backlog=backlog,
+        served=served,
+        audit=audited,
+        verdict=verdict,
+        malformed_journal_lines=journals.malformed,
+    )
+    write_summary(out, summary)
+    return summary
+
+
+def _inject(
+    system: System, injector: Injector, schedule: list[Fault], say: Callable[[str], None]
+) -> None:
+    """The fault phase: each fault at its instant, restarts when due, crashes restarted."""
+    names = [AGGREGATOR, SNAPSHOT, *system.workers]
+    queue = list(schedule)
+    while queue or injector.pending:
+        injector.recover()
+        injector.restart_exited(names)
+        now = injector.now()
+        if queue and queue[0].at <= now:
+            injector.inject(queue.pop(0))
+            event = injector.events[-1]
+            say(f"chaos: t={event.at:6.2f} s {event.what}: {event.detail}")
+            continue
+        upcoming = [t for t in (queue[0].at if queue else None, injector.next_due()) if t]
+        wait_until(injector.started + min([now + TICK_S, *upcoming]))

@@ -1,0 +1,151 @@
+"""The run's figures: built once as a plain dict, written to summary.json and printed.
+
+The dict is the contract: the CLI's exit code, the CI test and a reader of summary.json all look
+at the same `checks` entries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedasync.services.commands.chaos.audit import Audit
+from fedasync.services.commands.chaos.checker import Verdict
+from fedasync.services.commands.chaos.faults import Injector
+from fedasync.services.commands.chaos.probe import Backlog, Served
+from fedasync.services.commands.chaos.schedule import Profile
+
+#: ids shown per failing category in summary.json (all of them are in the ledger export)
+EXAMPLES = 20
+
+
+def build_summary(
+    *,
+    profile: Profile,
+    seed: int,
+    out: Path,
+    duration_s: float,
+    injector: Injector,
+    drained: bool,
+    backlog: Backlog,
+    served: Served,
+    audit: Audit,
+    verdict: Verdict,
+    malformed_journal_lines: int,
+) -> dict[str, Any]:
+    scheduled = {kind.value for kind, count in profile.faults if count > 0}
+    outcomes = verdict.outcomes
+    checks = {
+        "every fault kind injected": all(injector.injected[k] > 0 for k in scheduled),
+        "stream drained": drained,
+        "lost == 0": not verdict.lost,
+        "duplicated == 0": not verdict.duplicated,
+        "unexpected == 0": not verdict.unexpected,
+        "versions contiguous": not verdict.version_gaps,
+        "each entry decided once": not (verdict.redecided or verdict.undecided),
+        "ledger verify passes": audit.verify.ok,
+        "served == committed": served.equal,
+        "journals intact": malformed_journal_lines == 0,
+    }
+    return {
+        "profile": profile.name,
+        "seed": seed,
+        "out": str(out),
+        "duration_s": round(duration_s, 1),
+        "faults": dict(sorted(injector.injected.items())),
+        "faults_skipped": dict(sorted(injector.skipped.items())),
+        "unexpected_exits": dict(sorted(injector.crashes.items())),
+        "updates": {
+            "attempted": verdict.attempted,
+            "published": verdict.acknowledged,
+            "applied": outcomes["applied"],
+            "dropped": outcomes["dropped"],
+            "rejected": outcomes["rejected"],
+            "duplicate_skipped": outcomes["duplicate"],
+            "stream_entries": len(audit.entry_ids),
+            "ledger_records": len(audit.records),
+        },
+        "lost": len(verdict.lost),
+        "duplicated": len(verdict.duplicated),
+        "unexpected": len(verdict.unexpected),
+        "indeterminate": len(verdict.indeterminate),
+        "entries_decided_twice": len(verdict.redecided),
+        "entries_undecided": len(verdict.undecided),
+        "version_gaps": len(verdict.version_gaps),
+        "versions": {"first": verdict.first_version, "last": verdict.last_version},
+        "verify": {
+            "ok": audit.verify.ok,
+            "replayed": audit.verify.replayed,
+            "version": audit.verify.version,
+            "text": audit.verify.describe(),
+        },
+        "served": {
+            "version": served.served_version,
+            "sha256": served.served_sha256,
+            "committed_version": served.committed_version,
+            "committed_sha256": served.committed_sha256,
+        },
+        "backlog_at_end": {
+            "entries": backlog.entries,
+            "pending": backlog.pending,
+            "last_id": backlog.last_id,
+            "delivered_up_to": backlog.delivered_up_to,
+        },
+        "examples": {
+            "lost": verdict.lost[:EXAMPLES],
+            "duplicated": verdict.duplicated[:EXAMPLES],
+            "unexpected": verdict.unexpected[:EXAMPLES],
+            "indeterminate": verdict.indeterminate[:EXAMPLES],
+            "version_gaps": verdict.version_gaps[:EXAMPLES],
+            "entries_decided_twice": verdict.redecided[:EXAMPLES],
+            "entries_undecided": verdict.undecided[:EXAMPLES],
+        },
+        "checks": checks,
+        "ok": all(checks.values()),
+        "events": [event.to_dict() for event in injector.events],
+    }
+
+
+def write_summary(out: Path, summary: Mapping[str, Any]) -> Path:
+    path = out / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def describe(summary: Mapping[str, Any]) -> str:
+    """The figures a person reads after a run, one topic per line."""
+    u = summary["updates"]
+    served = summary["served"]
+    versions = summary["versions"]
+    lines = [
+        f"chaos run: profile {summary['profile']}, seed {summary['seed']}, "
+        f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
+        "faults injected: " + _counts(summary["faults"]),
+        "faults skipped: " + _counts(summary["faults_skipped"]),
+        "unexpected exits (restarted): " + _counts(summary["unexpected_exits"]),
+        f"updates: attempted {u['attempted']}, published (acknowledged) {u['published']}, "
+        f"applied {u['applied']}, dropped {u['dropped']}, rejected {u['rejected']}, "
+        f"duplicate-skipped {u['duplicate_skipped']} "
+        f"({u['stream_entries']} stream entries, {u['ledger_records']} ledger records)",
+        f"lost {summary['lost']}, duplicated {summary['duplicated']}, "
+        f"unexpected {summary['unexpected']}, indeterminate {summary['indeterminate']}, "
+        f"entries decided twice {summary['entries_decided_twice']}, "
+        f"undecided {summary['entries_undecided']}",
+        f"versions {versions['first']}..{versions['last']}, "
+        f"{summary['version_gaps']} breaks in the sequence",
+        f"served version {served['version']} sha256 {served['sha256'][:16]}, "
+        f"committed version {served['committed_version']} "
+        f"sha256 {served['committed_sha256'][:16]}",
+        summary["verify"]["text"],
+    ]
+    lines += [
+        f"  [{'PASS' if passed else 'FAIL'}] {name}" for name, passed in summary["checks"].items()
+    ]
+    lines.append("chaos: " + ("all checks passed" if summary["ok"] else "CHECKS FAILED"))
+    return "\n".join(lines)
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"

@@ -1,0 +1,180 @@
+"""The `fedasync` command: one entry point, one subcommand per job.
+
+Every service, tool and the simulator registers a subcommand here; each subcommand builds its
+settings in its own handler, never at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fedasync.services.commands.acl_cli import register as register_acl
+from fedasync.services.commands.chaos.cli import register as register_chaos
+from fedasync.services.commands.devices_cli import register as register_devices
+from fedasync.services.commands.up.options import add_arguments as add_up_arguments
+from fedasync.services.runtime.settings import SettingsError, load_settings, settings_reference
+from fedasync.shared import __version__
+from fedasync.shared.params import ParamError
+from fedasync.shared.policy import Policy
+from fedasync.shared.staleness import Decay
+from fedasync.sim.cli import register as register_simulator
+
+
+def _alpha_table(args: argparse.Namespace) -> int:
+    """α for every rule at each τ, so a practitioner sees what a policy does before using it."""
+    base = load_settings().policy.to_policy()
+    overrides = {
+        k: v
+        for k, v in {
+            "alpha0": args.alpha0,
+            "gamma": args.gamma,
+            "lam": args.lam,
+            "hinge_a": args.hinge_a,
+            "hinge_b": args.hinge_b,
+            "tau_max": args.tau_max,
+        }.items()
+        if v is not None
+    }
+    policies = {d: Policy.from_dict(base.to_dict() | overrides | {"decay": d}) for d in Decay}
+    tau_max = policies[Decay.CONSTANT].tau_max
+    last = args.max_tau if args.max_tau is not None else tau_max + 2
+    header = f"{'tau':>4}  " + "  ".join(f"{d.value:>11}" for d in Decay)
+    print(f"alpha = alpha0 * s(tau) at server version t = {args.t}; tau_max = {tau_max}")
+    print(header)
+    for tau in range(last + 1):
+        cells = []
+        for policy in policies.values():
+            value = "dropped" if policy.is_stale(tau) else f"{policy.alpha(tau, args.t):.4f}"
+            cells.append(f"{value:>11}")
+        print(f"{tau:>4}  " + "  ".join(cells))
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> int:
+    if args.docs:
+        print(settings_reference(), end="")
+        return 0
+    print(json.dumps(load_settings().model_dump(mode="json"), indent=2))
+    return 0
+
+
+def _service(module: str) -> Callable[[argparse.Namespace], int]:
+    """Run a service's own main(), which builds its settings and logging."""
+
+    def handler(args: argparse.Namespace) -> int:
+        entry = importlib.import_module(f"fedasync.services.{module}.__main__")
+        return int(entry.main())
+
+    return handler
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from fedasync.services.runtime.redis_conn import connect
+    from fedasync.services.stores import ledger
+    from fedasync.services.stores.keys import Keys
+
+    settings = load_settings()
+
+    async def go() -> int:
+        redis = connect(settings.redis)
+        keys = Keys(settings.redis.key_prefix)
+        try:
+            if args.ledger_command == "export":
+                if args.out is None:
+                    count = await ledger.export(redis, keys, sys.stdout)
+                else:
+                    with args.out.open("w") as out:
+                        count = await ledger.export(redis, keys, out)
+                print(f"{count} decisions exported", file=sys.stderr)
+                return 0
+            report = await ledger.verify(redis, keys, settings.wire.max_message_bytes)
+            print(report.describe())
+            return 0 if report.ok else 1
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(go())
+
+
+def _up(args: argparse.Namespace) -> int:
+    from fedasync.services.commands.up.run import run_up  # rich and matplotlib: only when asked for
+
+    return run_up(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedasync",
+        description="Asynchronous federated learning: staleness-weighted, one update at a time.",
+    )
+    parser.add_argument("--version", action="version", version=f"fedasync {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    alpha = commands.add_parser("alpha", help="show alpha for each staleness rule and tau")
+    alpha.add_argument("--t", type=int, default=0, help="server version, for the progress rule")
+    alpha.add_argument("--max-tau", type=int, default=None, help="last tau shown")
+    alpha.add_argument("--alpha0", type=float)
+    alpha.add_argument("--gamma", type=float)
+    alpha.add_argument("--lam", type=float)
+    alpha.add_argument("--hinge-a", type=float)
+    alpha.add_argument("--hinge-b", type=int)
+    alpha.add_argument("--tau-max", type=int)
+    alpha.set_defaults(handler=_alpha_table)
+
+    settings = commands.add_parser("settings", help="print the validated settings as JSON")
+    settings.add_argument("--docs", action="store_true", help="print the settings reference table")
+    settings.set_defaults(handler=_settings)
+
+    for name, text in (
+        ("aggregator", "run the aggregator (the single consumer of the updates stream)"),
+        ("snapshot", "run the snapshot service (models over HTTP)"),
+        ("worker", "run one device worker"),
+        ("control", "run the control service (policy changes, status)"),
+        ("ingest", "run the ingest service (authenticated HTTP entry of updates)"),
+        ("evaluator", "run the evaluator (scores each new version on the test set)"),
+    ):
+        commands.add_parser(name, help=text).set_defaults(handler=_service(name))
+
+    ledger = commands.add_parser("ledger", help="export or verify the decision ledger")
+    ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
+    export = ledger_commands.add_parser("export", help="write the ledger as JSON lines")
+    export.add_argument("--out", type=Path, help="file to write (default: standard output)")
+    ledger_commands.add_parser(
+        "verify", help="replay the ledger through the core and check the committed model"
+    )
+    ledger.set_defaults(handler=_ledger)
+
+    up = commands.add_parser(
+        "up",
+        help="run the whole system on this machine: Redis, services, a fleet; then a report",
+        description="Start a private Redis (unless FEDASYNC_REDIS__URL is set), the aggregator, "
+        "snapshot, control and evaluator services and a fleet of device workers; train to the "
+        "budget with a live view; write a run folder (summary.json, ledger, curve, plots).",
+    )
+    add_up_arguments(up)
+    up.set_defaults(handler=_up)
+
+    register_simulator(commands)
+    register_devices(commands)
+    register_chaos(commands)
+    register_acl(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (SettingsError, ParamError) as exc:
+        print(f"fedasync: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

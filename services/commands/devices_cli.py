@@ -1,0 +1,67 @@
+"""`fedasync devices add|revoke|list`: manage device keys without restarting anything.
+
+`add` prints the new key once (it is not shown again; `list` never shows keys). The aggregator and
+the ingest service see a new key at the device's next update and a revocation within
+`FEDASYNC_AUTH__KEY_REFRESH_S` (services/stores/device_keys.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from fedasync.services.runtime.settings import load_settings
+from fedasync.shared.device_auth import AuthError, check_client_id
+
+
+def register(commands: Any) -> None:
+    """Add the `devices` subcommand to the `fedasync` parser."""
+    devices = commands.add_parser("devices", help="add, revoke or list device keys")
+    actions = devices.add_subparsers(dest="devices_command", required=True)
+    add = actions.add_parser("add", help="create a key for a device and print it once")
+    add.add_argument("client_id", help="the device's client id")
+    revoke = actions.add_parser("revoke", help="remove a device's key: its updates are refused")
+    revoke.add_argument("client_id", help="the device's client id")
+    actions.add_parser("list", help="client ids with their status (keys are never shown)")
+    devices.set_defaults(handler=_devices)
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from fedasync.services.runtime.redis_conn import connect
+    from fedasync.services.stores.device_keys import add_device, list_devices, revoke_device
+    from fedasync.services.stores.keys import Keys
+
+    settings = load_settings()
+    if args.devices_command != "list":
+        try:
+            check_client_id(args.client_id)
+        except AuthError as exc:
+            print(f"fedasync: {exc.detail}", file=sys.stderr)
+            return 2
+
+    async def go() -> int:
+        redis = connect(settings.redis)
+        keys = Keys(settings.redis.key_prefix)
+        try:
+            if args.devices_command == "add":
+                key = await add_device(redis, keys, args.client_id)
+                print(key)
+                print(
+                    f"key of {args.client_id}: shown once; give it to the device as "
+                    "FEDASYNC_WORKER__KEY",
+                    file=sys.stderr,
+                )
+                return 0
+            if args.devices_command == "revoke":
+                had = await revoke_device(redis, keys, args.client_id)
+                print(f"{args.client_id}: " + ("revoked" if had else "had no key (now revoked)"))
+                return 0
+            print(json.dumps(await list_devices(redis, keys), indent=2))
+            return 0
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(go())

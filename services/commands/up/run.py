@@ -1,0 +1,306 @@
+"""`fedasync up`: start Redis (unless one is configured), the services and a fleet; watch; report.
+
+Children are started in dependency order, each once the previous answers /readyz, and stopped in
+the reverse order: workers first, so nothing is published to a stopped aggregator. Ctrl-C (or
+SIGTERM) stops everything the same way; a second Ctrl-C cannot cut that short. A child that dies
+is reported with the tail of its log, never hidden: a service's death ends the run, a worker's is
+listed in the summary and makes the exit code non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from redis.exceptions import RedisError
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+
+from fedasync.services.commands.up import view
+from fedasync.services.commands.up.options import overrides
+from fedasync.services.commands.up.plan import (
+    SERVICES,
+    Ports,
+    configure,
+    service_specs,
+    worker_specs,
+)
+from fedasync.services.commands.up.report import print_summary, write_run_folder
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
+from fedasync.services.runtime.settings import ENV_PREFIX, Settings, load_settings
+from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
+from fedasync.services.stores.device_keys import add_device
+from fedasync.services.stores.keys import Keys
+from fedasync.services.worker.device import default_client_id
+
+#: how long after the end of training the evaluator may take to score the final version
+FINAL_EVALUATION_S = 30.0
+REFRESH_S = 0.5
+PLAIN_EVERY_S = 5.0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+class Monitor:
+    """Reads the control service's status, draws it, and decides when the run is over."""
+
+    def __init__(self, settings: Settings, ports: Ports, supervisor: Supervisor) -> None:
+        self.base = ports.url("control")
+        self.headers = {"Authorization": f"Bearer {settings.control.token}"}
+        self.supervisor = supervisor
+        self.workers = [f"worker-{i}" for i in range(settings.task.num_devices)]
+        self.problems: list[str] = []
+        self._reported: set[str] = set()
+        self.status: dict[str, Any] | None = None
+        self.alerts: list[dict[str, Any]] = []
+
+    def report_crashes(self) -> list[str]:
+        """Note each child that died on its own (once); the names newly noted."""
+        noted = []
+        for child in self.supervisor.crashed():
+            name = child.spec.name
+            if name in self._reported:
+                continue
+            self._reported.add(name)
+            noted.append(name)
+            self.problems.append(
+                f"{name} crashed with exit code {child.process.returncode}; "
+                f"see {child.log_path}:\n{child.log_tail(8)}"
+            )
+        return noted
+
+    def _get(self, path: str) -> Any:
+        request = urllib.request.Request(self.base + path, headers=self.headers)
+        try:
+            with urllib.request.urlopen(request, timeout=2.0) as response:
+                return json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def poll(self) -> str | None:
+        """One look at the run; the reason training ended once it has (and was evaluated)."""
+        self.status = self._get("/v1/status") or self.status
+        self.alerts = self._get("/v1/alerts?count=3") or self.alerts
+        crashed = self.report_crashes()
+        if any(name in SERVICES for name in crashed):
+            raise ChildFailed(self.problems[-1])
+        for child in self.supervisor.exited([n for n in SERVICES if n in self.supervisor.children]):
+            if not child.expected_exit:  # even a clean exit: nothing would serve the run anymore
+                raise ChildFailed(
+                    f"{child.spec.name} stopped (exit code {child.process.returncode}) while the "
+                    f"run needs it; see {child.log_path}:\n{child.log_tail(8)}"
+                )
+        done = (self.status or {}).get("training_done")
+        if done is None and len(self.supervisor.exited(self.workers)) == len(self.workers):
+            # workers stop on their own once training is done: look again before failing
+            self.status = self._get("/v1/status") or self.status
+            done = (self.status or {}).get("training_done")
+            if done is None:
+                raise ChildFailed("every worker stopped before training was done")
+        if done is None:
+            return None
+        evaluation = (self.status or {}).get("evaluation") or {}
+        if evaluation.get("version", -1) >= int(done["version"]):
+            return str(done["reason"])
+        return None
+
+
+def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> str:
+    done_at: float | None = None
+    last_line = 0.0
+
+    def finished() -> str | None:
+        nonlocal done_at
+        reason = monitor.poll()
+        if reason is not None:
+            return reason
+        done = (monitor.status or {}).get("training_done")
+        if done is not None:
+            done_at = done_at or time.monotonic()
+            if time.monotonic() - done_at > FINAL_EVALUATION_S:
+                monitor.problems.append("the evaluator did not score the final version in time")
+                return str(done["reason"])
+        return None
+
+    if live:
+        with Live(console=console, refresh_per_second=4, transient=False) as screen:
+            while True:
+                reason = finished()
+                elapsed = time.monotonic() - started
+                screen.update(
+                    view.render(monitor.status, monitor.alerts, elapsed, monitor.problems)
+                )
+                if reason is not None:
+                    return reason
+                time.sleep(REFRESH_S)
+    while True:
+        reason = finished()
+        elapsed = time.monotonic() - started
+        if monitor.status is not None and (reason or elapsed - last_line >= PLAIN_EVERY_S):
+            console.print(view.line(monitor.status, elapsed), highlight=False, soft_wrap=True)
+            last_line = elapsed
+        if reason is not None:
+            return reason
+        time.sleep(REFRESH_S)
+
+
+def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis: str) -> None:
+    task, worker, budget = settings.task, settings.worker, settings.budget
+    console.print(
+        f"[bold]fedasync up[/bold]: {task.num_devices} devices ({worker.profile}, time scale "
+        f"{worker.time_scale:g}), task {task.name} ({task.partition}, seed {task.seed}), "
+        f"budget {budget.max_updates} updates / {budget.max_seconds:g} s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    rows = [
+        ("dashboard", ports.url("control") + "/", f"operator token: {settings.control.token}"),
+        ("snapshot", ports.url("snapshot") + "/v1/models/latest", ""),
+        ("evaluator", ports.url("evaluator") + "/metrics", ""),
+        ("aggregator", ports.url("aggregator") + "/metrics", ""),
+        *(
+            [("ingest", ports.url("ingest") + "/v1/updates", "devices sign with their own keys")]
+            if settings.auth.required
+            else []
+        ),
+        ("redis", redis, ""),
+        ("run folder", str(out), "logs in logs/"),
+    ]
+    for name, where, note in rows:
+        console.print(f"  {name:<11} {where}  {note}", highlight=False, soft_wrap=True)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    console = Console()
+    settings = load_settings(**overrides(args))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out: Path = args.out or Path("runs") / f"up-{stamp}"
+    if out.exists() and any(out.iterdir()):
+        # its redis/ would bring the old run back (done flag and all) and its report be mixed in
+        console.print(
+            f"[red]fedasync up: {escape(str(out))} is not empty; choose a new --out[/red]"
+        )
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    redis_server: RedisServer | None = None
+    if settings.redis.url is None:
+        try:
+            redis_server = RedisServer(out / "redis")
+        except RedisNotFound as exc:
+            console.print(f"[red]fedasync up: {escape(str(exc))}[/red]")
+            return 2
+        redis_server.start()
+        url, prefix = redis_server.url, settings.redis.key_prefix
+        where = f"private redis-server on 127.0.0.1:{redis_server.port} (AOF in {out / 'redis'})"
+    else:
+        url = settings.redis.url
+        explicit = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
+        prefix = settings.redis.key_prefix if explicit else f"up-{stamp}"  # a run of its own
+        where = f"{url.split('@')[-1]} (configured), key prefix {prefix}"
+    ports = Ports.free()
+    settings = configure(settings, url, prefix, ports, secure=args.secure)
+    started = time.monotonic()
+    ended_by = "failed"
+    old_term = signal.signal(signal.SIGTERM, _interrupt)
+    old_int = signal.getsignal(signal.SIGINT)
+    try:
+        with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
+            monitor = Monitor(settings, ports, supervisor)
+            try:
+                for spec in service_specs(settings, ports):
+                    supervisor.start(spec)
+                    supervisor.wait_ready(spec.name, timeout=60)
+                _header(console, settings, ports, out, where)
+                device_keys = asyncio.run(_provision(settings)) if args.secure else {}
+                for spec in worker_specs(settings, ports, device_keys):
+                    supervisor.start(spec)
+                console.print(
+                    f"  {'workers':<11} {settings.task.num_devices} device processes started; "
+                    "Ctrl-C stops everything",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                live = not args.no_live and console.is_terminal
+                ended_by = _watch(monitor, console, live, started)
+            except KeyboardInterrupt:
+                ended_by = "interrupted"
+                console.print("[yellow]interrupted: stopping every process[/yellow]")
+            except ChildFailed as exc:
+                if str(exc) not in monitor.problems:
+                    monitor.problems.append(str(exc))
+                console.print(f"[red]{escape(str(exc))}[/red]")
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the cleanup finish
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                workers = [n for n in supervisor.children if n.startswith("worker-")]
+                # workers first (nothing more is published), the aggregator last
+                supervisor.stop_all(
+                    groups=[
+                        workers,
+                        ["ingest", "evaluator", "control", "snapshot"],
+                        ["aggregator"],
+                    ]
+                )
+                monitor.report_crashes()  # a death the last look did not see
+        try:
+            summary = asyncio.run(
+                write_run_folder(
+                    settings,
+                    out,
+                    ended_by=ended_by,
+                    wall_seconds=time.monotonic() - started,
+                    extra={"problems": monitor.problems, "settings": _shown(settings)},
+                )
+            )
+        except (RedisError, OSError) as exc:
+            for problem in monitor.problems:
+                console.print(f"[red]problem: {escape(problem)}[/red]")
+            console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
+            return 1
+        print_summary(console, summary, out)
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+    return 0 if ended_by in ("max_updates", "max_seconds") and not summary["problems"] else 1
+
+
+async def _provision(settings: Settings) -> dict[str, str]:
+    """A key of its own for every device (`fedasync devices add`, done for the fleet)."""
+    redis = connect(settings.redis)
+    keys = Keys(settings.redis.key_prefix)
+    try:
+        return {
+            default_client_id(i): await add_device(redis, keys, default_client_id(i))
+            for i in range(settings.task.num_devices)
+        }
+    finally:
+        await redis.aclose()
+
+
+def _shown(settings: Settings) -> dict[str, Any]:
+    """The settings worth keeping with the results (no URL, no token)."""
+    return {
+        "task": settings.task.model_dump(mode="json"),
+        "policy": settings.policy.model_dump(mode="json"),
+        "budget": settings.budget.model_dump(mode="json"),
+        "auth": {"required": settings.auth.required},
+        "worker": {
+            "profile": settings.worker.profile,
+            "time_scale": settings.worker.time_scale,
+        },
+    }

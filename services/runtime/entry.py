@@ -1,0 +1,39 @@
+"""The one shape of every service's main(): settings, logging, run, exit code.
+
+Exit codes: 0 stopped cleanly, 2 invalid settings, 3 a fatal condition the service reports
+(e.g. an aggregator fenced off by a newer one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fedasync.services.runtime.logs import configure
+from fedasync.services.runtime.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+
+def run_service(
+    name: str | Callable[[Settings], str],
+    start: Callable[[Settings], Coroutine[Any, Any, Any]],
+    fatal: tuple[type[Exception], ...] = (),
+) -> int:
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"{name if isinstance(name, str) else 'fedasync'}: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log, name if isinstance(name, str) else name(settings))
+    try:
+        result = asyncio.run(start(settings))
+    except fatal as exc:
+        log.error("stopping: %s", exc)
+        return 3
+    if result is not None:
+        log.info("stopped: %s", result)
+    return 0

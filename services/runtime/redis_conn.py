@@ -1,0 +1,103 @@
+"""Redis clients set up for this job.
+
+Binary responses (payloads are msgpack), RESP2 pinned so replies have one shape, a socket timeout
+above the longest blocking read, and no automatic re-send: redis-py would otherwise silently retry
+a command after a connection error, and a commit must only ever be retried on purpose (see
+services/aggregator/commit.py). Reads that are safe to repeat go through `retrying`, which backs
+off, logs every attempt and gives up after a bounded number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fedasync.services.runtime.settings import RedisSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: no CLIENT SETINFO on connect: least-privilege users may not run it (stores/acl.py), and each
+#: refusal would be noise in ACL LOG; redis-py < 7.1 turns it off through lib_name/lib_version
+_NO_CLIENT_INFO: dict[str, Any] = (
+    {"driver_info": None}
+    if importlib.util.find_spec("redis.driver_info") is not None
+    else {"lib_name": None, "lib_version": None}
+)
+
+#: errors after which a command may be repeated on a new connection
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+def connect(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
+    """A client for `url` (or the configured one); nothing is sent until first use."""
+    target = url or settings.url
+    if not target:
+        raise ValueError("no Redis URL: set FEDASYNC_REDIS__URL")
+    return aioredis.Redis.from_url(
+        target,
+        protocol=2,
+        decode_responses=False,
+        socket_timeout=settings.socket_timeout_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=30,
+        **_NO_CLIENT_INFO,
+    )
+
+
+async def retrying(
+    what: str,
+    action: Callable[[], Awaitable[T]],
+    settings: RedisSettings,
+    stopping: asyncio.Event | None = None,
+) -> T:
+    """Run an idempotent Redis action, reconnecting with backoff on transient errors.
+
+    Gives up at once when `stopping` is set: a service asked to stop must not sit out a backoff.
+    """
+    policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts)
+
+    async def failed(error: Exception) -> None:
+        if stopping is not None and stopping.is_set():
+            raise error
+        log.warning("redis %s failed (%s); retrying", what, error)
+
+    return await policy.call_with_retry(action, failed)
+
+
+async def get_bytes(redis: aioredis.Redis, key: str) -> bytes | None:
+    """GET for binary values (clients here never decode responses)."""
+    value = await redis.get(key)
+    if value is not None and not isinstance(value, bytes):
+        raise TypeError(f"{key}: expected bytes, got {type(value).__name__}")
+    return value
+
+
+async def stream_entries(
+    redis: aioredis.Redis, stream: str, *, after: str = "0-0", page: int = 1000
+) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
+    """(entry id, fields) of `stream` after `after` (exclusive), oldest first, read page by page
+    so a long stream is never held in one reply."""
+    start = "(" + after
+    while True:
+        entries: Any = await redis.xrange(stream, min=start, max="+", count=page)
+        for entry_id, fields in entries:
+            yield as_text(entry_id), fields
+        if len(entries) < page:
+            return
+        start = "(" + as_text(entries[-1][0])
+
+
+def as_text(value: str | bytes) -> str:
+    """A reply field as text, whether the client decodes replies or not."""
+    return value.decode() if isinstance(value, bytes) else value

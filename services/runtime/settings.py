@@ -1,0 +1,440 @@
+"""Settings from the environment (prefix FEDASYNC_, sections joined by a double underscore).
+
+Built once in each entry point's main() and passed down; nothing here runs at import time. The
+policy section is validated by the core's own rules (shared/policy.py), so a setting and a runtime
+policy change can never disagree on what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fedasync.shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
+from fedasync.shared.params import POLICY_RANGES, ParamError
+from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.rules import RULE_NAMES
+from fedasync.shared.staleness import Decay
+from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+ENV_PREFIX = "FEDASYNC_"
+ENV_NESTED_DELIMITER = "__"
+_DEFAULT_POLICY = Policy()
+
+
+class SettingsError(ValueError):
+    """Settings that failed validation; the message names each variable and what is wrong."""
+
+
+class Section(BaseModel):
+    """A settings section: unknown keys are errors, so a misspelt variable is never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RedisSettings(Section):
+    """Where the broker is and how patiently to talk to it."""
+
+    url: str | None = Field(
+        None, description="Redis URL, e.g. redis://:password@host:6379/0; unset: a private server"
+    )
+    socket_timeout_s: float = Field(10.0, gt=0, description="socket read timeout, seconds")
+    connect_timeout_s: float = Field(5.0, gt=0, description="connect timeout, seconds")
+    reconnect_attempts: int = Field(10, ge=0, description="reconnects before giving up")
+    key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
+
+
+class PolicySettings(Section):
+    """The initial mixing policy; its ranges are the core's (see docs/configuration.md)."""
+
+    mode: Mode = Field(_DEFAULT_POLICY.mode, description="fedasync or fedbuff")
+    decay: Decay = Field(
+        _DEFAULT_POLICY.decay, description="constant, polynomial, progress, exponential or hinge"
+    )
+    alpha0: float = Field(_DEFAULT_POLICY.alpha0, description="α0, the mixing weight at τ = 0")
+    gamma: float = Field(_DEFAULT_POLICY.gamma, description="γ of the polynomial/progress rules")
+    lam: float = Field(_DEFAULT_POLICY.lam, description="λ of the exponential rule")
+    hinge_a: float = Field(_DEFAULT_POLICY.hinge_a, description="a of the hinge rule")
+    hinge_b: int = Field(_DEFAULT_POLICY.hinge_b, description="b of the hinge rule")
+    tau_max: int = Field(_DEFAULT_POLICY.tau_max, description="drop updates with τ above this")
+    buffer_size: int = Field(_DEFAULT_POLICY.buffer_size, description="FedBuff's K")
+    server_lr: float = Field(_DEFAULT_POLICY.server_lr, description="FedBuff's server step size")
+    norm_bound: float | None = Field(
+        _DEFAULT_POLICY.norm_bound,
+        description="poisoning bound k × median delta norm of recent updates; unset: off",
+    )
+    norm_action: NormAction = Field(
+        _DEFAULT_POLICY.norm_action, description="reject or clip an update beyond the bound"
+    )
+    norm_window: int = Field(
+        _DEFAULT_POLICY.norm_window, description="applied updates the bound's median is over"
+    )
+
+    @field_validator("*")
+    @classmethod
+    def _in_core_range(cls, value: Any, info: ValidationInfo) -> Any:
+        allowed = POLICY_RANGES.get(str(info.field_name))
+        if allowed is not None and not allowed.contains(value):
+            raise ValueError(f"allowed {allowed}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _core_rules(self) -> PolicySettings:
+        try:
+            self.to_policy()
+        except ParamError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def to_policy(self, version: int = 0) -> Policy:
+        return Policy(version=version, **self.model_dump())
+
+
+class BudgetSettings(Section):
+    """Training stops at whichever limit it reaches first."""
+
+    max_updates: int = Field(1000, ge=1, description="applied updates before training is done")
+    max_seconds: float = Field(
+        600.0, gt=0, description="wall-clock seconds before training is done"
+    )
+
+    def limits(self, policy: Policy) -> tuple[int, float]:
+        """(updates, seconds) in force: a budget set through the policy wins over this one."""
+        return (
+            policy.max_updates or self.max_updates,
+            policy.max_seconds or self.max_seconds,
+        )
+
+
+class TaskSettings(Section):
+    """What is learned, from which data split; the aggregator, workers and evaluator agree on it."""
+
+    name: str = Field(
+        "digits", min_length=1, description="learning task (digits, linear, synthetic)"
+    )
+    seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
+    num_devices: int = Field(10, ge=1, description="devices the training data is split across")
+    partition: Literal["iid", "dirichlet", "shards"] = Field(
+        "iid", description="how data is split across devices (as in the simulator)"
+    )
+
+
+class AggregatorSettings(Section):
+    """The single consumer of the updates stream."""
+
+    consumer: str = Field("aggregator", min_length=1, description="consumer name in the group")
+    batch_max: int = Field(256, ge=1, le=10_000, description="updates per group commit, at most")
+    read_count: int = Field(
+        32, ge=1, le=10_000, description="entries per XREADGROUP (bounds memory per read)"
+    )
+    batch_ms: int = Field(50, ge=0, description="longest a decided update waits for its commit, ms")
+    block_ms: int = Field(1000, ge=1, description="blocking read timeout, ms")
+    keep_versions: int = Field(20, ge=1, description="committed model versions kept for download")
+    keep_payloads: bool = Field(
+        True, description="keep update payloads in the stream for `ledger verify` (audit)"
+    )
+    host: str = Field("127.0.0.1", description="bind address of /livez, /readyz, /metrics")
+    port: int | None = Field(
+        8090, ge=0, le=65535, description="port of /livez, /readyz, /metrics; 0 picks a free one"
+    )
+    deadletter_payload_bytes: int = Field(
+        65536, ge=0, description="bytes of a refused message kept in the dead-letter stream"
+    )
+
+
+class SnapshotSettings(Section):
+    """The HTTP service devices download models from."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8081, ge=0, le=65535, description="port; 0 picks a free one")
+    long_poll_max_s: float = Field(30.0, gt=0, description="longest a long-poll may wait, seconds")
+    max_waiters: int = Field(1000, ge=1, description="long-polls waiting at once, at most")
+    cache_versions: int = Field(8, ge=1, description="older versions kept in memory")
+
+
+class WireSettings(Section):
+    """Limits of the update message."""
+
+    max_message_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="larger messages are refused unread"
+    )
+    dtype: Literal["float32", "float16"] = Field("float32", description="dtype devices send")
+
+
+class DedupSettings(Section):
+    """How much the aggregator remembers to recognise duplicates."""
+
+    horizon: int = Field(
+        DEFAULT_HORIZON, ge=1000, description="versions of update ids kept (≥ the largest τ_max)"
+    )
+    capacity: int = Field(DEFAULT_CAPACITY, ge=1, description="update ids kept at most")
+
+
+class ControlSettings(Section):
+    """The operators' service: policy changes, status, and who may write."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8082, ge=0, le=65535, description="port; 0 picks a free one")
+    token: str | None = Field(
+        None, min_length=16, description="bearer token for every write; unset: writes refused"
+    )
+    open_reads: bool = Field(True, description="reads need no token (false: reads need it too)")
+    rules_interval_s: float = Field(1.0, gt=0, description="how often the automatic rules run")
+    window_s: float = Field(30.0, gt=0, description="window of the rate and drop-share figures")
+    rate_high: float = Field(200.0, gt=0, description="updates/s that turn raise-gamma on")
+    rate_low: float = Field(120.0, gt=0, description="updates/s below which it turns off again")
+    lag_high: float = Field(1000.0, gt=0, description="stream lag that turns freshest-only on")
+    lag_low: float = Field(100.0, ge=0, description="stream lag below which it turns off")
+    hold_s: float = Field(10.0, ge=0, description="how long a condition must last to act")
+    cooldown_s: float = Field(60.0, ge=0, description="least time between two actions of a rule")
+    max_consecutive_drops: int = Field(50, ge=1, description="drops in a row that raise an alert")
+    max_drop_share: float = Field(0.5, gt=0, le=1, description="drop share that raises an alert")
+    fairness_min_rate: float = Field(
+        0.1, ge=0, le=1, description="acceptance under which a client raises a fairness alert"
+    )
+    fairness_decisions: int = Field(20, ge=1, description="decisions per client it is judged on")
+    disabled_rules: list[str] = Field(
+        default_factory=list, description="rules not to run: update-rate, lag, drops, fairness"
+    )
+
+    @field_validator("disabled_rules")
+    @classmethod
+    def _known_rules(cls, names: list[str]) -> list[str]:
+        unknown = sorted(set(names) - set(RULE_NAMES))
+        if unknown:
+            raise ValueError(f"unknown rules {unknown}; the rules are {list(RULE_NAMES)}")
+        return names
+
+    @model_validator(mode="after")
+    def _levels_in_order(self) -> ControlSettings:
+        """A rule turns on above its high level and off below its low one: low ≤ high."""
+        for name in ("rate", "lag"):
+            low, high = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if low > high:
+                raise ValueError(f"{name}_low ({low}) must not exceed {name}_high ({high})")
+        return self
+
+
+class EvaluatorSettings(Section):
+    """The service that scores each new version on the held-out test set."""
+
+    snapshot_url: str = Field("http://127.0.0.1:8081", description="snapshot service base URL")
+    host: str = Field("127.0.0.1", description="bind address of /livez, /readyz, /metrics")
+    port: int = Field(8083, ge=0, le=65535, description="port; 0 picks a free one")
+    wait_s: float = Field(10.0, gt=0, description="long-poll wait for a newer version, seconds")
+    keep: int = Field(
+        100_000, ge=100, description="evaluations kept in the stream (approximate MAXLEN)"
+    )
+
+
+class WorkerSettings(Section):
+    """A device: where it gets models, which data share it holds, how slow it pretends to be."""
+
+    snapshot_url: str = Field("http://127.0.0.1:8081", description="snapshot service base URL")
+    client_id: str | None = Field(None, description="device id; unset: device-<index>")
+    device_index: int = Field(0, ge=0, description="which share of the split data it holds")
+    profile: Literal["longtail", "lognormal", "pareto", "exponential", "none"] = Field(
+        "longtail", description="latency profile its training time follows"
+    )
+    time_scale: float = Field(
+        0.01, ge=0, description="real seconds per profile second (0.01: 30 s runs take 0.3 s)"
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="chance a run is abandoned mid-training")
+    epochs: int | None = Field(None, ge=1, description="local epochs; unset: the task's default")
+    lr: float | None = Field(None, gt=0, description="local learning rate; unset: task default")
+    batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
+    max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
+    download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
+    journal: str | None = Field(
+        None, description="file to append each publish attempt and acknowledgement to (chaos runs)"
+    )
+    key: SecretStr | None = Field(
+        None, description="device key (64 hex, from `fedasync devices add`); set: updates signed"
+    )
+    ingest_url: str | None = Field(
+        None, description="ingest service base URL; set: publish over HTTP instead of to Redis"
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key_is_hex(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            text = value.get_secret_value()
+            if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+                raise ValueError("a device key is 64 lowercase hex characters")
+        return value
+
+    @model_validator(mode="after")
+    def _ingest_needs_key(self) -> WorkerSettings:
+        """The ingest service refuses unsigned updates: a URL without a key could never publish."""
+        if self.ingest_url is not None and self.key is None:
+            raise ValueError("ingest_url needs key (FEDASYNC_WORKER__KEY) to sign updates")
+        return self
+
+
+class AuthSettings(Section):
+    """Device authentication: who may publish updates (docs/security.md)."""
+
+    required: bool = Field(
+        False, description="refuse unsigned updates (a present signature is always checked)"
+    )
+    window_s: float = Field(
+        300.0, gt=0, le=86400, description="largest gap between signing and receipt, seconds"
+    )
+    key_refresh_s: float = Field(
+        1.0, gt=0, le=60, description="a cached device key is re-read after this many seconds"
+    )
+
+
+class IngestSettings(Section):
+    """The HTTP entry for devices that must not hold Redis credentials (docs/http-api.md)."""
+
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8084, ge=0, le=65535, description="port; 0 picks a free one")
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="larger bodies are refused unread (413)"
+    )
+    rate_per_s: float = Field(5.0, gt=0, description="updates per second per device, sustained")
+    burst: int = Field(20, ge=1, description="updates a device may send at once")
+    idempotency_ttl_s: int = Field(
+        86400, ge=60, description="how long a retry with the same update id gets the first answer"
+    )
+    policy_refresh_s: float = Field(
+        1.0, ge=0, description="how stale its view of the policy (pause-ingest) may be, seconds"
+    )
+    paused_retry_after_s: int = Field(
+        5, ge=1, description="Retry-After of the 503 answered while ingest is paused"
+    )
+
+
+class LogSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    json_format: bool = Field(False, description="one JSON object per line instead of text")
+
+
+class Settings(BaseSettings):
+    """All settings of fedasync; each service reads the sections it needs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+    )
+
+    redis: RedisSettings = RedisSettings()
+    policy: PolicySettings = PolicySettings()
+    budget: BudgetSettings = BudgetSettings()
+    task: TaskSettings = TaskSettings()
+    aggregator: AggregatorSettings = AggregatorSettings()
+    snapshot: SnapshotSettings = SnapshotSettings()
+    worker: WorkerSettings = WorkerSettings()
+    evaluator: EvaluatorSettings = EvaluatorSettings()
+    control: ControlSettings = ControlSettings()
+    wire: WireSettings = WireSettings()
+    dedup: DedupSettings = DedupSettings()
+    auth: AuthSettings = AuthSettings()
+    ingest: IngestSettings = IngestSettings()
+    log: LogSettings = LogSettings()
+
+    @model_validator(mode="after")
+    def _read_times_out_after_blocking(self) -> Settings:
+        """A blocking XREADGROUP must return before the socket gives up on it."""
+        if self.redis.socket_timeout_s * 1000 <= self.aggregator.block_ms:
+            raise ValueError(
+                f"redis.socket_timeout_s ({self.redis.socket_timeout_s} s) must exceed "
+                f"aggregator.block_ms ({self.aggregator.block_ms} ms)"
+            )
+        return self
+
+
+def setting_names() -> set[str]:
+    """Every environment variable that names a setting."""
+    names = set()
+    for section_name, section in _sections():
+        for name in section.model_fields:
+            names.add(f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}")
+    return names
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment (and overrides), or raise one readable SettingsError.
+
+    A FEDASYNC_ variable that names no setting is an error: a typo must not silently leave a
+    default in force.
+    """
+    known = setting_names()
+    unknown = sorted(
+        k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known
+    )
+    if unknown:
+        raise SettingsError("unknown settings (see docs/configuration.md): " + ", ".join(unknown))
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            path = [str(p) for p in error["loc"]]
+            env = ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
+            lines.append(f"  {env}: {error['msg']}")
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Every setting as the environment variable that would set it (unset ones left out).
+
+    How `fedasync up` hands one validated configuration to each child process, so no child
+    can end up with a default the parent did not mean. Secrets are passed in clear: the child
+    needs them.
+    """
+    env = {}
+    for section_name, _ in _sections():
+        section = getattr(settings, section_name)
+        values = section.model_dump(mode="json")
+        for name, value in values.items():
+            raw = getattr(section, name)
+            if isinstance(raw, SecretStr):
+                value = raw.get_secret_value()
+            if value is None:
+                continue
+            variable = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+            env[variable] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+def settings_reference() -> str:
+    """Markdown table of every setting: variable, default, meaning (docs/configuration.md)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for section_name, section in _sections():
+        for name, field in section.model_fields.items():
+            env = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+            default = field.get_default(call_default_factory=True)
+            shown = "unset" if default is None else f"`{getattr(default, 'value', default)}`"
+            meaning = field.description or ""
+            if section is PolicySettings and name in POLICY_RANGES:
+                meaning += f"; allowed {POLICY_RANGES[name]}"
+            rows.append(f"| `{env}` | {shown} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def _sections() -> list[tuple[str, type[BaseModel]]]:
+    out = []
+    for section_name, section_field in Settings.model_fields.items():
+        section = section_field.annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            raise TypeError(f"settings section {section_name} is not a model")
+        out.append((section_name, section))
+    return out

@@ -1,0 +1,253 @@
+"""Redis users with least privilege: which commands on which keys each fedasync process may use.
+
+One place decides every user's rights, read off the code of the process it serves (the commands
+each one sends, including those its Lua scripts send: a script runs with the caller's rights, so
+the script's own commands must be granted too). `acl_file` renders them as a Redis ACL file
+(`redis-server --aclfile`); `fedasync acl` prints it; docs/security.md explains each user.
+
+A user is a list of grants. Each grant allows its commands on its keys only, so a user may, for
+example, XADD to the updates stream and SET its markers without being able to SET the stream (a
+SET would replace it). The first grant is the user's root permissions; the others become Redis 7
+selectors, `(...)`. Key access is full (`~`), read-only (`%R~`) or write-only (`%W~`).
+
+Passwords are never in the generated file unless given: without them each user carries a
+placeholder token `${REDIS_PASSWORD_<USER>}`, which Redis refuses to load, so an unrendered file
+can never start a server with a known password. docker/redis/entrypoint.sh fills them in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fedasync.services.stores.keys import Keys
+
+#: passwords go into Redis URLs and ACL lines: URL-unreserved characters only, and long enough
+PASSWORD_RE = re.compile(r"[A-Za-z0-9._~-]{16,}")
+PASSWORD_ENV_PREFIX = "REDIS_PASSWORD_"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Commands allowed on keys: full access (`keys`), read-only (`read`), write-only (`write`)."""
+
+    commands: tuple[str, ...]
+    keys: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+    def rules(self) -> str:
+        parts = ["-@all", *(f"+{c}" for c in self.commands)]
+        parts += [f"~{k}" for k in self.keys]
+        parts += [f"%R~{k}" for k in self.read]
+        parts += [f"%W~{k}" for k in self.write]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """One Redis user: who it is for, its root grant, its selectors and pub/sub channels."""
+
+    name: str
+    purpose: str
+    root: Grant
+    selectors: tuple[Grant, ...] = ()
+    channels: tuple[str, ...] = ()
+
+    def rules(self) -> str:
+        """The user's rights as ACL rules (no `on`, no password)."""
+        parts = ["resetchannels", *(f"&{c}" for c in self.channels), self.root.rules()]
+        parts += [f"({s.rules()})" for s in self.selectors]
+        return " ".join(parts)
+
+    @property
+    def password_variable(self) -> str:
+        return PASSWORD_ENV_PREFIX + self.name.upper()
+
+
+def glob_escape(text: str) -> str:
+    """`text` matched literally by Redis's glob patterns (keys and channels in ACL rules)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def users(prefix: str) -> tuple[User, ...]:
+    """Every fedasync user, for keys under `prefix` (the setting FEDASYNC_REDIS__KEY_PREFIX)."""
+    if not prefix or re.search(r"\s", prefix) or not prefix.isprintable():
+        raise ValueError(f"key prefix {prefix!r} cannot be written into an ACL rule")
+    k = Keys(glob_escape(prefix))
+    models = k.model(0).removesuffix("0") + "*"
+    device_keys = Grant(("hmget",), read=(k.device_keys, k.device_revoked))
+    ping = ("ping",)
+    return (
+        User(
+            "aggregator",
+            "the single consumer: reads updates, commits state, model, ledger, dead letters",
+            Grant(
+                (
+                    *ping,
+                    # start-up: fence, policy, genesis, restore, take over pending entries
+                    "get",
+                    "set",
+                    "incrby",
+                    "hsetnx",
+                    "xgroup|create",
+                    "xpending",
+                    "xclaim",
+                    # the loop
+                    "xreadgroup",
+                    "xtrim",
+                    "exists",
+                    "xlen",
+                    "xinfo|groups",
+                    # the commit script (EVALSHA, SCRIPT LOAD if not cached) and what it runs
+                    "evalsha",
+                    "script|load",
+                    "zadd",
+                    "zrangebyscore",
+                    "zremrangebyscore",
+                    "del",
+                    "xadd",
+                    "xack",
+                    "hset",
+                    "publish",
+                ),
+                keys=(
+                    k.commit_seq,
+                    k.epoch,
+                    k.state,
+                    k.version,
+                    models,
+                    k.models,
+                    k.ledger,
+                    k.updates,
+                    k.deadletter,
+                    k.done,
+                    k.started,
+                    k.genesis,
+                    k.policy,
+                    k.policies,
+                ),
+            ),
+            (device_keys,),
+            (k.versions_channel,),
+        ),
+        User(
+            "snapshot",
+            "serves committed models: reads them, follows new versions",
+            Grant((*ping, "get", "hgetall", "subscribe"), read=(k.version, k.done, models)),
+            channels=(k.versions_channel,),
+        ),
+        User(
+            "control",
+            "policy changes, switches, alerts, status: writes the policy records only",
+            Grant(
+                (
+                    *ping,
+                    "get",
+                    "hget",
+                    "hgetall",
+                    "hkeys",
+                    "hset",
+                    "hdel",
+                    "xadd",
+                    "xrange",
+                    "xrevrange",
+                    "xlen",
+                    # the policy compare-and-set script; it runs GET, SET, HSET, XADD, and for a
+                    # switch flip HGET, HSET, HDEL on the switches hash (granted above)
+                    "evalsha",
+                    "script|load",
+                    "set",
+                ),
+                keys=(k.policy, k.policies, k.policy_log, k.switches, k.alerts),
+                read=(k.version, k.done, k.started, k.ledger, k.deadletter, k.evaluations),
+            ),
+            # the backlog figures only: never the update payloads
+            (Grant(("exists", "xlen", "xinfo|groups"), read=(k.updates,)),),
+        ),
+        User(
+            "evaluator",
+            "appends scores to the evaluations stream, resumes from its newest record",
+            Grant((*ping, "xadd", "xrevrange"), keys=(k.evaluations,)),
+        ),
+        User(
+            "ingest",
+            "adds authenticated updates once (its script), reads device keys and the policy "
+            "(pause-ingest)",
+            Grant(ping),
+            (
+                Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates)),
+                Grant(("get", "set"), keys=(k.ingested("*"),)),
+                Grant(("get",), read=(k.policy,)),
+                Grant(("xadd",), write=(k.updates,)),
+                device_keys,
+            ),
+        ),
+        User(
+            "worker",
+            "a device on a trusted network publishing straight to the stream",
+            Grant((*ping, "xadd"), write=(k.updates,)),
+        ),
+        User(
+            "admin",
+            "`fedasync ledger` (read-only audit) and `fedasync devices` (keys written, never read)",
+            Grant((*ping, "multi", "exec", "acl|log")),
+            (
+                Grant(
+                    ("xrange", "get", "hget"),
+                    read=(k.ledger, k.genesis, k.policies, k.updates, k.version, models),
+                ),
+                Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
+            ),
+        ),
+    )
+
+
+def acl_rules(prefix: str) -> dict[str, str]:
+    """User name → its ACL rules (without `on` and password)."""
+    return {user.name: user.rules() for user in users(prefix)}
+
+
+#: The default user is switched off (nobody can log in as it) but keeps every right. Redis replays
+#: its append-only file as the default user, and Redis 7.0 (and 7.2 before redis/redis#14545)
+#: re-checks that user's ACL at each EXEC of the replay: with a restricted default user every
+#: MULTI/EXEC block in the AOF, which is how a script with several writes (every commit) is
+#: logged, is refused and skipped, so a restart silently loses every commit. Off, it cannot be
+#: used by a client; with all rights, the replay is allowed.
+DEFAULT_USER_LINE = "user default off resetchannels ~* &* +@all"
+#: health checks log in as this user (any password) and may only PING
+HEALTH_USER = "health"
+HEALTH_USER_LINE = f"user {HEALTH_USER} on nopass resetchannels -@all +ping"
+
+
+def acl_file(prefix: str, passwords: Mapping[str, str] | None = None) -> str:
+    """The ACL file: passwords from `passwords` (user → password), else placeholders."""
+    lines = [DEFAULT_USER_LINE, HEALTH_USER_LINE]
+    for user in users(prefix):
+        if passwords is None:
+            secret = "${" + user.password_variable + "}"
+        else:
+            secret = ">" + check_password(user.name, passwords.get(user.name))
+        lines.append(f"user {user.name} on {secret} {user.rules()}")
+    return "\n".join(lines) + "\n"
+
+
+def check_password(user: str, password: str | None) -> str:
+    if password is None or not PASSWORD_RE.fullmatch(password):
+        raise ValueError(
+            f"password of Redis user {user}: 16 or more of A-Z a-z 0-9 . _ ~ - "
+            "(it goes into a Redis URL)"
+        )
+    return password
+
+
+def passwords_from_env(prefix: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """User → password from REDIS_PASSWORD_<USER>; every user's must be set and valid."""
+    out = {}
+    for user in users(prefix):
+        value = environ.get(user.password_variable)
+        if value is None:
+            raise ValueError(f"{user.password_variable} is not set")
+        out[user.name] = check_password(user.name, value)
+    return out

@@ -1,0 +1,122 @@
+"""Device keys in Redis: add, revoke, list (for `fedasync devices`) and a short-lived cache.
+
+Keys live in the hash `{p}:device-keys` (client id → 64 hex). Revoking removes the key and notes
+the time in `{p}:device-revoked`, so a later refusal can say `revoked` rather than
+`unknown_device`. Adding a key for a revoked client id lifts the revocation.
+
+The aggregator and the ingest service look keys up through `KeyCache`: a key found is trusted for
+at most `refresh_s` seconds before it is read again, and a key *not* found is never cached. So a
+key added takes effect at the next update from that device, and a revocation takes effect for
+every update checked more than `refresh_s` after it, without a restart.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.device_auth import KEY_BYTES, AuthError, AuthReason, parse_key
+
+
+def new_key() -> str:
+    """A fresh device key (32 random bytes from the OS), as the 64 hex characters a device holds."""
+    return secrets.token_hex(KEY_BYTES)
+
+
+async def add_device(redis: aioredis.Redis, keys: Keys, client_id: str) -> str:
+    """Give `client_id` a new key (replacing any old one) and return it; shown once, never again."""
+    key = new_key()
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.device_keys, client_id, key)
+        pipe.hdel(keys.device_revoked, client_id)
+        await pipe.execute()
+    return key
+
+
+async def revoke_device(redis: aioredis.Redis, keys: Keys, client_id: str) -> bool:
+    """Remove the key of `client_id`; False if it had none."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hdel(keys.device_keys, client_id)
+        pipe.hset(keys.device_revoked, client_id, str(int(time.time() * 1000)))
+        removed, _ = await pipe.execute()
+    return bool(removed)
+
+
+async def list_devices(redis: aioredis.Redis, keys: Keys) -> dict[str, str]:
+    """Client id → "active" or "revoked"; the keys themselves are never listed."""
+    active: Any = await redis.hkeys(keys.device_keys)
+    revoked: Any = await redis.hkeys(keys.device_revoked)
+    out = {c.decode(): "revoked" for c in revoked}
+    out.update({c.decode(): "active" for c in active})
+    return dict(sorted(out.items()))
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: bytes
+    read_at: float
+
+
+class KeyCache:
+    """Device keys, read from Redis in one round trip per batch and trusted for `refresh_s`."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        refresh_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._redis = redis
+        self._keys = keys
+        self._refresh_s = refresh_s
+        self._known: dict[str, _Entry] = {}
+        self._revoked: set[str] = set()
+
+    async def load(self, client_ids: set[str]) -> None:
+        """Re-read the keys of these clients unless read less than `refresh_s` ago."""
+        now = self._clock()
+        wanted = sorted(
+            c
+            for c in client_ids
+            if c not in self._known or now - self._known[c].read_at >= self._refresh_s
+        )
+        if not wanted:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self._keys.device_keys, wanted)
+            pipe.hmget(self._keys.device_revoked, wanted)
+            found, revoked = await pipe.execute()
+        for client_id, key, gone in zip(wanted, found, revoked, strict=True):
+            if gone is not None:
+                self._revoked.add(client_id)
+            else:
+                self._revoked.discard(client_id)
+            if key is None:
+                self._known.pop(client_id, None)  # a miss is never cached
+                continue
+            try:
+                self._known[client_id] = _Entry(parse_key(key.decode()), now)
+            except (ValueError, UnicodeDecodeError):
+                self._known.pop(client_id, None)  # a corrupt key is as good as none
+
+    def key_of(self, client_id: str) -> bytes:
+        """The key loaded for `client_id`, or AuthError(UNKNOWN_DEVICE / REVOKED)."""
+        entry = self._known.get(client_id)
+        if entry is not None:
+            return entry.key
+        if client_id in self._revoked:
+            raise AuthError(AuthReason.REVOKED, f"the key of {client_id!r} was revoked")
+        raise AuthError(AuthReason.UNKNOWN_DEVICE, f"no key for client {client_id!r}")
+
+    async def get(self, client_id: str) -> bytes:
+        """`load` one client, then `key_of` it."""
+        await self.load({client_id})
+        return self.key_of(client_id)

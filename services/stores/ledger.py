@@ -1,0 +1,137 @@
+"""The ledger: every decision the aggregator committed, exported or replayed to prove the model.
+
+`verify` replays the recorded decisions through the core, from the genesis checkpoint, with the
+payloads kept in the updates stream and the policy version each decision names, and checks that
+every decision comes out the same and that the committed model is reproduced bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import msgpack
+import numpy as np
+import redis.asyncio as aioredis
+
+from fedasync.services.runtime.redis_conn import get_bytes, stream_entries
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import policy_version
+from fedasync.shared.checkpoint import load_state
+from fedasync.shared.decision import DropReason
+from fedasync.shared.model_format import decode_model
+from fedasync.shared.policy import Policy
+from fedasync.shared.wire import decode_update
+
+#: fields of a ledger record that the replay does not reproduce
+_CONTEXT = ("stream_id", "at")
+
+
+async def records(
+    redis: aioredis.Redis, keys: Keys, page: int = 1000, *, after: str = "0-0"
+) -> AsyncIterator[dict[str, Any]]:
+    """Ledger records in commit order, each with its ledger entry id (`ledger_id`).
+
+    The one reader of the ledger stream: export, verify, the run folder and the control
+    service's window all go through it. `after` is an exclusive start, so a reader that keeps
+    the last `ledger_id` it saw takes in only what was committed since (0-0: from the start).
+    """
+    async for entry_id, fields in stream_entries(redis, keys.ledger, after=after, page=page):
+        record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
+        record["ledger_id"] = entry_id
+        yield record
+
+
+def export_line(record: dict[str, Any]) -> str:
+    """One record as a line of the export (JSON, keys sorted, so the file diffs cleanly)."""
+    return json.dumps(record, sort_keys=True) + "\n"
+
+
+def write_export(ledger: Iterable[dict[str, Any]], out: TextIO) -> int:
+    """Records already read, written as the export; returns the number of records."""
+    count = 0
+    for record in ledger:
+        out.write(export_line(record))
+        count += 1
+    return count
+
+
+async def export(redis: aioredis.Redis, keys: Keys, out: TextIO) -> int:
+    """Write the ledger as JSON lines, as it is read; returns the number of records."""
+    count = 0
+    async for record in records(redis, keys):
+        out.write(export_line(record))
+        count += 1
+    return count
+
+
+@dataclass
+class VerifyReport:
+    replayed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    mismatches: list[str] = field(default_factory=list)
+    version: int = 0
+    model_matches: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.model_matches and not self.mismatches
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
+        verdict = "OK" if self.ok else "FAILED"
+        lines = [
+            f"ledger verify: {verdict}: {self.replayed} decisions replayed ({counts})",
+            f"  committed model version {self.version}: "
+            + ("reproduced bit for bit" if self.model_matches else "NOT reproduced"),
+        ]
+        lines += [f"  mismatch: {m}" for m in self.mismatches[:20]]
+        return "\n".join(lines)
+
+
+async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> VerifyReport:
+    """Replay the ledger from genesis and compare decisions and the committed model."""
+    report = VerifyReport()
+    genesis = await get_bytes(redis, keys.genesis)
+    if genesis is None:
+        report.mismatches.append("no genesis checkpoint: nothing was ever committed")
+        return report
+    state = load_state(genesis)
+    policies: dict[int, Policy] = {}
+    async for record in records(redis, keys):
+        number = int(record["policy_version"])
+        if number not in policies:
+            policies[number] = await policy_version(redis, keys, number)
+        payload: Any = await redis.xrange(
+            keys.updates, min=record["stream_id"], max=record["stream_id"]
+        )
+        if not payload or payload[0][1] is None or b"m" not in payload[0][1]:
+            report.mismatches.append(
+                f"{record['update_id']}: payload {record['stream_id']} not kept "
+                "(set FEDASYNC_AGGREGATOR__KEEP_PAYLOADS=true to audit)"
+            )
+            break
+        if record["reason"] == DropReason.CLOSED and state.closed is None:
+            state.close(record["detail"])
+        update = decode_update(payload[0][1][b"m"], max_message_bytes)
+        replayed = state.apply(update, policies[number]).to_dict()
+        recorded = {k: v for k, v in record.items() if k not in (*_CONTEXT, "ledger_id")}
+        if replayed != recorded:
+            report.mismatches.append(
+                f"{record['ledger_id']}: recorded {recorded}, replayed {replayed}"
+            )
+        report.replayed += 1
+        report.outcomes[record["outcome"]] += 1
+    report.version = int(await get_bytes(redis, keys.version) or 0)
+    committed = await get_bytes(redis, keys.model(report.version))
+    if committed is None:
+        report.mismatches.append(f"model {report.version} is not kept")
+        return report
+    model = decode_model(committed, max_bytes=len(committed)).snapshot
+    report.model_matches = state.version == model.version and np.array_equal(
+        state.weights_view().view(np.uint32), model.weights.view(np.uint32)
+    )
+    return report

@@ -1,0 +1,148 @@
+"""The policy in force, kept in Redis as a versioned record.
+
+The current policy is one JSON value; every version ever in force is also kept by number, so a
+ledger replay can use the exact policy each decision names. Changes go through `change_policy`,
+a compare-and-set on the version, with who, when and why appended to a log stream.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.policy import Policy
+
+# KEYS: policy, policies, policy log[, switches]
+# ARGV: version in force, new policy, new version, who, why, at[, switch, its record as read
+#       ('' if none), its new record ('' to delete it)]
+# Returns 1 done, 0 the policy version moved on, -1 the switch's record changed since it was read.
+# With the switches hash the flip is one step: a policy changed by a switch always has the record
+# that restores it, and a crash can never leave one without the other.
+_CHANGE_SCRIPT = """
+local current = redis.call('GET', KEYS[1])
+if current and cjson.decode(current)['version'] ~= tonumber(ARGV[1]) then
+  return 0
+end
+local switched = #KEYS == 4
+if switched and (redis.call('HGET', KEYS[4], ARGV[7]) or '') ~= ARGV[8] then
+  return -1
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[2])
+redis.call('XADD', KEYS[3], '*', 'version', ARGV[3], 'policy', ARGV[2],
+           'who', ARGV[4], 'why', ARGV[5], 'at', ARGV[6])
+if switched then
+  if ARGV[9] == '' then
+    redis.call('HDEL', KEYS[4], ARGV[7])
+  else
+    redis.call('HSET', KEYS[4], ARGV[7], ARGV[9])
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchChange:
+    """A degrade switch's record in the switches hash, changed together with the policy.
+
+    `before` is the record as read (None: the switch was off), `after` the new one (None: delete
+    it, the switch goes off). Records are JSON objects, never empty.
+    """
+
+    name: str
+    before: bytes | str | None
+    after: str | None
+
+
+class PolicyConflict(RuntimeError):
+    """The policy changed since it was read; read it again and retry."""
+
+
+def _encode(policy: Policy) -> str:
+    return json.dumps(policy.to_dict(), sort_keys=True)
+
+
+def _decode(raw: bytes | str) -> Policy:
+    data: dict[str, Any] = json.loads(raw)
+    return Policy.from_dict(data)
+
+
+async def ensure_policy(redis: aioredis.Redis, keys: Keys, initial: Policy) -> Policy:
+    """The policy in force, installing `initial` if there is none yet."""
+    if await redis.set(keys.policy, _encode(initial), nx=True):
+        await redis.hsetnx(keys.policies, str(initial.version), _encode(initial))
+    return await read_policy(redis, keys)
+
+
+async def read_policy(redis: aioredis.Redis, keys: Keys) -> Policy:
+    raw = await redis.get(keys.policy)
+    if raw is None:
+        raise LookupError(f"no policy at {keys.policy}")
+    return _decode(raw)
+
+
+async def policy_version(redis: aioredis.Redis, keys: Keys, version: int) -> Policy:
+    """A policy that was in force at some time, by its version (for ledger replay)."""
+    raw = await redis.hget(keys.policies, str(version))
+    if raw is None:
+        raise LookupError(f"policy version {version} is not recorded")
+    return _decode(raw)
+
+
+async def change_policy(
+    redis: aioredis.Redis,
+    keys: Keys,
+    new: Policy,
+    *,
+    who: str,
+    why: str,
+    at: float,
+    switch: SwitchChange | None = None,
+) -> None:
+    """Install `new`, whose version must be one more than the policy in force, and with it
+    `switch`'s record, atomically: nothing is written unless both are as they were read."""
+    script = redis.register_script(_CHANGE_SCRIPT)
+    names = [keys.policy, keys.policies, keys.policy_log]
+    args: list[bytes | str | int] = [
+        new.version - 1,
+        _encode(new),
+        str(new.version),
+        who,
+        why,
+        repr(at),
+    ]
+    if switch is not None:
+        names.append(keys.switches)
+        args += [switch.name, switch.before or "", switch.after or ""]
+    done = await script(keys=names, args=args)
+    if done == 0:
+        raise PolicyConflict(f"policy version {new.version - 1} is no longer the one in force")
+    if done == -1:
+        assert switch is not None
+        raise PolicyConflict(f"switch {switch.name} changed since it was read")
+
+
+class PolicyCache:
+    """The policy in force, re-read at most every `refresh_s` (0: on every call).
+
+    For a service that consults the policy per request (ingest): Redis sees one GET per interval,
+    and a change takes effect within the interval.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, refresh_s: float) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._refresh_s = refresh_s
+        self._policy: Policy | None = None
+        self._read_at = float("-inf")
+
+    async def get(self, now: float) -> Policy:
+        if self._policy is None or now - self._read_at >= self._refresh_s:
+            self._policy = await read_policy(self._redis, self._keys)
+            self._read_at = now
+        return self._policy
