@@ -57,7 +57,11 @@ def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subproces
     )
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", f"fedasync.services.{module}"], cwd=ROOT, env=env, stdout=out, stderr=out
+            [sys.executable, "-m", f"fedasync.services.{module}"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=out,
         )
 
 
