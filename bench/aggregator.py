@@ -35,6 +35,7 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.layout import Layout
 from fedasync.shared.update import Update
@@ -56,7 +57,7 @@ async def fill(redis: aioredis.Redis, stream: str, raw: list[bytes]) -> None:
     for start in range(0, len(raw), 16):
         pipe = redis.pipeline(transaction=False)
         for message in raw[start : start + 16]:
-            pipe.xadd(stream, {"m": message})
+            pipe.xadd(stream, stream_entry.build(message))
         await pipe.execute()
 
 

@@ -68,6 +68,7 @@ from fedasync.services.runtime.settings import Settings, load_settings, settings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
+from fedasync.shared import stream_entry
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
@@ -320,7 +321,7 @@ class Device:
         )
         raw = encode_update(update)
         try:
-            entry: Any = await self.redis.xadd(self.keys.updates, {"m": raw})
+            entry: Any = await self.redis.xadd(self.keys.updates, stream_entry.build(raw))
         except Exception as exc:  # whatever it was, the audit must know the outcome is open
             self.rec.uncertain.add(update_id)
             self._error(f"publish {type(exc).__name__}")

@@ -82,14 +82,10 @@ def mac(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> bytes:
     return hmac.new(key, text, hashlib.sha256).digest()
 
 
-def sign(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> dict[str, str]:
-    """The signature fields for `message`: c (client id), t (Unix ms), s (hex MAC)."""
+def sign(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> Proof:
+    """The device's signature over `message`: who, when (Unix ms) and the MAC."""
     check_client_id(client_id)
-    return {
-        "c": client_id,
-        "t": str(signed_at_ms),
-        "s": mac(key, client_id, signed_at_ms, message).hex(),
-    }
+    return Proof(client_id, signed_at_ms, mac(key, client_id, signed_at_ms, message))
 
 
 def check_client_id(client_id: str) -> None:
@@ -108,7 +104,7 @@ def parse_proof(client: bytes | None, signed_at: bytes | None, signature: bytes 
     MALFORMED_SIGNATURE. Nothing is trusted yet: the MAC is checked by `verify`.
     """
     if client is None and signed_at is None and signature is None:
-        raise AuthError(AuthReason.UNSIGNED, "no signature (fields c, t, s)")
+        raise AuthError(AuthReason.UNSIGNED, "no signature")
     if client is None or signed_at is None or signature is None:
         raise AuthError(AuthReason.MALFORMED_SIGNATURE, "c, t and s must come together")
     try:

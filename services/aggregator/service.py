@@ -30,6 +30,7 @@ from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.policy_store import ensure_policy, read_policy
+from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
 from fedasync.shared.checkpoint import load_state, save_state
 from fedasync.shared.decision import Outcome
@@ -39,7 +40,6 @@ from fedasync.shared.device_auth import (
     AuthReason,
     Proof,
     check_claim,
-    parse_proof,
     stream_id_ms,
     verify,
 )
@@ -263,9 +263,9 @@ class Aggregator:
     def _decide(self, stream_id: bytes, fields: dict[bytes, bytes] | None, batch: Batch) -> None:
         started = time.perf_counter()
         batch.acks.append(stream_id)
-        raw = (fields or {}).get(b"m")
+        raw = stream_entry.message_of(fields)
         if raw is None:  # trimmed while pending, or written by something else
-            batch.dead.append(DeadLetter("missing_payload", "entry has no field m", stream_id, b""))
+            batch.dead.append(DeadLetter("missing_payload", "entry has no message", stream_id, b""))
             self.metrics.rejections.labels("missing_payload").inc()
             return
         try:
@@ -301,7 +301,7 @@ class Aggregator:
         process's clock, so an entry re-read after an outage is judged as when it arrived.
         """
         try:
-            proof = parse_proof(fields.get(b"c"), fields.get(b"t"), fields.get(b"s"))
+            proof = stream_entry.proof_of(fields)
         except AuthError as exc:
             if exc.reason is AuthReason.UNSIGNED and not self.settings.auth.required:
                 return None

@@ -167,9 +167,8 @@ class Ingest:
             raise Refusal(status, exc.reason.value, exc.detail) from None
         except AuthError as exc:
             raise Refusal(403, exc.reason.value, exc.detail) from None
-        fields = {"c": proof.client_id, "t": str(proof.signed_at_ms), "s": proof.mac.hex()}
         try:
-            ingested = await self.store.add(proof.client_id, update.update_id, body, fields)
+            ingested = await self.store.add(proof.client_id, update.update_id, body, proof)
         except UpdateIdReused as exc:
             raise Refusal(409, "update_id_reused", str(exc)) from None
         except TRANSIENT as exc:

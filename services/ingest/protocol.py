@@ -5,8 +5,6 @@ Shared by the service and the worker, so both sides spell them the same way (doc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from fedasync.shared.device_auth import sign
 
 PATH = "/v1/updates"
@@ -18,10 +16,10 @@ SIGNATURE_HEADER = "X-Fedasync-Signature"
 
 def signed_headers(key: bytes, client_id: str, signed_at_ms: int, body: bytes) -> dict[str, str]:
     """The headers of a POST of `body`: media type and the device's signature over the body."""
-    fields: Mapping[str, str] = sign(key, client_id, signed_at_ms, body)
+    proof = sign(key, client_id, signed_at_ms, body)
     return {
         "Content-Type": CONTENT_TYPE,
-        CLIENT_HEADER: fields["c"],
-        TIME_HEADER: fields["t"],
-        SIGNATURE_HEADER: fields["s"],
+        CLIENT_HEADER: proof.client_id,
+        TIME_HEADER: str(proof.signed_at_ms),
+        SIGNATURE_HEADER: proof.mac.hex(),
     }

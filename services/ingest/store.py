@@ -16,17 +16,19 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from fedasync.services.stores.keys import Keys
+from fedasync.shared import stream_entry
+from fedasync.shared.device_auth import Proof
 
 INGEST_SCRIPT = """
 local existing = redis.call('GET', KEYS[1])
 if existing then
   local sep = string.find(existing, ' ', 1, true)
   local id = string.sub(existing, 1, sep - 1)
-  if string.sub(existing, sep + 1) == ARGV[5] then return {0, id} end
+  if string.sub(existing, sep + 1) == ARGV[1] then return {0, id} end
   return {-1, id}
 end
-local id = redis.call('XADD', KEYS[2], '*', 'm', ARGV[1], 'c', ARGV[2], 't', ARGV[3], 's', ARGV[4])
-redis.call('SET', KEYS[1], id .. ' ' .. ARGV[5], 'EX', ARGV[6])
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('SET', KEYS[1], id .. ' ' .. ARGV[1], 'EX', ARGV[2])
 return {1, id}
 """
 
@@ -53,15 +55,14 @@ class IngestStore:
         self._ttl_s = ttl_s
         self._script = redis.register_script(INGEST_SCRIPT)
 
-    async def add(
-        self, client_id: str, update_id: str, body: bytes, fields: dict[str, str]
-    ) -> Ingested:
-        """XADD m, c, t, s unless this (client, update id) is already in; atomic."""
+    async def add(self, client_id: str, update_id: str, body: bytes, proof: Proof) -> Ingested:
+        """XADD the signed entry unless this (client, update id) is already in; atomic."""
         marker = hashlib.sha256(f"{client_id}\n{update_id}".encode()).hexdigest()
         digest = hashlib.sha256(body).hexdigest()
+        fields = stream_entry.build(body, proof)
         reply: Any = await self._script(
             keys=[self._keys.ingested(marker), self._keys.updates],
-            args=[body, fields["c"], fields["t"], fields["s"], digest, self._ttl_s],
+            args=[digest, self._ttl_s, *(part for pair in fields.items() for part in pair)],
         )
         code, entry_id = int(reply[0]), bytes(reply[1]).decode()
         if code == -1:

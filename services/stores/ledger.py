@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime.redis_conn import get_bytes, stream_entries
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import policy_version
+from fedasync.shared import stream_entry
 from fedasync.shared.checkpoint import load_state
 from fedasync.shared.decision import DropReason
 from fedasync.shared.model_format import decode_model
@@ -108,7 +109,8 @@ async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> V
         payload: Any = await redis.xrange(
             keys.updates, min=record["stream_id"], max=record["stream_id"]
         )
-        if not payload or payload[0][1] is None or b"m" not in payload[0][1]:
+        raw = stream_entry.message_of(payload[0][1]) if payload else None
+        if raw is None:
             report.mismatches.append(
                 f"{record['update_id']}: payload {record['stream_id']} not kept "
                 "(set FEDASYNC_AGGREGATOR__KEEP_PAYLOADS=true to audit)"
@@ -116,7 +118,7 @@ async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> V
             break
         if record["reason"] == DropReason.CLOSED and state.closed is None:
             state.close(record["detail"])
-        update = decode_update(payload[0][1][b"m"], max_message_bytes)
+        update = decode_update(raw, max_message_bytes)
         replayed = state.apply(update, policies[number]).to_dict()
         recorded = {k: v for k, v in record.items() if k not in (*_CONTEXT, "ledger_id")}
         if replayed != recorded:

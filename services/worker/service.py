@@ -34,7 +34,8 @@ from fedasync.services.snapshot.app import DONE_HEADER
 from fedasync.services.stores.keys import Keys
 from fedasync.services.worker.device import Device, build_device, default_client_id, run_rng
 from fedasync.services.worker.journal import Journal
-from fedasync.shared.device_auth import parse_key, sign
+from fedasync.shared import stream_entry
+from fedasync.shared.device_auth import Proof, parse_key, sign
 from fedasync.shared.model_format import ModelMessage, decode_model
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
@@ -100,11 +101,11 @@ async def publish(
     keys: Keys,
     raw: bytes,
     attempts: int,
-    signature: dict[str, str] | None = None,
+    signature: Proof | None = None,
 ) -> bytes:
-    """XADD m (and the signature fields c, t, s), retried with the same bytes on connection
+    """XADD the entry (signed if `signature`), retried with the same bytes on connection
     errors; never trims the stream."""
-    fields: dict[str, bytes | str] = {"m": raw, **(signature or {})}
+    fields = stream_entry.build(raw, signature)
     for attempt in range(1, attempts + 2):
         try:
             entry_id: Any = await redis.xadd(keys.updates, fields)  # type: ignore[arg-type]

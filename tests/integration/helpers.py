@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records
+from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
@@ -34,7 +35,7 @@ def make_update(update_id: str, base: int, value: float = 1.0, *, client: str = 
 
 async def publish(redis: aioredis.Redis, keys: Keys, payload: bytes | Update) -> bytes:
     raw = encode_update(payload) if isinstance(payload, Update) else payload
-    entry_id: bytes = await redis.xadd(keys.updates, {"m": raw})
+    entry_id: bytes = await redis.xadd(keys.updates, stream_entry.build(raw))
     return entry_id
 
 

@@ -51,6 +51,7 @@ from fedasync.services.stores.device_keys import add_device, list_devices
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.worker.service import run as run_worker
+from fedasync.shared import stream_entry
 from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
@@ -386,8 +387,8 @@ async def test_a_user_with_xadd_can_still_trim_through_maxlen(
     to the stream may trim it; that is why devices on the internet go through ingest."""
     worker, observer = clients["worker"], clients[OBSERVER]
     for _ in range(3):
-        await worker.xadd(UPDATES, {"m": b"x"})
-    await worker.xadd(UPDATES, {"m": b"x"}, maxlen=1, approximate=False)
+        await worker.xadd(UPDATES, stream_entry.build(b"x"))
+    await worker.xadd(UPDATES, stream_entry.build(b"x"), maxlen=1, approximate=False)
     assert await observer.xlen(UPDATES) == 1
 
 
@@ -437,7 +438,7 @@ async def publish_updates(worker: aioredis.Redis, first: int, count: int, base: 
     for i in range(first, first + count):
         weights = rng.standard_normal(size).astype(np.float32)
         update = Update(f"u{i}", f"device-{i % 3}", base, 10, weights)
-        await worker.xadd(UPDATES, {"m": encode_update(update)})
+        await worker.xadd(UPDATES, stream_entry.build(encode_update(update)))
 
 
 async def test_a_redis_kill_9_under_the_acl_file_keeps_every_commit(

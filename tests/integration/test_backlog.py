@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.stores.backlog import count_after, read_backlog
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared import stream_entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -49,7 +50,7 @@ async def client(
 async def fill(redis: aioredis.Redis, keys: Keys, entries: int, delivered: int) -> None:
     """`entries` updates, the aggregator's group, and `delivered` of them read by it."""
     for i in range(entries):
-        await redis.xadd(keys.updates, {"m": f"update {i}".encode()})
+        await redis.xadd(keys.updates, stream_entry.build(f"update {i}".encode()))
     await redis.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0")
     if delivered:
         read = await redis.xreadgroup(AGGREGATOR_GROUP, "a", {keys.updates: ">"}, count=delivered)
@@ -89,7 +90,7 @@ async def test_counting_stops_at_the_cap_and_is_exact_on_page_boundaries(
     client: aioredis.Redis,
 ) -> None:
     stream = Keys("count").updates
-    ids = [await client.xadd(stream, {"m": b"x"}) for _ in range(12)]
+    ids = [await client.xadd(stream, stream_entry.build(b"x")) for _ in range(12)]
     assert await count_after(client, stream, "0-0", cap=100, page=4) == 12  # 3 full pages
     assert await count_after(client, stream, "0-0", cap=100, page=5) == 12
     assert await count_after(client, stream, "0-0", cap=7, page=3) == 7  # the cap, reported

@@ -25,6 +25,7 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
+from fedasync.shared import stream_entry
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import wait_for_ledger
@@ -73,10 +74,12 @@ async def publish_wave(
             f"u{i}", f"device-{i % 12}", base, 10, rng.standard_normal(size).astype(np.float32)
         )
         raw = encode_update(update)
-        await redis.xadd(keys.updates, {"m": raw})
+        await redis.xadd(keys.updates, stream_entry.build(raw))
         published.append(update.update_id)
         if i % 7 == 0:
-            await redis.xadd(keys.updates, {"m": raw})  # a retry after a lost acknowledgement
+            await redis.xadd(
+                keys.updates, stream_entry.build(raw)
+            )  # a retry after a lost acknowledgement
 
 
 async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(

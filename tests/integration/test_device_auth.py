@@ -18,6 +18,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache, add_device, revoke_device
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify as verify_ledger
+from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import parse_key, sign
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
@@ -49,7 +50,9 @@ async def publish_signed(
 ) -> bytes:
     raw = encode_update(update)
     when = signed_at_ms if signed_at_ms is not None else await redis_ms(redis)
-    fields: dict[str, bytes | str] = {"m": raw, **sign(key, signer or update.client_id, when, raw)}
+    fields: dict[str, bytes | str] = stream_entry.build(
+        raw, sign(key, signer or update.client_id, when, raw)
+    )
     entry_id: bytes = await redis.xadd(keys.updates, fields)  # type: ignore[arg-type]
     return entry_id
 
@@ -73,7 +76,9 @@ async def test_only_the_properly_signed_update_is_applied(
     now = await redis_ms(redis)
 
     await publish_signed(redis, keys, make_update("good", 0, client="dev-a"), key)
-    await redis.xadd(keys.updates, {"m": encode_update(make_update("unsigned", 0, client="dev-a"))})
+    await redis.xadd(
+        keys.updates, stream_entry.build(encode_update(make_update("unsigned", 0, client="dev-a")))
+    )
     # forged: signed for dev-a with dev-b's key
     await publish_signed(redis, keys, make_update("forged", 0, client="dev-a"), other)
     # replayed: a valid signature made an hour before Redis received the entry
@@ -89,12 +94,9 @@ async def test_only_the_properly_signed_update_is_applied(
     # a malformed signature: t is not a number
     await redis.xadd(
         keys.updates,
-        {
-            "m": encode_update(make_update("bad-t", 0, client="dev-a")),
-            "c": "dev-a",
-            "t": "soon",
-            "s": "0" * 64,
-        },
+        stream_entry.build(encode_update(make_update("bad-t", 0, client="dev-a")))
+        | {stream_entry.CLIENT: "dev-a", stream_entry.SIGNED_AT: "soon"}
+        | {stream_entry.SIGNATURE: "0" * 64},
     )
 
     aggregator = Aggregator(settings, redis, keys)
@@ -147,7 +149,7 @@ async def test_unsigned_updates_are_still_applied_when_signatures_are_not_requir
     settings: Settings, redis: aioredis.Redis
 ) -> None:
     keys = Keys(settings.redis.key_prefix)
-    await redis.xadd(keys.updates, {"m": encode_update(make_update("plain", 0))})
+    await redis.xadd(keys.updates, stream_entry.build(encode_update(make_update("plain", 0))))
     await publish_signed(redis, keys, make_update("forged", 0), bytes(32))  # still checked
     result = await run(
         settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
@@ -171,7 +173,7 @@ async def test_a_redelivery_after_an_outage_is_judged_by_when_redis_received_it(
     # an entry Redis received two hours ago (explicit id), signed one second before that
     received = await redis_ms(redis) - 2 * HOUR_MS
     raw = encode_update(make_update("late", 0, client="dev-a"))
-    fields = {"m": raw, **sign(key, "dev-a", received - 1000, raw)}
+    fields = stream_entry.build(raw, sign(key, "dev-a", received - 1000, raw))
     await redis.xadd(keys.updates, fields, id=f"{received}-0")  # type: ignore[arg-type]
     await run(settings, redis=redis, handle_signals=False, burst=True)
     assert [(e["update_id"], e["outcome"]) for e in await ledger(redis, keys)] == [

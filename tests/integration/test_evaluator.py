@@ -26,6 +26,7 @@ from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
 from fedasync.services.stores.keys import Keys
+from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import ModelSnapshot
 from fedasync.shared.layout import Layout
 from fedasync.shared.model_format import decode_model, encode_model
@@ -74,7 +75,7 @@ async def publish_updates(redis: aioredis.Redis, keys: Keys, count: int, first: 
     for i in range(first, first + count):
         weights = rng.standard_normal(size).astype(np.float32)
         update = Update(f"u{i}", f"c{i % 3}", first, 10, weights)
-        await redis.xadd(keys.updates, {"m": encode_update(update)})
+        await redis.xadd(keys.updates, stream_entry.build(encode_update(update)))
 
 
 async def next_record(

@@ -92,6 +92,7 @@ async def test_a_signed_update_is_added_with_server_built_fields(
     assert len(entries) == 1
     entry_id, fields = entries[0]
     assert entry_id.decode() == answer["entry_id"]
+    # the entry's fields as docs/wire-format.md spells them (shared/stream_entry.py owns them)
     assert fields == {
         b"m": body,
         b"c": b"dev-a",

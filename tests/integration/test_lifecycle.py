@@ -23,6 +23,7 @@ from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.worker.service import publish
+from fedasync.shared import stream_entry
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import ledger, make_update, wait_for_ledger
@@ -77,7 +78,7 @@ async def test_aggregator_drains_on_sigterm(
     size = get_task("linear").layout.size
     for i in range(20):
         update = Update(f"s{i}", "c", 0, 1, np.zeros(size, np.float32))
-        await redis.xadd(keys.updates, {"m": encode_update(update)})
+        await redis.xadd(keys.updates, stream_entry.build(encode_update(update)))
     await wait_for_ledger(redis, keys, "0-0", 20)  # all decided and committed (an event)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=20) == 0
@@ -152,7 +153,10 @@ async def test_publish_retries_with_the_same_bytes_across_a_redis_restart(tmp_pa
             server.start()  # same port, same AOF
             await asyncio.wait_for(publishing, timeout=30)
         entries: Any = await client.xrange(keys.updates)
-        assert [fields[b"m"] for _, fields in entries] == [raw, raw]  # the first survived the kill
+        assert [stream_entry.message_of(fields) for _, fields in entries] == [
+            raw,
+            raw,
+        ]  # the first survived the kill
     finally:
         await client.aclose()
         server.stop()
