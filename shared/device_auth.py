@@ -9,6 +9,11 @@ is printable (no newline) and `t` is digits only, so the signed text is unambigu
 travels beside the message (stream fields `c`, `t`, `s`, or HTTP headers), never inside it, so the
 wire format (docs/wire-format.md) is unchanged.
 
+A request to *read* a receipt (`GET /v1/updates/<update id>` on the ingest service) is signed the
+same way under its own domain tag, `b"fedasync-receipt-v1\\n"`, over `read_message(update_id)` =
+`b"GET /v1/updates/" + update_id`. The two domain tags differ, so a read signature can never pass
+as an update signature, nor the other way round.
+
 Pure: the key, the message and the current time are all passed in; nothing here reads a clock,
 the network or Redis. The services decide *which* time is "now": the aggregator uses the time
 Redis received the entry (its stream id), so a redelivery after an aggregator outage is judged
@@ -26,6 +31,10 @@ from fedasync.shared.update import MAX_ID_LENGTH
 
 #: Domain separation: a MAC made for something else can never pass as an update signature.
 DOMAIN = b"fedasync-update-v1\n"
+#: The domain of a signed read (a receipt): never valid as an update signature, nor vice versa.
+READ_DOMAIN = b"fedasync-receipt-v1\n"
+#: What a read of a receipt signs, before the update id: the method and the route's path.
+READ_PREFIX = b"GET /v1/updates/"
 KEY_BYTES = 32
 #: Digits of a signing time, at most (Unix ms fits in 13 digits until the year 2286).
 MAX_TIME_DIGITS = 15
@@ -76,16 +85,26 @@ def parse_key(text: str) -> bytes:
     return bytes.fromhex(text)
 
 
-def mac(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> bytes:
+def mac(
+    key: bytes, client_id: str, signed_at_ms: int, message: bytes, domain: bytes = DOMAIN
+) -> bytes:
     """HMAC-SHA256 over the domain, the client id, the signing time and the exact message."""
-    text = b"".join((DOMAIN, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n", message))
+    text = b"".join((domain, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n", message))
     return hmac.new(key, text, hashlib.sha256).digest()
 
 
-def sign(key: bytes, client_id: str, signed_at_ms: int, message: bytes) -> Proof:
+def sign(
+    key: bytes, client_id: str, signed_at_ms: int, message: bytes, domain: bytes = DOMAIN
+) -> Proof:
     """The device's signature over `message`: who, when (Unix ms) and the MAC."""
     check_client_id(client_id)
-    return Proof(client_id, signed_at_ms, mac(key, client_id, signed_at_ms, message))
+    return Proof(client_id, signed_at_ms, mac(key, client_id, signed_at_ms, message, domain))
+
+
+def read_message(update_id: str) -> bytes:
+    """What a read of the receipt of `update_id` signs (under READ_DOMAIN): method and path,
+    with the update id as it is, not percent-encoded."""
+    return READ_PREFIX + update_id.encode()
 
 
 def check_client_id(client_id: str) -> None:
@@ -123,14 +142,21 @@ def parse_proof(client: bytes | None, signed_at: bytes | None, signature: bytes 
     return Proof(client_id, int(signed_at), bytes.fromhex(signature.decode("ascii")))
 
 
-def verify(proof: Proof, key: bytes, message: bytes, received_ms: int, window_ms: int) -> None:
+def verify(
+    proof: Proof,
+    key: bytes,
+    message: bytes,
+    received_ms: int,
+    window_ms: int,
+    domain: bytes = DOMAIN,
+) -> None:
     """Check the MAC (constant time), then the signing time against the time of receipt.
 
     The MAC comes first, so a forgery is always reported as such whatever time it claims. A
     signature made more than `window_ms` before or after `received_ms` is refused: a replay of
     a captured update outside the window, or a device whose clock is far off.
     """
-    expected = mac(key, proof.client_id, proof.signed_at_ms, message)
+    expected = mac(key, proof.client_id, proof.signed_at_ms, message, domain)
     if not hmac.compare_digest(expected, proof.mac):
         raise AuthError(
             AuthReason.BAD_SIGNATURE, f"MAC does not match the key of {proof.client_id}"

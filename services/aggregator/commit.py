@@ -1,8 +1,8 @@
 """The commit: one Lua script that makes a batch of decisions durable, all or nothing.
 
-It writes the new checkpoint, the model snapshot of the new version, the ledger entries and the
-dead letters, and acknowledges the stream entries they cover, in one atomic step. Two guards run
-before anything is written:
+It writes the new checkpoint, the model snapshot of the new version, the ledger entries, their
+receipts and the dead letters, and acknowledges the stream entries they cover, in one atomic step.
+Two guards run before anything is written:
 
 - fencing: the caller's epoch must still be the newest; a second aggregator started later has
   raised it, so the older one's commits are refused and it stops;
@@ -12,6 +12,13 @@ before anything is written:
 
 Redis runs a script without interleaving other commands; since the guards come first and the
 writes after them cannot fail on valid arguments, no partial commit is ever visible.
+
+Receipts: each ledger entry names its update (`update_digest(client id, update id)`); the first
+decision about an update is indexed in `{p}:receipts` (field → ledger entry id, HSETNX: a later
+duplicate never hides it) and its field appended to `{p}:receipts-order`. Beyond `capacity`
+receipts the oldest are popped from the list and deleted from the hash, so the index holds at
+most `capacity` fields. Written in the same script as the ledger entry, a receipt exists exactly
+when its decision is durable, and a retried commit writes neither twice.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
 log = logging.getLogger(__name__)
@@ -30,7 +38,7 @@ log = logging.getLogger(__name__)
 COMMIT_SCRIPT = """
 local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local done_key = KEYS[9]
+local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
 local expected = tonumber(ARGV[1])
 local epoch = ARGV[2]
 if redis.call('GET', epoch_key) ~= epoch then
@@ -44,6 +52,7 @@ local state, version, model = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local keep, group, channel, model_prefix = tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9]
 local done_reason, now = ARGV[10], ARGV[11]
 local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local capacity = tonumber(ARGV[15])
 
 redis.call('SET', state_key, state)
 if model ~= '' then
@@ -58,10 +67,19 @@ if model ~= '' then
   end
   redis.call('SET', version_key, version)
 end
-local i = 15
+local i = 16
 for _ = 1, n_ledger do
-  redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
-  i = i + 1
+  local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
+  if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
+    redis.call('RPUSH', order_key, ARGV[i + 1])
+  end
+  i = i + 2
+end
+local excess = redis.call('LLEN', order_key) - capacity
+while excess > 0 do
+  local oldest = redis.call('LPOP', order_key, math.min(500, excess))
+  redis.call('HDEL', receipts_key, unpack(oldest))
+  excess = excess - #oldest
 end
 for _ = 1, n_dead do
   redis.call('XADD', dead_key, '*', 'reason', ARGV[i], 'detail', ARGV[i + 1],
@@ -103,6 +121,14 @@ class DeadLetter:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One decision record (msgpack) and the receipts field of the update it decides."""
+
+    record: bytes
+    receipt: str
+
+
 @dataclass(slots=True)
 class Batch:
     """What one commit makes durable."""
@@ -110,7 +136,7 @@ class Batch:
     state: bytes
     version: int
     model: bytes  # empty when the version did not change
-    ledger: list[bytes] = field(default_factory=list)
+    ledger: list[LedgerEntry] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
     done_reason: str = ""
@@ -127,6 +153,7 @@ class Committer:
         seq: int,
         keep_versions: int,
         attempts: int,
+        receipts: int = DEFAULT_RECEIPTS_CAPACITY,
     ) -> None:
         self._redis = redis
         self._keys = keys
@@ -135,6 +162,7 @@ class Committer:
         self.seq = seq
         self._keep = keep_versions
         self._attempts = attempts
+        self._receipts = receipts
 
     async def commit(self, batch: Batch, now: float) -> None:
         """Make `batch` durable; retried after connection errors, safe because of the CAS."""
@@ -154,8 +182,10 @@ class Committer:
             len(batch.ledger),
             len(batch.dead),
             len(batch.acks),
-            *batch.ledger,
+            self._receipts,
         ]
+        for entry in batch.ledger:
+            args += [entry.record, entry.receipt]
         for dead in batch.dead:
             args += [dead.reason, dead.detail, dead.stream_id, dead.payload]
         args += batch.acks
@@ -169,6 +199,8 @@ class Committer:
             keys.updates,
             keys.deadletter,
             keys.done,
+            keys.receipts,
+            keys.receipts_order,
         ]
         for attempt in range(1, self._attempts + 2):
             try:

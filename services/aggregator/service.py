@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ResponseError
 
-from fedasync.services.aggregator.commit import Batch, Committer, DeadLetter
+from fedasync.services.aggregator.commit import Batch, Committer, DeadLetter, LedgerEntry
 from fedasync.services.aggregator.http import create_app
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
@@ -28,7 +28,7 @@ from fedasync.services.runtime.redis_conn import TRANSIENT, connect, get_bytes, 
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
 from fedasync.services.stores.policy_store import ensure_policy, read_policy
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
@@ -95,7 +95,13 @@ class Aggregator:
         epoch = int(await r.incr(keys.epoch))
         seq = int(await r.get(keys.commit_seq) or 0)
         self.committer = Committer(
-            r, keys, epoch, seq, cfg.keep_versions, self.settings.redis.reconnect_attempts
+            r,
+            keys,
+            epoch,
+            seq,
+            cfg.keep_versions,
+            self.settings.redis.reconnect_attempts,
+            self.settings.receipts.capacity,
         )
         try:
             await r.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
@@ -284,7 +290,9 @@ class Aggregator:
         decision = self.state.apply(update, self.policy)
         self.metrics.observe(decision, time.perf_counter() - started)
         record = decision.to_dict() | {"stream_id": stream_id.decode(), "at": time.time()}
-        batch.ledger.append(pack(record))
+        batch.ledger.append(
+            LedgerEntry(pack(record), update_digest(update.client_id, update.update_id))
+        )
         if decision.outcome is Outcome.REJECTED:  # invalid content: also a dead letter
             keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
             batch.dead.append(DeadLetter(str(decision.reason), decision.detail, stream_id, keep))

@@ -1,32 +1,37 @@
-"""POST /v1/updates: authenticate the device, check the update, add it to the stream once.
+"""The ingest service's app: POST /v1/updates adds a device's update to the stream once;
+GET /v1/updates/{update_id} tells a device the decision about one of its own updates
+(services/ingest/receipts.py).
 
-The order of checks spends as little as possible on a request that will be refused: media type
-and declared length first (a body over the limit is never read), then the signature headers and
-the device's key (an unknown device's body is never read), then the body (capped while reading,
-for chunked uploads), its MAC and signing time, the device's rate, the strict wire decoder and
-the client id inside the message. Only then is it added to the stream, idempotently
+The order of checks of a POST spends as little as possible on a request that will be refused:
+media type and declared length first (a body over the limit is never read), then the signature
+headers and the device's key (an unknown device's body is never read), then the body (capped while
+reading, for chunked uploads), its MAC and signing time, the device's rate, the strict wire decoder
+and the client id inside the message. Only then is it added to the stream, idempotently
 (services/ingest/store.py), and 202 is answered once Redis has acknowledged the XADD.
 
-Every refusal is one `Refusal`: a status, a stable reason, a JSON body, a log line and a count.
+Every refusal is one `Refusal` (services/ingest/refusal.py): a status, a stable reason, a JSON
+body, a log line and a count.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from fedasync.services.ingest.metrics import IngestMetrics
-from fedasync.services.ingest.protocol import (
-    CLIENT_HEADER,
-    CONTENT_TYPE,
-    PATH,
-    SIGNATURE_HEADER,
-    TIME_HEADER,
+from fedasync.services.ingest.openapi import spec
+from fedasync.services.ingest.protocol import CLIENT_HEADER, CONTENT_TYPE, PATH, RECEIPT_PATH
+from fedasync.services.ingest.receipts import NOT_DECIDED, ReceiptReader, not_decided
+from fedasync.services.ingest.refusal import (
+    RateLimiter,
+    Refusal,
+    device_key,
+    request_proof,
+    unavailable,
 )
 from fedasync.services.ingest.store import IngestStore, UpdateIdReused
 from fedasync.services.runtime.http_service import livez, redis_readiness
@@ -36,57 +41,11 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import PolicyCache
-from fedasync.shared.device_auth import AuthError, Proof, check_claim, parse_proof, verify
-from fedasync.shared.token_bucket import TokenBucket
+from fedasync.shared.device_auth import AuthError, check_claim, verify
 from fedasync.shared.update import Update
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)
-
-#: rate-limit buckets kept before full (idle) ones are forgotten
-MAX_IDLE_BUCKETS = 10_000
-
-
-class Refusal(Exception):
-    """A request that is answered with an error: HTTP status, stable reason, human detail."""
-
-    def __init__(
-        self, status: int, reason: str, detail: str, headers: dict[str, str] | None = None
-    ) -> None:
-        self.status = status
-        self.reason = reason
-        self.detail = detail
-        self.headers = headers or {}
-        super().__init__(f"{reason}: {detail}")
-
-
-@dataclass(slots=True)
-class RateLimiter:
-    """A token bucket per authenticated device, in this process's memory."""
-
-    rate: float
-    burst: int
-    buckets: dict[str, TokenBucket] = field(default_factory=dict)
-
-    def _bucket(self, client_id: str, now: float) -> TokenBucket:
-        bucket = self.buckets.get(client_id)
-        if bucket is None:
-            if len(self.buckets) >= MAX_IDLE_BUCKETS:
-                self.buckets = {c: b for c, b in self.buckets.items() if not b.is_full(now)}
-            bucket = self.buckets[client_id] = TokenBucket.full(self.rate, self.burst, now)
-        return bucket
-
-    def check(self, client_id: str, now: float, *, take: bool) -> None:
-        """Refuse with 429 if the device has no token; take one if `take`."""
-        bucket = self._bucket(client_id, now)
-        wait = bucket.take(now) if take else bucket.wait(now)
-        if wait > 0:
-            raise Refusal(
-                429,
-                "rate_limited",
-                f"more than {self.rate:g} updates/s (burst {self.burst}) from {client_id!r}",
-                {"Retry-After": str(max(1, math.ceil(wait)))},
-            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +71,7 @@ class Ingest:
         self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
         self.policy = PolicyCache(redis, keys, settings.ingest.policy_refresh_s)
         self.metrics = IngestMetrics()
+        self.receipts = ReceiptReader(settings, redis, self.keys_cache)
 
     def refuse(self, request: web.Request, refusal: Refusal) -> web.Response:
         self.metrics.refusals.labels(refusal.reason).inc()
@@ -149,8 +109,8 @@ class Ingest:
                 f"Content-Type must be {CONTENT_TYPE}, got {request.content_type!r}",
             )
         self.check_length(request)
-        proof = _proof(request)
-        key = await self._key(proof)
+        proof = request_proof(request)
+        key = await device_key(self.keys_cache, proof)
         self.limiter.check(proof.client_id, time.monotonic(), take=False)
         body = await _read(request)
         window_ms = round(self.settings.auth.window_s * 1000)
@@ -173,7 +133,7 @@ class Ingest:
             raise Refusal(409, "update_id_reused", str(exc)) from None
         except TRANSIENT as exc:
             # maybe added, maybe not: a retry with the same update id settles it
-            raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
+            raise unavailable(exc) from None
         return Accepted(update, ingested.entry_id, ingested.new, len(body))
 
     async def check_not_paused(self) -> None:
@@ -183,7 +143,7 @@ class Ingest:
         except LookupError:
             return  # no policy yet: the aggregator has not started; nothing paused it
         except TRANSIENT as exc:
-            raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
+            raise unavailable(exc) from None
         if policy.ingest_paused:
             retry = str(self.settings.ingest.paused_retry_after_s)
             raise Refusal(
@@ -192,25 +152,6 @@ class Ingest:
                 f"ingest paused by the operators (policy version {policy.version})",
                 {"Retry-After": retry},
             )
-
-    async def _key(self, proof: Proof) -> bytes:
-        try:
-            return await self.keys_cache.get(proof.client_id)
-        except AuthError as exc:
-            raise Refusal(401, exc.reason.value, exc.detail) from None
-        except TRANSIENT as exc:
-            raise Refusal(503, "unavailable", f"Redis: {exc}", {"Retry-After": "1"}) from None
-
-
-def _proof(request: web.Request) -> Proof:
-    def raw(name: str) -> bytes | None:
-        value = request.headers.get(name)
-        return None if value is None else value.encode("utf-8", "surrogateescape")
-
-    try:
-        return parse_proof(raw(CLIENT_HEADER), raw(TIME_HEADER), raw(SIGNATURE_HEADER))
-    except AuthError as exc:
-        raise Refusal(401, exc.reason.value, exc.detail) from None
 
 
 async def _read(request: web.Request) -> bytes:
@@ -261,8 +202,22 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
 
+    async def get_receipt(request: web.Request) -> web.Response:
+        try:
+            record = await ingest.receipts.read(request)
+        except Refusal as refusal:
+            return ingest.refuse(request, refusal)
+        if record is None:
+            ingest.metrics.receipts.labels(NOT_DECIDED).inc()
+            return not_decided(request)
+        ingest.metrics.receipts.labels(str(record["outcome"])).inc()
+        return web.json_response(record)
+
     async def readyz(request: web.Request) -> web.Response:
         return await redis_readiness(redis)
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.json_response(spec())
 
     async def metrics(request: web.Request) -> web.Response:
         return metrics_response(ingest.metrics.registry)
@@ -270,9 +225,11 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     app.add_routes(
         [
             web.post(PATH, post_update, expect_handler=expect),
+            web.get(RECEIPT_PATH, get_receipt, allow_head=False),
             web.get("/livez", livez),
             web.get("/readyz", readyz),
             web.get("/metrics", metrics),
+            web.get("/openapi.json", openapi),
         ]
     )
     return app

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the ingest service: what was accepted, and every refusal by reason."""
+"""Prometheus metrics of the ingest service: what was accepted, every refusal by reason, and the
+receipts read."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ class IngestMetrics:
         )
         self.refusals = Counter(
             "fedasync_ingest_refusals",
-            "Requests to POST /v1/updates refused, by reason",
+            "Requests refused (POST /v1/updates, GET /v1/updates/{update_id}), by reason",
             ["reason"],
+            registry=r,
+        )
+        self.receipts = Counter(
+            "fedasync_ingest_receipts",
+            "Receipts answered to GET /v1/updates/{update_id}, by outcome (or not_decided)",
+            ["answer"],
             registry=r,
         )
         self.body_bytes = Histogram(

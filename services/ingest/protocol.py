@@ -1,13 +1,18 @@
-"""What a device sends to the ingest service: path, media type and signature headers.
+"""What a device sends to the ingest service: paths, media type and signature headers.
 
-Shared by the service and the worker, so both sides spell them the same way (docs/http-api.md).
+Shared by the service and the device client (fedasync.client), so both sides spell them the same
+way (docs/http-api.md).
 """
 
 from __future__ import annotations
 
-from fedasync.shared.device_auth import sign
+from urllib.parse import quote
+
+from fedasync.shared.device_auth import READ_DOMAIN, read_message, sign
 
 PATH = "/v1/updates"
+#: the receipt of one update: GET, signed, no body
+RECEIPT_PATH = PATH + "/{update_id}"
 CONTENT_TYPE = "application/vnd.fedasync.update+msgpack"
 CLIENT_HEADER = "X-Fedasync-Client"
 TIME_HEADER = "X-Fedasync-Time"
@@ -19,6 +24,22 @@ def signed_headers(key: bytes, client_id: str, signed_at_ms: int, body: bytes) -
     proof = sign(key, client_id, signed_at_ms, body)
     return {
         "Content-Type": CONTENT_TYPE,
+        CLIENT_HEADER: proof.client_id,
+        TIME_HEADER: str(proof.signed_at_ms),
+        SIGNATURE_HEADER: proof.mac.hex(),
+    }
+
+
+def receipt_path(update_id: str) -> str:
+    """The path of an update's receipt, the id percent-encoded (a `/` in it stays one segment)."""
+    return f"{PATH}/{quote(update_id, safe='')}"
+
+
+def read_headers(key: bytes, client_id: str, signed_at_ms: int, update_id: str) -> dict[str, str]:
+    """The headers of a GET of the receipt of `update_id`: the device's signature over
+    `GET /v1/updates/<update id>` (the id decoded) under the read domain."""
+    proof = sign(key, client_id, signed_at_ms, read_message(update_id), READ_DOMAIN)
+    return {
         CLIENT_HEADER: proof.client_id,
         TIME_HEADER: str(proof.signed_at_ms),
         SIGNATURE_HEADER: proof.mac.hex(),

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import Proof
 
@@ -57,7 +57,7 @@ class IngestStore:
 
     async def add(self, client_id: str, update_id: str, body: bytes, proof: Proof) -> Ingested:
         """XADD the signed entry unless this (client, update id) is already in; atomic."""
-        marker = hashlib.sha256(f"{client_id}\n{update_id}".encode()).hexdigest()
+        marker = update_digest(client_id, update_id)
         digest = hashlib.sha256(body).hexdigest()
         fields = stream_entry.build(body, proof)
         reply: Any = await self._script(

@@ -30,6 +30,8 @@ from fedasync.shared.rules import RULE_NAMES
 from fedasync.shared.staleness import Decay
 from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
+#: receipts the index keeps (`{p}:receipts`), by default: about 45 MB of Redis (220 bytes each)
+DEFAULT_RECEIPTS_CAPACITY = 200_000
 ENV_PREFIX = "FEDASYNC_"
 ENV_NESTED_DELIMITER = "__"
 _DEFAULT_POLICY = Policy()
@@ -320,6 +322,16 @@ class IngestSettings(Section):
     )
 
 
+class ReceiptsSettings(Section):
+    """The receipts index: the decision each update got, for its device to ask about."""
+
+    capacity: int = Field(
+        DEFAULT_RECEIPTS_CAPACITY,
+        ge=1,
+        description="receipts kept (about 220 bytes of Redis each); beyond, the oldest go",
+    )
+
+
 class LogSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     json_format: bool = Field(False, description="one JSON object per line instead of text")
@@ -348,6 +360,7 @@ class Settings(BaseSettings):
     dedup: DedupSettings = DedupSettings()
     auth: AuthSettings = AuthSettings()
     ingest: IngestSettings = IngestSettings()
+    receipts: ReceiptsSettings = ReceiptsSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")

@@ -78,6 +78,8 @@ def users(prefix: str) -> tuple[User, ...]:
     k = Keys(glob_escape(prefix))
     models = k.model(0).removesuffix("0") + "*"
     device_keys = Grant(("hmget",), read=(k.device_keys, k.device_revoked))
+    # a receipt: the index names a ledger entry, read by its id (services/stores/receipts.py)
+    receipts = (Grant(("hget",), read=(k.receipts,)), Grant(("xrange",), read=(k.ledger,)))
     ping = ("ping",)
     return (
         User(
@@ -111,6 +113,11 @@ def users(prefix: str) -> tuple[User, ...]:
                     "xack",
                     "hset",
                     "publish",
+                    # ... and the receipts index it keeps bounded (HSETNX granted above)
+                    "rpush",
+                    "llen",
+                    "lpop",
+                    "hdel",
                 ),
                 keys=(
                     k.commit_seq,
@@ -127,6 +134,8 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.genesis,
                     k.policy,
                     k.policies,
+                    k.receipts,
+                    k.receipts_order,
                 ),
             ),
             (device_keys,),
@@ -173,8 +182,8 @@ def users(prefix: str) -> tuple[User, ...]:
         ),
         User(
             "ingest",
-            "adds authenticated updates once (its script), reads device keys and the policy "
-            "(pause-ingest)",
+            "adds authenticated updates once (its script), reads device keys, the policy "
+            "(pause-ingest) and receipts",
             Grant(ping),
             (
                 Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates)),
@@ -182,12 +191,14 @@ def users(prefix: str) -> tuple[User, ...]:
                 Grant(("get",), read=(k.policy,)),
                 Grant(("xadd",), write=(k.updates,)),
                 device_keys,
+                *receipts,
             ),
         ),
         User(
             "worker",
-            "a device on a trusted network publishing straight to the stream",
+            "a device on a trusted network publishing straight to the stream, reading receipts",
             Grant((*ping, "xadd"), write=(k.updates,)),
+            receipts,
         ),
         User(
             "admin",
@@ -195,8 +206,17 @@ def users(prefix: str) -> tuple[User, ...]:
             Grant((*ping, "multi", "exec", "acl|log")),
             (
                 Grant(
-                    ("xrange", "get", "hget"),
-                    read=(k.ledger, k.genesis, k.policies, k.updates, k.version, models),
+                    ("xrange", "get", "hget", "hlen", "llen"),
+                    read=(
+                        k.ledger,
+                        k.genesis,
+                        k.policies,
+                        k.updates,
+                        k.version,
+                        models,
+                        k.receipts,
+                        k.receipts_order,
+                    ),
                 ),
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
             ),

@@ -6,10 +6,17 @@ them together even on a Redis Cluster.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 #: Consumer group of the aggregator on the updates stream.
 AGGREGATOR_GROUP = "aggregators"
+
+
+def update_digest(client_id: str, update_id: str) -> str:
+    """Hex SHA-256 naming one device's update: bounded in length whatever the ids, and the
+    same in the ingest marker's name and the receipts index."""
+    return hashlib.sha256(f"{client_id}\n{update_id}".encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +133,19 @@ class Keys:
     def ingested(self, digest: str) -> str:
         """String: stream entry id + body digest of an update the ingest service accepted.
 
-        `digest` is the hex SHA-256 of client id and update id, so the name stays bounded.
+        `digest` is `update_digest(client id, update id)`, so the name stays bounded.
         """
         return self._k(f"ingested:{digest}")
+
+    @property
+    def receipts(self) -> str:
+        """Hash: `update_digest(client id, update id)` → the ledger entry id of the first
+        decision about that update (the receipt); written by the commit, bounded by
+        `receipts_order`."""
+        return self._k("receipts")
+
+    @property
+    def receipts_order(self) -> str:
+        """List: the fields of `receipts` in the order they were written; the commit pops the
+        oldest beyond FEDASYNC_RECEIPTS__CAPACITY and deletes them from `receipts`."""
+        return self._k("receipts-order")

@@ -2,7 +2,8 @@
 
 `verify` replays the recorded decisions through the core, from the genesis checkpoint, with the
 payloads kept in the updates stream and the policy version each decision names, and checks that
-every decision comes out the same and that the committed model is reproduced bit for bit.
+every decision comes out the same and that the committed model is reproduced bit for bit, and
+that every receipt still indexed names a decision about its own update.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import get_bytes, stream_entries
-from fedasync.services.stores.keys import Keys
+from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entries
+from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import stream_entry
 from fedasync.shared.checkpoint import load_state
@@ -44,6 +45,17 @@ async def records(
         record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
         record["ledger_id"] = entry_id
         yield record
+
+
+async def record_at(redis: aioredis.Redis, keys: Keys, ledger_id: str) -> dict[str, Any] | None:
+    """The record of one ledger entry, by its id (what a receipt names); None if there is none."""
+    entries: Any = await redis.xrange(keys.ledger, min=ledger_id, max=ledger_id)
+    if not entries:
+        return None
+    entry_id, fields = entries[0]
+    record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
+    record["ledger_id"] = as_text(entry_id)
+    return record
 
 
 def export_line(record: dict[str, Any]) -> str:
@@ -76,6 +88,8 @@ class VerifyReport:
     mismatches: list[str] = field(default_factory=list)
     version: int = 0
     model_matches: bool = False
+    #: decisions whose receipt is still indexed (the oldest are forgotten beyond the capacity)
+    receipts: int = 0
 
     @property
     def ok(self) -> bool:
@@ -88,6 +102,7 @@ class VerifyReport:
             f"ledger verify: {verdict}: {self.replayed} decisions replayed ({counts})",
             f"  committed model version {self.version}: "
             + ("reproduced bit for bit" if self.model_matches else "NOT reproduced"),
+            f"  receipts: {self.receipts} indexed, each naming a decision about its own update",
         ]
         lines += [f"  mismatch: {m}" for m in self.mismatches[:20]]
         return "\n".join(lines)
@@ -127,6 +142,10 @@ async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> V
             )
         report.replayed += 1
         report.outcomes[record["outcome"]] += 1
+        await _check_receipt(redis, keys, record, report)
+    indexed, ordered = await redis.hlen(keys.receipts), await redis.llen(keys.receipts_order)
+    if indexed != ordered:
+        report.mismatches.append(f"receipts: {indexed} indexed but {ordered} in their order list")
     report.version = int(await get_bytes(redis, keys.version) or 0)
     committed = await get_bytes(redis, keys.model(report.version))
     if committed is None:
@@ -137,3 +156,24 @@ async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> V
         state.weights_view().view(np.uint32), model.weights.view(np.uint32)
     )
     return report
+
+
+async def _check_receipt(
+    redis: aioredis.Redis, keys: Keys, record: dict[str, Any], report: VerifyReport
+) -> None:
+    """The receipt of a record's update, if still indexed, names a ledger record of that same
+    update: this one (its first decision) or, for a re-decided update, another of its own."""
+    client_id, update_id = str(record["client_id"]), str(record["update_id"])
+    named: Any = await redis.hget(keys.receipts, update_digest(client_id, update_id))
+    if named is None:
+        return  # forgotten, oldest first, beyond FEDASYNC_RECEIPTS__CAPACITY (or never written)
+    ledger_id = as_text(named)
+    if ledger_id == record["ledger_id"]:
+        report.receipts += 1
+        return
+    other = await record_at(redis, keys, ledger_id)
+    if other is None or (other["client_id"], other["update_id"]) != (client_id, update_id):
+        report.mismatches.append(
+            f"{record['ledger_id']}: the receipt of {client_id}/{update_id} names {ledger_id}, "
+            "a decision about another update"
+        )

@@ -34,6 +34,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from fedasync.client import DeviceClient
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.commit import Batch, Committer
 from fedasync.services.aggregator.service import run as run_aggregator
@@ -242,6 +243,16 @@ async def test_every_service_runs_as_its_own_user_and_training_works(
             async with session.patch(f"{control_url}/v1/policy", json=body, headers=auth) as r:
                 assert r.status == 200, await r.text()
                 assert (await r.json())["policy"]["alpha0"] == 0.5
+        # each device reads a receipt: through ingest (signed), and as the worker user
+        decided = await ledger(observer, KEYS)
+        for device in (
+            DeviceClient(snapshot_url, "device-0", key=device_key, ingest_url=ingest_url),
+            DeviceClient(snapshot_url, "device-1", redis=url_of(acl_server, "worker")),
+        ):
+            async with device:
+                mine = next(d for d in decided if d["client_id"] == device.client_id)
+                receipt = await while_serving(tasks, device.receipt(mine["update_id"]))
+                assert receipt.ledger_id == mine["ledger_id"]
     finally:
         stopping.set()
         outcome, *_ = await asyncio.gather(*tasks)
@@ -276,11 +287,19 @@ async def test_redis_refuses_to_start_on_the_unrendered_template(tmp_path: Path)
 # ------------------------------------------------------------------------------------ refusals
 # (user, command, pattern of the refusal): each user can do none of these.
 STATE, UPDATES, DEVICE_KEYS = KEYS.state, KEYS.updates, KEYS.device_keys
+RECEIPTS, LEDGER = KEYS.receipts, KEYS.ledger
 REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     # ingest: adds entries through its script; cannot trim, delete, read or overwrite
     ("ingest", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
     ("ingest", ("DEL", UPDATES), command_refused("del")),
-    ("ingest", ("XRANGE", UPDATES, "-", "+"), command_refused("xrange")),
+    ("ingest", ("XRANGE", UPDATES, "-", "+"), KEY_REFUSED),  # XRANGE on the ledger only
+    # ... reads receipts (HGET, then the ledger entry they name), never writes them
+    ("ingest", ("HSET", RECEIPTS, "f", "1-1"), command_refused("hset")),
+    ("ingest", ("HSETNX", RECEIPTS, "f", "1-1"), command_refused("hsetnx")),
+    ("ingest", ("HGETALL", RECEIPTS), command_refused("hgetall")),
+    ("ingest", ("DEL", RECEIPTS), command_refused("del")),
+    ("ingest", ("XADD", LEDGER, "*", "d", "x"), KEY_REFUSED),
+    ("ingest", ("HGET", STATE, "f"), KEY_REFUSED),
     ("ingest", ("SET", UPDATES, "x"), KEY_REFUSED),  # SET only on its markers
     ("ingest", ("GET", STATE), KEY_REFUSED),
     ("ingest", ("HSET", DEVICE_KEYS, "d", "k"), command_refused("hset")),
@@ -295,9 +314,15 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("worker", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
     ("worker", ("XDEL", UPDATES, "1-1"), command_refused("xdel")),
     ("worker", ("XGROUP", "DESTROY", UPDATES, AGGREGATOR_GROUP), command_refused("xgroup|destroy")),
-    ("worker", ("XRANGE", UPDATES, "-", "+"), command_refused("xrange")),
+    ("worker", ("XRANGE", UPDATES, "-", "+"), KEY_REFUSED),  # XRANGE on the ledger only
     ("worker", ("GET", STATE), command_refused("get")),
     ("worker", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
+    # ... reads receipts, never writes them nor the ledger
+    ("worker", ("HSETNX", RECEIPTS, "f", "1-1"), command_refused("hsetnx")),
+    ("worker", ("HDEL", RECEIPTS, "f"), command_refused("hdel")),
+    ("worker", ("XADD", LEDGER, "*", "d", "x"), KEY_REFUSED),
+    ("worker", ("HGET", DEVICE_KEYS, "d"), KEY_REFUSED),
+    ("worker", ("LPOP", KEYS.receipts_order), command_refused("lpop")),
     # evaluator: its own stream only
     ("evaluator", ("XADD", UPDATES, "*", "m", "x"), KEY_REFUSED),
     ("evaluator", ("XREVRANGE", UPDATES, "+", "-"), KEY_REFUSED),
@@ -313,6 +338,8 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("admin", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
     ("admin", ("SET", STATE, "x"), command_refused("set")),
     ("admin", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
+    ("admin", ("HSET", RECEIPTS, "f", "1-1"), KEY_REFUSED),  # HSET on device keys only
+    ("admin", ("LPOP", KEYS.receipts_order), command_refused("lpop")),
     # aggregator: cannot read device keys in full, nor change them
     ("aggregator", ("HGETALL", DEVICE_KEYS), command_refused("hgetall")),
     ("aggregator", ("HSET", DEVICE_KEYS, "d", "k"), KEY_REFUSED),
@@ -421,6 +448,8 @@ async def snapshot_of_every_key(observer: aioredis.Redis) -> dict[bytes, Any]:
             out[key] = await observer.hgetall(key)
         elif kind == "zset":
             out[key] = await observer.zrange(key, 0, -1, withscores=True)
+        elif kind == "list":
+            out[key] = await observer.lrange(key, 0, -1)
         elif kind == "stream":
             groups = await observer.xinfo_groups(key)
             out[key] = (

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from fedasync.client import DeviceClient, PreparedUpdate, RetryPolicy
 from fedasync.learning.tasks import get_task
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
-from fedasync.services.worker.service import publish
 from fedasync.shared import stream_entry
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
@@ -122,7 +122,7 @@ class RetryWatch(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.retried = asyncio.Event()
-        self.logger = logging.getLogger("fedasync.services.worker.service")
+        self.logger = logging.getLogger("fedasync.client.transport")
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("publish failed"):
@@ -142,12 +142,16 @@ async def test_publish_retries_with_the_same_bytes_across_a_redis_restart(tmp_pa
     settings = load_settings(redis={"url": server.url, "key_prefix": "restart"})
     client = connect(settings.redis)
     keys = Keys("restart")
+    device = DeviceClient(
+        "http://127.0.0.1:1", "c0", redis=client, key_prefix="restart", retry=RetryPolicy(20)
+    )
     try:
         raw = encode_update(make_update("once", base=0))
-        await publish(client, keys, raw, attempts=20)
+        update = PreparedUpdate("once", 0, raw)
+        await device.send(update)
         server.kill()  # Redis dies; the next publish meets a dead socket
         with RetryWatch() as retried:
-            publishing = asyncio.create_task(publish(client, keys, raw, attempts=20))
+            publishing = asyncio.create_task(device.send(update))
             await asyncio.wait_for(retried.wait(), timeout=30)  # it failed and will retry
             assert not publishing.done()
             server.start()  # same port, same AOF

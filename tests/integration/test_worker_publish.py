@@ -1,4 +1,5 @@
-"""The worker's POST to ingest survives answers that are not ingest's JSON.
+"""The device client's POST to ingest (the worker publishes through it) survives answers that
+are not ingest's JSON.
 
 Between a device and ingest there may be a proxy: its 502 is an HTML page, aiohttp's own 500 is
 text, and its Retry-After may be an HTTP-date. A tiny real aiohttp server in the test answers
@@ -11,23 +12,17 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from fedasync.client import Abandoned, DeviceClient, PreparedUpdate, Refused, RetryPolicy
+from fedasync.client.retry import DEFAULT_RETRY_AFTER_S, MAX_RETRY_AFTER_S, retry_after_s
 from fedasync.services.ingest.protocol import PATH
-from fedasync.services.worker.service import (
-    DEFAULT_RETRY_AFTER_S,
-    MAX_RETRY_AFTER_S,
-    PublishAbandoned,
-    PublishRefused,
-    publish_http,
-    retry_after_s,
-)
 
 KEY = bytes(range(32))
 RAW = b"the same update bytes on every attempt"
+UPDATE = PreparedUpdate("u", 0, RAW)
 HTTP_DATE = "Wed, 21 Oct 2015 07:28:00 GMT"
 
 
@@ -78,8 +73,16 @@ async def send(server: ScriptedIngest, waits: list[float], attempts: int = 5) ->
     async def record(seconds: float) -> None:
         waits.append(seconds)
 
-    async with aiohttp.ClientSession() as session:
-        return await publish_http(session, server.url, KEY, "device-0", RAW, attempts, sleep=record)
+    client = DeviceClient(
+        "http://127.0.0.1:1",  # no model is fetched here
+        "device-0",
+        key=KEY,
+        ingest_url=server.url,
+        retry=RetryPolicy(attempts=attempts),
+        sleep=record,
+    )
+    async with client:
+        return (await client.send(UPDATE)).entry_id
 
 
 @pytest.mark.integration
@@ -129,7 +132,7 @@ async def test_a_4xx_that_is_not_json_is_a_refusal_for_an_unknown_reason(
 ) -> None:
     page = "<html>403 Forbidden by the proxy</html>"
     ingest.script = [lambda: web.Response(status=403, text=page, content_type="text/html")]
-    with pytest.raises(PublishRefused) as refused:
+    with pytest.raises(Refused) as refused:
         await send(ingest, [])
     assert (refused.value.status, refused.value.reason) == (403, "unknown")
     assert ingest.bodies == [RAW]  # refused for good: not sent again
@@ -140,7 +143,7 @@ async def test_a_4xx_that_is_not_json_is_a_refusal_for_an_unknown_reason(
 async def test_a_json_refusal_keeps_ingest_s_reason(ingest: ScriptedIngest) -> None:
     body = {"error": "bad signature", "reason": "bad_signature"}
     ingest.script = [lambda: web.json_response(body, status=401)]
-    with pytest.raises(PublishRefused) as refused:
+    with pytest.raises(Refused) as refused:
         await send(ingest, [])
     assert (refused.value.status, refused.value.reason) == (401, "bad_signature")
 
@@ -187,7 +190,10 @@ async def test_a_stop_while_ingest_is_paused_gives_the_update_up_at_once(
         return web.json_response(body, status=503, headers={"Retry-After": "3600"})
 
     ingest.script = [paused_then_stop]
-    async with aiohttp.ClientSession() as session:
-        with pytest.raises(PublishAbandoned):
-            await publish_http(session, ingest.url, KEY, "device-0", RAW, 5, stopping=stopping)
+    client = DeviceClient(
+        "http://127.0.0.1:1", "device-0", key=KEY, ingest_url=ingest.url, stopping=stopping
+    )
+    async with client:
+        with pytest.raises(Abandoned):
+            await client.send(UPDATE)
     assert len(ingest.bodies) == 1  # no second attempt after the stop

@@ -7,12 +7,15 @@ from collections.abc import Callable
 import pytest
 
 from fedasync.shared.device_auth import (
+    DOMAIN,
+    READ_DOMAIN,
     AuthError,
     AuthReason,
     check_claim,
     mac,
     parse_key,
     parse_proof,
+    read_message,
     sign,
     stream_id_ms,
     verify,
@@ -46,6 +49,31 @@ def test_the_mac_is_hmac_sha256_over_domain_client_time_message() -> None:
 
     text = b"fedasync-update-v1\ndev-7\n" + str(T).encode() + b"\n" + MESSAGE
     assert mac(KEY, "dev-7", T, MESSAGE) == hmac.new(KEY, text, hashlib.sha256).digest()
+
+
+def test_a_receipt_read_signs_method_path_and_id_under_its_own_domain() -> None:
+    import hashlib
+    import hmac
+
+    text = b"fedasync-receipt-v1\ndev-7\n" + str(T).encode() + b"\nGET /v1/updates/u-1"
+    signed = sign(KEY, "dev-7", T, read_message("u-1"), READ_DOMAIN)
+    assert signed.mac == hmac.new(KEY, text, hashlib.sha256).digest()
+    verify(signed, KEY, read_message("u-1"), T, WINDOW, READ_DOMAIN)
+    other = read_message("u-2")
+    assert refusal(lambda: verify(signed, KEY, other, T, WINDOW, READ_DOMAIN)) is (
+        AuthReason.BAD_SIGNATURE
+    )
+
+
+@pytest.mark.parametrize("message", [MESSAGE, read_message("u-1")])
+def test_a_read_signature_never_passes_as_an_update_signature(message: bytes) -> None:
+    """Same key, client, time and bytes: the domain tags alone keep the two apart, both ways."""
+    as_read = sign(KEY, "dev-7", T, message, READ_DOMAIN)
+    as_update = sign(KEY, "dev-7", T, message, DOMAIN)
+    assert refusal(lambda: verify(as_read, KEY, message, T, WINDOW)) is AuthReason.BAD_SIGNATURE
+    assert refusal(lambda: verify(as_update, KEY, message, T, WINDOW, READ_DOMAIN)) is (
+        AuthReason.BAD_SIGNATURE
+    )
 
 
 @pytest.mark.parametrize(

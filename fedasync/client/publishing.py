@@ -1,0 +1,119 @@
+"""Publishing an update: through the ingest service (signed), or straight to the stream.
+
+An update is prepared once (`prepare`: its id, its bytes) and every attempt sends those same
+bytes, so retries are one update: the ingest service adds an update id once and answers a retry
+with the first entry id; on the stream, the aggregator's dedup memory records a second copy as a
+duplicate and applies it at most once. Sending a prepared update again later (after `Unavailable`)
+is just as safe.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from fedasync.client.errors import Refused, UnexpectedAnswer
+from fedasync.client.retry import retryable
+from fedasync.client.transport import Answer, RedisRetry, Request, Transport, now_ms
+from fedasync.services.ingest.protocol import PATH, signed_headers
+from fedasync.services.runtime.redis_conn import as_text
+from fedasync.services.stores.keys import Keys
+from fedasync.shared import stream_entry
+from fedasync.shared.device_auth import sign
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedUpdate:
+    """An update ready to send: its id and its exact bytes (the wire format's message)."""
+
+    update_id: str
+    base_version: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """Where the update is: its entry id in the updates stream. `retry` is True when the ingest
+    service already had it (an earlier attempt whose answer was lost, or a send of the same
+    prepared update again): the same entry, not a second one."""
+
+    update_id: str
+    entry_id: str
+    retry: bool = False
+
+
+def prepare(
+    client_id: str,
+    weights: np.ndarray,
+    base_version: int,
+    num_samples: int,
+    metrics: Mapping[str, float] | None = None,
+    *,
+    update_id: str | None = None,
+    dtype: str = "float32",
+) -> PreparedUpdate:
+    """Encode an update (a fresh random id unless given); WireError (a ValueError) if it is not
+    one the services would accept: non-finite weights, a bad id, ..."""
+    update = Update(
+        update_id=update_id or uuid.uuid4().hex,
+        client_id=client_id,
+        base_version=base_version,
+        num_samples=num_samples,
+        weights=np.asarray(weights),
+        created_at=time.time(),
+        metrics=dict(metrics or {}),
+    )
+    return PreparedUpdate(update.update_id, base_version, encode_update(update, dtype))
+
+
+def _again(answer: Answer) -> bool:
+    """A 202 without an entry id (a proxy's answer) is asked again: the same update id makes
+    ingest answer it as a retry."""
+    return retryable(answer.status) or (answer.status == 202 and "entry_id" not in answer.json)
+
+
+async def over_http(
+    transport: Transport, base_url: str, key: bytes, client_id: str, update: PreparedUpdate
+) -> Published:
+    """POST to the ingest service, signed afresh on each attempt; Refused for a 4xx."""
+    request = Request(
+        "POST",
+        base_url.rstrip("/") + PATH,
+        lambda: signed_headers(key, client_id, now_ms(), update.body),
+        body=update.body,
+    )
+    answer = await transport.send("publish", request, _again)
+    if answer.status != 202:
+        raise Refused(answer.status, answer.reason, answer.error)
+    reply: dict[str, Any] = answer.json
+    if reply.get("update_id", update.update_id) != update.update_id:
+        raise UnexpectedAnswer(f"ingest answered for update {reply.get('update_id')!r}")
+    return Published(update.update_id, str(reply["entry_id"]), bool(reply.get("retry", False)))
+
+
+async def to_redis(
+    redis: aioredis.Redis,
+    keys: Keys,
+    key: bytes | None,
+    client_id: str,
+    update: PreparedUpdate,
+    retry: RedisRetry,
+) -> Published:
+    """XADD the entry (signed if there is a key), retried with the same bytes on connection
+    errors; never trims the stream (no MAXLEN)."""
+    proof = None if key is None else sign(key, client_id, now_ms(), update.body)
+    fields = stream_entry.build(update.body, proof)
+
+    async def xadd() -> Any:
+        return await redis.xadd(keys.updates, fields)  # type: ignore[arg-type]
+
+    entry_id = await retry("publish", xadd)
+    return Published(update.update_id, as_text(entry_id))

@@ -1,0 +1,170 @@
+"""The ingest service's OpenAPI document; a test keeps it true to the routes that exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedasync.services.ingest.protocol import (
+    CLIENT_HEADER,
+    CONTENT_TYPE,
+    PATH,
+    RECEIPT_PATH,
+    SIGNATURE_HEADER,
+    TIME_HEADER,
+)
+
+_ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "reason": {"type": "string"}},
+    "required": ["error", "reason"],
+}
+
+_SIGNATURE_HEADERS = [
+    {
+        "name": CLIENT_HEADER,
+        "in": "header",
+        "required": True,
+        "description": "the device's client id (the one its key was issued for)",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+    },
+    {
+        "name": TIME_HEADER,
+        "in": "header",
+        "required": True,
+        "description": "signing time, Unix milliseconds",
+        "schema": {"type": "string", "pattern": "^[0-9]{1,15}$"},
+    },
+    {
+        "name": SIGNATURE_HEADER,
+        "in": "header",
+        "required": True,
+        "description": "HMAC-SHA256, 64 lowercase hex (docs/http-api.md)",
+        "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    },
+]
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _receipt_schema() -> dict[str, Any]:
+    """A ledger record (docs/http-api.md#the-ledger-record) and its ledger entry id."""
+    number = {"type": ["number", "null"]}
+    return {
+        "type": "object",
+        "properties": {
+            "outcome": {"type": "string", "enum": ["applied", "dropped", "rejected", "duplicate"]},
+            "update_id": {"type": "string"},
+            "client_id": {"type": "string"},
+            "base_version": {"type": "integer"},
+            "version": {"type": "integer"},
+            "policy_version": {"type": "integer"},
+            "tau": {"type": ["integer", "null"]},
+            "alpha": number,
+            "step_norm": number,
+            "server_step": {"type": "boolean"},
+            "reason": {"type": ["string", "null"]},
+            "detail": {"type": "string"},
+            "delta_norm": number,
+            "clipped": {"type": "boolean"},
+            "stream_id": {"type": "string"},
+            "at": {"type": "number"},
+            "ledger_id": {"type": "string"},
+        },
+        "required": ["outcome", "update_id", "client_id", "version", "ledger_id"],
+    }
+
+
+def spec() -> dict[str, Any]:
+    refused = {
+        "401": _json(_ERROR, "no valid signature, or an unknown or revoked device"),
+        "429": _json(_ERROR, "too many requests from this device; Retry-After in seconds"),
+        "503": _json(_ERROR, "Redis unavailable (or ingest paused, for a POST); Retry-After"),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "fedasync ingest service", "version": "1"},
+        "paths": {
+            PATH: {
+                "post": {
+                    "summary": "Add a signed update to the updates stream, once per update id",
+                    "parameters": _SIGNATURE_HEADERS,
+                    "requestBody": {
+                        "required": True,
+                        "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+                    },
+                    "responses": {
+                        "202": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "status": {"const": "accepted"},
+                                    "update_id": {"type": "string"},
+                                    "entry_id": {"type": "string"},
+                                    "retry": {"type": "boolean"},
+                                },
+                            },
+                            "added (or already added: a retry gets the first entry id)",
+                        ),
+                        "403": _json(_ERROR, "client_mismatch: the message names another client"),
+                        "409": _json(_ERROR, "update_id_reused with another body"),
+                        "413": _json(_ERROR, "too_large"),
+                        "415": _json(_ERROR, "unsupported_media_type"),
+                        "422": _json(_ERROR, "not a valid update message (a wire reason)"),
+                        **refused,
+                    },
+                }
+            },
+            RECEIPT_PATH: {
+                "get": {
+                    "summary": "The decision about one of the signing device's own updates",
+                    "parameters": [
+                        {
+                            "name": "update_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                        },
+                        *_SIGNATURE_HEADERS,
+                    ],
+                    "responses": {
+                        "200": _json(_receipt_schema(), "the ledger record of the decision"),
+                        "404": _json(
+                            _ERROR,
+                            "not_decided: no decision recorded for this device's update id (not "
+                            "yet decided, unknown, another device's, or older than kept)",
+                        ),
+                        **refused,
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics: accepted, refusals by reason, receipts",
+                    "responses": {"200": {"description": "text/plain; version=0.0.4"}},
+                }
+            },
+            "/livez": {
+                "get": {
+                    "summary": "Liveness: the process answers",
+                    "responses": {"200": _json({"type": "object"}, "alive")},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: Redis answers",
+                    "responses": {
+                        "200": _json({"type": "object"}, "ready"),
+                        "503": _json({"type": "object"}, "Redis unreachable"),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                }
+            },
+        },
+    }

@@ -1,0 +1,81 @@
+"""GET /v1/updates/{update_id}: the decision about one of the asking device's own updates.
+
+Read-only. The device signs `GET /v1/updates/<update id>` under the read domain
+(shared/device_auth.py), so no receipt signature can pass as an update signature. The lookup is
+keyed by the *authenticated* client id and the update id (services/stores/receipts.py): another
+device's update id finds nothing and is answered exactly like an id never used, `404
+not_decided`, so a device learns nothing about updates that are not its own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from fedasync.services.ingest.refusal import (
+    RateLimiter,
+    Refusal,
+    device_key,
+    request_proof,
+    unavailable,
+)
+from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores import receipts
+from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.device_auth import READ_DOMAIN, AuthError, read_message, verify
+from fedasync.shared.update import MAX_ID_LENGTH
+
+#: the reason of the 404: no decision is recorded for this device's update id (yet)
+NOT_DECIDED = "not_decided"
+
+
+class ReceiptReader:
+    """Authenticates a read and looks the receipt up; every failure is a Refusal."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis, key_cache: KeyCache) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._keys = Keys(settings.redis.key_prefix)
+        self._key_cache = key_cache
+        #: a device may read receipts as fast as it may publish: its own bucket, not the same one
+        self.limiter = RateLimiter(
+            settings.ingest.rate_per_s, settings.ingest.burst, what="receipt reads"
+        )
+
+    async def read(self, request: web.Request) -> dict[str, Any] | None:
+        """The ledger record of the decision (with `ledger_id`); None if there is none; a
+        Refusal if the request is not signed by a known device, or too fast, or Redis is away."""
+        update_id = request.match_info["update_id"]
+        proof = request_proof(request)
+        key = await device_key(self._key_cache, proof)
+        try:
+            message = read_message(update_id)
+        except UnicodeEncodeError:  # not text: no device could have signed it, nor used it
+            raise Refusal(401, "bad_signature", "the update id is not UTF-8") from None
+        window_ms = round(self._settings.auth.window_s * 1000)
+        try:
+            verify(proof, key, message, int(time.time() * 1000), window_ms, READ_DOMAIN)
+        except AuthError as exc:
+            raise Refusal(401, exc.reason.value, exc.detail) from None
+        self.limiter.check(proof.client_id, time.monotonic(), take=True)
+        if not (1 <= len(update_id) <= MAX_ID_LENGTH and update_id.isprintable()):
+            return None  # no update can have this id: answered like any id without a decision
+        try:
+            return await receipts.lookup(self._redis, self._keys, proof.client_id, update_id)
+        except TRANSIENT as exc:
+            raise unavailable(exc) from None
+
+
+def not_decided(request: web.Request) -> web.Response:
+    """404: nothing recorded for this device's update id; the same for every such id."""
+    update_id = request.match_info["update_id"][:MAX_ID_LENGTH]
+    detail = (
+        f"no decision recorded for update {update_id!r} of this device: not decided yet, "
+        "unknown, or older than the receipts kept"
+    )
+    return web.json_response({"error": detail, "reason": NOT_DECIDED}, status=404)
