@@ -15,12 +15,20 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.ingest.app import INGEST, create_app
-from fedasync.services.ingest.protocol import CONTENT_TYPE, PATH, signed_headers
+from fedasync.services.ingest.openapi import spec
+from fedasync.services.ingest.protocol import (
+    CONTENT_TYPE,
+    PATH,
+    read_headers,
+    receipt_path,
+    signed_headers,
+)
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import add_device, revoke_device
 from fedasync.services.stores.keys import Keys
@@ -347,3 +355,42 @@ async def test_the_pause_ingest_switch_answers_503_until_it_is_turned_off(
     finally:
         await ingest.close()
         await control.close()
+
+
+async def test_openapi_document_describes_every_route(client: TestClient[Any, Any]) -> None:
+    document = await (await client.get("/openapi.json")).json()
+    assert document == spec()
+    app: web.Application = client.server.app
+    routes = {
+        (route.resource.canonical, route.method.lower())
+        for route in app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    }
+    documented = {(path, method) for path, ops in document["paths"].items() for method in ops}
+    assert routes == documented
+
+
+async def test_receipt_reads_need_a_valid_read_signature(
+    client: TestClient[Any, Any], device_key: bytes
+) -> None:
+    """The route authenticates like POST: reasons as for updates, counted the same way; a
+    valid read of an id without a decision is a 404 `not_decided`, counted as a receipt."""
+    path = receipt_path("u1")
+    old = now_ms() - 3_600_000
+    cases: list[tuple[str, dict[str, str]]] = [
+        ("unsigned", {}),
+        ("unknown_device", read_headers(device_key, "dev-x", now_ms(), "u1")),
+        ("bad_signature", read_headers(bytes(32), "dev-a", now_ms(), "u1")),
+        ("bad_signature", read_headers(device_key, "dev-a", now_ms(), "u2")),  # another id
+        ("bad_signature", signed_headers(device_key, "dev-a", now_ms(), b"")),  # update domain
+        ("signature_expired", read_headers(device_key, "dev-a", old, "u1")),
+    ]
+    for reason, headers in cases:
+        response = await client.get(path, headers=headers)
+        assert (response.status, (await response.json())["reason"]) == (401, reason)
+    assert refusals(client, "bad_signature") == 3
+    valid = await client.get(path, headers=read_headers(device_key, "dev-a", now_ms(), "u1"))
+    assert (valid.status, (await valid.json())["reason"]) == (404, "not_decided")
+    registry = client.app[INGEST].metrics.registry
+    sample = registry.get_sample_value("fedasync_ingest_receipts_total", {"answer": "not_decided"})
+    assert sample == 1.0
