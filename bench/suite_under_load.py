@@ -36,10 +36,8 @@ def run_suite(pytest_args: list[str]) -> tuple[int, float, str]:
         text=True,
     )
     seconds = time.monotonic() - start
-    match = None
-    for match in CLOSING.finditer(done.stdout):
-        pass
-    closing = match.group(1) if match else done.stdout.strip().splitlines()[-1:]
+    found = CLOSING.findall(done.stdout)
+    closing = found[-1][0] if found else done.stdout.strip().splitlines()[-1:]
     if done.returncode != 0:
         failures = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
         print("\n".join(failures), flush=True)
