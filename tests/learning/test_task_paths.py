@@ -27,6 +27,7 @@ from fedasync.learning.tasks import (
     TaskParamsError,
     get_task,
 )
+from fedasync.services.commands.cli import main
 from fedasync.services.runtime import settings as settings_module
 from fedasync.services.runtime.settings import SettingsError, TaskSettings, load_settings
 from fedasync.sim.config import ConfigError, build
@@ -183,3 +184,20 @@ def test_a_simulator_config_checks_the_name_in_one_line() -> None:
         build({"task": {"name": "bogus"}, "algorithms": algorithms})
     assert str(info.value).startswith("invalid simulation config: task.name: task 'bogus': ")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.usefixtures("clean_env", "task_folder")
+def test_fedasync_settings_builds_the_task_it_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FEDASYNC_TASK__NAME", "mytask:broken")
+    assert main(["settings"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "fedasync: invalid settings: FEDASYNC_TASK__NAME: task 'mytask:broken': building it "
+        "failed: RuntimeError: no data here\n"
+    )
+    monkeypatch.setenv("FEDASYNC_TASK__NAME", "mytask:make")
+    assert main(["settings"]) == 0
+    assert '"name": "mytask:make"' in capsys.readouterr().out
