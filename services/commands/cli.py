@@ -60,7 +60,9 @@ def _settings(args: argparse.Namespace) -> int:
     if args.docs:
         print(settings_reference(), end="")
         return 0
-    print(json.dumps(load_settings().model_dump(mode="json"), indent=2))
+    settings = load_settings()
+    settings.task.build()  # the task as the aggregator would build it: importable, a Task
+    print(json.dumps(settings.model_dump(mode="json"), indent=2))
     return 0
 
 

@@ -21,8 +21,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fedasync.learning.task import Task
+from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
 from fedasync.shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
 from fedasync.shared.params import POLICY_RANGES, ParamError
 from fedasync.shared.policy import Mode, NormAction, Policy
@@ -120,16 +123,50 @@ class BudgetSettings(Section):
 
 
 class TaskSettings(Section):
-    """What is learned, from which data split; the aggregator, workers and evaluator agree on it."""
+    """What is learned, from which data split; the aggregator, workers and evaluator agree on it.
+
+    The name is checked here without importing anything, so services that never build the task
+    (control, snapshot, ingest) need not have its package installed; those that do build it
+    (`build`) before they start anything (services/runtime/entry.py, `fedasync up`).
+    """
 
     name: str = Field(
-        "digits", min_length=1, description="learning task (digits, linear, synthetic)"
+        "digits",
+        min_length=1,
+        description="learning task: digits, linear, synthetic, or package.module:attribute "
+        "(a fedasync.Task subclass or a function returning one)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description='keyword arguments of the task, a JSON object, e.g. {"hidden": 64}',
     )
     seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
     num_devices: int = Field(10, ge=1, description="devices the training data is split across")
     partition: Literal["iid", "dirichlet", "shards"] = Field(
         "iid", description="how data is split across devices (as in the simulator)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _names_a_task(cls, name: str) -> str:
+        try:
+            check_name(name)
+        except TaskError as exc:
+            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
+        return name
+
+    def build(self) -> Task:
+        """The task these settings name, built (its module imported): or one SettingsError line.
+
+        The variable named is the one to fix: FEDASYNC_TASK__PARAMS when the params were refused.
+        """
+        try:
+            return get_task(self.name, **self.params)
+        except TaskError as exc:
+            variable = "PARAMS" if isinstance(exc, TaskParamsError) else "NAME"
+            raise SettingsError(
+                f"invalid settings: {ENV_PREFIX}TASK{ENV_NESTED_DELIMITER}{variable}: {exc}"
+            ) from exc
 
 
 class AggregatorSettings(Section):
@@ -389,8 +426,12 @@ def load_settings(**overrides: Any) -> Settings:
         for error in exc.errors():
             path = [str(p) for p in error["loc"]]
             env = ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
-            lines.append(f"  {env}: {error['msg']}")
-        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+            lines.append(f"{env}: {error['msg']}")
+        if len(lines) == 1:  # one problem, one line
+            raise SettingsError(f"invalid settings: {lines[0]}") from None
+        raise SettingsError(
+            "invalid settings:\n" + "\n".join(f"  {line}" for line in lines)
+        ) from None
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

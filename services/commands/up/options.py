@@ -7,6 +7,7 @@ can still be set through its FEDASYNC_ variable, which the options override.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIME_SCALE,
         help="real seconds per profile second (0.01: a 30 s device takes 0.3 s)",
     )
-    fleet.add_argument("--task", default=None, help="learning task (digits, linear, synthetic)")
+    fleet.add_argument(
+        "--task",
+        default=None,
+        help="learning task: digits, linear, synthetic, or package.module:attribute",
+    )
+    fleet.add_argument(
+        "--task-params",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="the task's keyword arguments as a JSON object, e.g. '{\"hidden\": 64}'",
+    )
     fleet.add_argument(
         "--partition", choices=["iid", "dirichlet", "shards"], default=None, help="data split"
     )
@@ -68,12 +80,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object from the command line, or argparse's own clear error."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object is needed, e.g. '{\"hidden\": 64}'")
+    return value
+
+
 def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Settings sections to override, from the options given (None: leave the setting alone)."""
     chosen: dict[str, dict[str, Any]] = {
         "task": {
             "num_devices": args.devices,
             "name": args.task,
+            "params": args.task_params,
             "partition": args.partition,
             "seed": args.seed,
         },

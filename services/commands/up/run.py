@@ -186,6 +186,7 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
 def run_up(args: argparse.Namespace) -> int:
     console = Console()
     settings = load_settings(**overrides(args))
+    settings.task.build()  # a task that cannot be built: one line, exit 2, nothing started
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out: Path = args.out or Path("runs") / f"up-{stamp}"
     if out.exists() and any(out.iterdir()):
