@@ -10,5 +10,6 @@ exports; everything under the subpackages is internal and may change between ver
 from __future__ import annotations
 
 from fedasync.shared import __version__
+from fedasync.torch import TorchTask  # a Task from a torch model; imports torch only when used
 
-__all__ = ["__version__"]
+__all__ = ["TorchTask", "__version__"]
