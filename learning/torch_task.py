@@ -49,7 +49,7 @@ def torch_seed(rng: np.random.Generator) -> int:
 class TorchTask(Task):
     """A Task from `model()`, `dataset(rng)` and optionally `loss`, `optimizer` or `train`."""
 
-    #: torch's thread count while training or evaluating (None: leave torch's setting alone)
+    #: torch's thread count, set for the process whenever the task runs torch (None: left alone)
     threads: int | None = 1
     #: rows per forward pass in `evaluate`
     eval_batch_size: int = 1024
@@ -104,7 +104,8 @@ class TorchTask(Task):
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            # the CPU generator only: torch.manual_seed also queues every accelerator's, slowly
+            torch.default_generator.manual_seed(seed)
             yield
 
     def seeded(self, rng: np.random.Generator) -> AbstractContextManager[None]:
