@@ -8,7 +8,9 @@ fixed `Layout` (ordered tensor names and shapes). This module maps a module onto
     load_vector(net, vector, buffers=False, layout=layout)   # copies into net's own tensors
 
 `buffers` is required: `True` also carries floating buffers (BatchNorm's running mean and
-variance), averaged like weights; `False` keeps every buffer on the device. Whatever the choice,
+variance), averaged like weights; `False` keeps every buffer out of the vector, so each run (and
+the evaluation of a served model) starts from the module's initial buffers: with BatchNorm,
+`True` is usually what you want. Whatever the choice,
 non-floating buffers (BatchNorm's int64 `num_batches_tracked`) are counters, never carried, and
 keep the module's value. Parameters and carried buffers must be float32, float16 or bfloat16
 (exact in float32); any other dtype raises `UnsupportedTensorError` naming the tensor. A vector of
@@ -40,7 +42,7 @@ and overrides `init_weights` and `evaluate` in numpy, as the built-in digits tas
 
 from __future__ import annotations
 
-from fedasync.learning.torch_task import TorchTask, torch_seed
+from fedasync.learning.torch_task import TorchTask
 from fedasync.learning.torch_weights import (
     UnsupportedTensorError,
     VectorMismatchError,
@@ -56,5 +58,4 @@ __all__ = [
     "layout_of",
     "load_vector",
     "to_vector",
-    "torch_seed",
 ]

@@ -63,9 +63,12 @@ class TorchTask(Task):
         suggested: TrainParams | None = None,
         layout: Layout | None = None,
     ) -> None:
-        """`buffers`: carry floating buffers (BatchNorm statistics) in the weights, or keep them
-        on each device. `layout`: pass it to build the task without torch; by default it is read
-        from `model()`, so set the attributes `model()` uses before calling this."""
+        """`buffers`: carry floating buffers (BatchNorm statistics) in the weights, or leave them
+        out, so every run and every evaluation starts from `model()`'s own. `layout`: pass it to
+        build the task without torch; by default it is read from `model()`, so set the
+        attributes `model()` uses before calling this."""
+        if not isinstance(buffers, bool):
+            raise TypeError(f"buffers must be True or False, got {buffers!r}")
         if num_classes < 0:
             raise ValueError(f"num_classes must be >= 0 (0: regression), got {num_classes}")
         self.name = name

@@ -52,6 +52,8 @@ def carried(module: torch.nn.Module, *, buffers: bool) -> list[tuple[str, torch.
     """The (name, tensor) pairs the vector holds, in state_dict order, dtypes checked."""
     import torch
 
+    if not isinstance(buffers, bool):  # "false" or 0 would otherwise pass as a choice
+        raise TypeError(f"buffers must be True or False, got {buffers!r}")
     out: list[tuple[str, torch.Tensor]] = []
     seen: set[int] = set()
     for name, value in module.state_dict(keep_vars=True).items():

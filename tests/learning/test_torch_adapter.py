@@ -124,6 +124,11 @@ def test_a_non_float_or_inexact_parameter_is_refused_by_name() -> None:
             layout_of(Counted(dtype), buffers=True)
 
 
+def test_the_buffers_choice_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="buffers must be True or False"):
+        layout_of(cnn(0), buffers="false")  # type: ignore[arg-type]
+
+
 def test_a_float64_buffer_is_refused_only_when_carried() -> None:
     model = nn.Linear(2, 2)
     model.register_buffer("stats", torch.zeros(2, dtype=torch.float64))

@@ -15,8 +15,9 @@ from torch import nn
 from fedasync.learning.dataset import Dataset, split
 from fedasync.learning.digits import DigitsMLP
 from fedasync.learning.task import TrainParams
+from fedasync.learning.torch_task import torch_seed
 from fedasync.shared.layout import Layout
-from fedasync.torch import TorchTask, VectorMismatchError, layout_of, torch_seed
+from fedasync.torch import TorchTask, VectorMismatchError, layout_of
 from tests.learning.torch_models import QuadrantTask, digest
 
 ROOT = Path(__file__).resolve().parents[2]
