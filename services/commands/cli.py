@@ -121,7 +121,11 @@ async def _ledger_job(
         if args.out is None:
             count = await ledger.export(redis, keys, sys.stdout)
         else:
-            with args.out.open("w") as out:
+            try:
+                out = args.out.open("w")
+            except OSError as exc:
+                raise CommandError(f"ledger export: --out {args.out}: {exc.strerror}") from None
+            with out:
                 count = await ledger.export(redis, keys, out)
         print(f"{count} decisions exported", file=sys.stderr)
         return 0

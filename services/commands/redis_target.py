@@ -66,7 +66,7 @@ async def talking_to(
     """Run `action`; a Redis that refuses or cannot be reached becomes one line (exit 1)."""
     try:
         return await action()
-    except (RedisError, OSError) as exc:
+    except RedisError as exc:  # connection refused and timeouts included
         raise CommandError(f"{command}: Redis at {where(settings.url)}: {exc}", 1) from None
 
 

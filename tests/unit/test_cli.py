@@ -89,3 +89,15 @@ def test_a_run_folder_that_is_not_one_is_one_line_and_exit_2(
     assert main(["ledger", "verify", "--run", str(tmp_path)]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert "no redis/ in it: not a `fedasync up` run folder" in line
+
+
+@pytest.mark.usefixtures("no_settings")
+def test_an_export_file_that_cannot_be_written_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()  # the file is opened first: Redis is never asked
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", f"redis://127.0.0.1:{port}/0")
+    out = tmp_path / "no-such-folder" / "ledger.jsonl"
+    assert main(["ledger", "export", "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"fedasync ledger export: --out {out}: No such file or directory"
