@@ -15,7 +15,12 @@ import pytest
 
 from fedasync.services.commands.cli import build_parser
 from fedasync.services.commands.up.options import run_settings
-from fedasync.services.runtime.settings import env_name, load_settings, setting_names
+from fedasync.services.runtime.settings import (
+    env_name,
+    load_settings,
+    setting_names,
+    settings_env,
+)
 from fedasync.shared.policy import FIELDS, MODE_PRESETS, START, Mode, Policy
 from fedasync.shared.staleness import Decay
 from fedasync.sim.config import AsyncAlgorithmConfig, SimConfig, build, load_config
@@ -63,11 +68,18 @@ def explicit_policy(table: dict[str, Any], advised_tau_max: int) -> dict[str, An
     return chosen
 
 
-def up_policy(chosen: dict[str, Any]) -> Policy:
-    """`fedasync up --mode … --tau-max …`, parsed and settled as `up` does it."""
+def up_policy(chosen: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Policy:
+    """`fedasync up --mode … --tau-max …`, parsed and settled as `up` does it, and as the
+    aggregator it starts reads it back from the environment `up` hands it (`settings_env`)."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in chosen.items()]
     args = build_parser().parse_args(["up", *flags])
-    return run_settings(args).policy.to_policy()
+    parent = run_settings(args).policy.to_policy()
+    with monkeypatch.context() as env:
+        for name, value in settings_env(run_settings(args)).items():
+            env.setenv(name, value)
+        child = load_settings().policy.to_policy()
+    assert child == parent
+    return parent
 
 
 def env_policy(chosen: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Policy:
@@ -94,7 +106,7 @@ def test_every_preset_algorithm_is_the_same_policy_in_up_and_in_the_services(
         advised = fleet_advice(build_world(cfg)).recommended_tau_max
     simulated = algorithm.policy(advised_tau_max=advised)
     chosen = explicit_policy(table, advised)
-    assert up_policy(chosen) == simulated
+    assert up_policy(chosen, monkeypatch) == simulated
     assert env_policy(chosen, monkeypatch) == simulated
 
 
@@ -119,7 +131,7 @@ def test_a_mode_means_the_same_everywhere(
     assert isinstance(simulated, AsyncAlgorithmConfig)
     expected = Policy.configured(chosen)
     assert simulated.policy(advised_tau_max=10) == expected
-    assert up_policy(chosen) == expected
+    assert up_policy(chosen, monkeypatch) == expected
     assert env_policy(chosen, monkeypatch) == expected
     if how == "bare":
         for name, value in MODE_PRESETS[mode].items():
