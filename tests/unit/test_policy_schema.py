@@ -85,3 +85,11 @@ def test_runtime_budgets_are_checked_and_may_be_null() -> None:
     assert FIELDS["max_updates"].normalise(None) is None
     with pytest.raises(ParamError, match="max_updates"):
         FIELDS["max_updates"].normalise(0)
+
+
+def test_every_mode_preset_names_start_fields_and_makes_a_valid_policy() -> None:
+    assert set(MODE_PRESETS) == set(Mode)
+    for mode, preset in MODE_PRESETS.items():
+        assert set(preset) <= set(START)
+        policy = Policy.configured({"mode": mode})
+        assert {name: getattr(policy, name) for name in preset} == dict(preset)
