@@ -14,8 +14,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from fedasync.learning.tasks import TaskError, check_name
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import START, Policy, apply_mode_preset
 from fedasync.shared.policy_schema import policy_model
@@ -30,9 +39,21 @@ class Strict(BaseModel):
 
 
 class TaskConfig(Strict):
-    name: Literal["linear", "synthetic", "digits"] = "digits"
+    """A built-in name or `package.module:attribute`; only the form is checked here, the task is
+    built (its module imported) by `build_world`, with the same resolver the services use."""
+
+    name: str = "digits"
     #: passed to fedasync.learning.tasks.get_task, e.g. {hidden = 32} for digits
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _names_a_task(cls, name: str) -> str:
+        try:
+            check_name(name)
+        except TaskError as exc:
+            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
+        return name
 
 
 class DataConfig(Strict):
@@ -461,8 +482,12 @@ def build(data: Mapping[str, Any]) -> SimConfig:
             if isinstance(value, (str, int, float, bool)):
                 where += f" = {json.dumps(value)}"
             message = str(error["msg"]).removeprefix("Value error, ")
-            lines.append(f"  {where}: {message}")
-        raise ConfigError("invalid simulation config:\n" + "\n".join(lines)) from None
+            lines.append(f"{where}: {message}")
+        if len(lines) == 1:  # one problem, one line
+            raise ConfigError(f"invalid simulation config: {lines[0]}") from None
+        raise ConfigError(
+            "invalid simulation config:\n" + "\n".join(f"  {line}" for line in lines)
+        ) from None
 
 
 def _key_path(data: Any, loc: tuple[int | str, ...]) -> list[str]:

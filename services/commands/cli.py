@@ -33,8 +33,7 @@ ALPHA_FLAGS = policy_flags(("mode", "alpha0", "gamma", "lam", "hinge_a", "hinge_
 
 def _alpha_table(args: argparse.Namespace) -> int:
     """α for every rule at each τ, so a practitioner sees what a policy does before using it."""
-    overrides, flags = given(args, ALPHA_FLAGS)
-    base = load_settings(flags, **overrides).policy.to_policy()
+    base = given(args, ALPHA_FLAGS).load().policy.to_policy()
     policies = {d: Policy.from_dict(base.to_dict() | {"decay": d}) for d in Decay}
     tau_max = policies[Decay.CONSTANT].tau_max
     last = args.max_tau if args.max_tau is not None else tau_max + 2
@@ -57,7 +56,9 @@ def _settings(args: argparse.Namespace) -> int:
     if args.docs == "settings":
         print(settings_reference(), end="")
         return 0
-    print(json.dumps(load_settings().model_dump(mode="json"), indent=2))
+    settings = load_settings()
+    settings.task.build()  # the task as the aggregator would build it: importable, a Task
+    print(json.dumps(settings.model_dump(mode="json"), indent=2))
     return 0
 
 

@@ -11,25 +11,35 @@ import argparse
 import enum
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic.fields import FieldInfo
 
-from fedasync.services.runtime.settings import SettingPath, Settings, env_name
+from fedasync.services.runtime.settings import (
+    Problem,
+    SettingPath,
+    Settings,
+    SettingsError,
+    env_name,
+    load_settings,
+)
 from fedasync.shared.policy import START
 from fedasync.shared.policy_schema import shown
 
 
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """`option` sets the setting `section`.`name`; `help` replaces the setting's description."""
+    """`option` sets the setting `section`.`name`; `help` replaces the setting's description;
+    `parse` turns the text typed into the value (JSON for a table), `metavar` then says what."""
 
     option: str
     section: str
     name: str
     help: str | None = None
+    parse: Callable[[str], Any] | None = None
+    metavar: str | None = None
 
     @property
     def path(self) -> SettingPath:
@@ -73,23 +83,54 @@ def add_flags(
             flag.option,
             dest=flag.dest,
             default=None,
-            metavar=_metavar(field.annotation),
+            metavar=flag.metavar or _metavar(field.annotation),
             help=text.replace("%", "%%"),
         )
 
 
-def given(
-    args: argparse.Namespace, flags: Iterable[Flag]
-) -> tuple[dict[str, dict[str, Any]], dict[SettingPath, str]]:
-    """The settings overrides (by section) of the flags the user gave, and the flag of each."""
-    overrides: dict[str, dict[str, Any]] = {}
-    named: dict[SettingPath, str] = {}
+@dataclass(frozen=True, slots=True)
+class Given:
+    """What the flags the user gave set: overrides by section, and the flag and text of each."""
+
+    overrides: dict[str, dict[str, Any]]
+    flags: dict[SettingPath, str]
+    typed: dict[SettingPath, str]
+
+    def named(self, error: SettingsError) -> SettingsError:
+        """`error` with what a flag gave named by the flag and the text typed."""
+        return error.naming(self.flags, self.typed)
+
+    def load(self, defaults: Mapping[SettingPath, Any] | None = None) -> Settings:
+        """The settings with these flags over the FEDASYNC_ variables; `defaults` under both."""
+        overrides = {section: dict(values) for section, values in self.overrides.items()}
+        for (section, name), value in (defaults or {}).items():
+            overrides.setdefault(section, {}).setdefault(name, value)
+        try:
+            return load_settings(**overrides)
+        except SettingsError as exc:
+            raise self.named(exc) from None
+
+
+def given(args: argparse.Namespace, flags: Iterable[Flag]) -> Given:
+    """The flags of `flags` the user gave. Raises SettingsError naming the flag when its `parse`
+    refuses the text typed."""
+    chosen = Given({}, {}, {})
     for flag in flags:
-        value = getattr(args, flag.dest)
-        if value is not None:
-            overrides.setdefault(flag.section, {})[flag.name] = value
-            named[flag.path] = flag.option
-    return overrides, named
+        text = getattr(args, flag.dest)
+        if text is None:
+            continue
+        chosen.flags[flag.path] = flag.option
+        chosen.typed[flag.path] = text
+        value = text
+        if flag.parse is not None:
+            try:
+                value = flag.parse(text)
+            except ValueError as exc:
+                problem = Problem(flag.path, text, str(exc))
+                line = problem.describe(chosen.flags)
+                raise SettingsError(f"invalid settings: {line}", (problem,)) from None
+        chosen.overrides.setdefault(flag.section, {})[flag.name] = value
+    return chosen
 
 
 def _metavar(annotation: Any) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
@@ -22,8 +22,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fedasync.learning.task import Task
+from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
 from fedasync.shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import START, Policy, apply_mode_preset
@@ -48,14 +51,11 @@ class Problem:
     message: str
 
     def describe(self, flags: Mapping[SettingPath, str]) -> str:
-        """As the user wrote it: `--tau-max -1` when a flag gave it, else `FEDASYNC_…=-1`."""
+        """As the user wrote it: `--tau-max -1` when a flag gave it, else its variable."""
         flag = flags.get(self.path)
-        if flag is not None:
-            where = flag if self.given is None else f"{flag} {self.given}"
-        else:
-            where = env_name(*self.path)
-            where = where if self.given is None else f"{where}={self.given}"
-        return f"{where}: {self.message}"
+        if flag is None:
+            return f"{env_name(*self.path)}: {self.message}"
+        return f"{flag if self.given is None else f'{flag} {self.given}'}: {self.message}"
 
 
 class SettingsError(ValueError):
@@ -64,6 +64,19 @@ class SettingsError(ValueError):
     def __init__(self, message: str, problems: tuple[Problem, ...] = ()) -> None:
         super().__init__(message)
         self.problems = problems
+
+    def naming(
+        self, flags: Mapping[SettingPath, str], typed: Mapping[SettingPath, Any]
+    ) -> SettingsError:
+        """The same error with each problem a flag gave named by that flag and the value typed
+        (`--tau-max -1`), not by a variable the user never set."""
+        if not any(p.path in flags for p in self.problems):
+            return self
+        problems = tuple(
+            replace(p, given=_text(typed.get(p.path))) if p.path in flags else p
+            for p in self.problems
+        )
+        return SettingsError(_invalid([p.describe(flags) for p in problems]), problems)
 
 
 class Section(BaseModel):
@@ -139,16 +152,49 @@ class BudgetSettings(Section):
 
 
 class TaskSettings(Section):
-    """What is learned, from which data split; the aggregator, workers and evaluator agree on it."""
+    """What is learned, from which data split; the aggregator, workers and evaluator agree on it.
+
+    The name is checked here without importing anything, so services that never build the task
+    (control, snapshot, ingest) need not have its package installed; those that do build it
+    (`build`) before they start anything (services/runtime/entry.py, `fedasync up`).
+    """
 
     name: str = Field(
-        "digits", min_length=1, description="learning task (digits, linear, synthetic)"
+        "digits",
+        min_length=1,
+        description="learning task: digits, linear, synthetic, or package.module:attribute "
+        "(a fedasync.Task subclass or a function returning one)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description='keyword arguments of the task, a JSON object, e.g. {"hidden": 64}',
     )
     seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
     num_devices: int = Field(10, ge=1, description="devices the training data is split across")
     partition: Literal["iid", "dirichlet", "shards"] = Field(
         "iid", description="how data is split across devices (as in the simulator)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _names_a_task(cls, name: str) -> str:
+        try:
+            check_name(name)
+        except TaskError as exc:
+            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
+        return name
+
+    def build(self) -> Task:
+        """The task these settings name, built (its module imported): or one SettingsError line.
+
+        The variable named is the one to fix: FEDASYNC_TASK__PARAMS when the params were refused.
+        """
+        try:
+            return get_task(self.name, **self.params)
+        except TaskError as exc:
+            setting = "params" if isinstance(exc, TaskParamsError) else "name"
+            problem = Problem(("task", setting), None, str(exc))
+            raise SettingsError(f"invalid settings: {problem.describe({})}", (problem,)) from exc
 
 
 class AggregatorSettings(Section):
@@ -394,13 +440,12 @@ def env_name(*path: str) -> str:
     return ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
 
 
-def load_settings(flags: Mapping[SettingPath, str] | None = None, **overrides: Any) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Build settings from the environment (and overrides), or raise one readable SettingsError.
 
     A FEDASYNC_ variable that names no setting is an error: a typo must not silently leave a
-    default in force. `flags` names the command-line flag that gave an override (("policy",
-    "tau_max") → "--tau-max"), so an error names what the user typed, not a variable they never
-    set.
+    default in force. An override that came from a command-line flag is named by that flag with
+    `SettingsError.naming` (services/commands/flags.py).
     """
     known = setting_names()
     unknown = sorted(
@@ -412,20 +457,27 @@ def load_settings(flags: Mapping[SettingPath, str] | None = None, **overrides: A
         return Settings(**overrides)
     except ValidationError as exc:
         problems = tuple(_problem(error) for error in exc.errors())
-        lines = [problem.describe(flags or {}) for problem in problems]
-        if len(lines) == 1:
-            raise SettingsError(f"invalid settings: {lines[0]}", problems) from None
-        text = "invalid settings:\n" + "\n".join(f"  {line}" for line in lines)
-        raise SettingsError(text, problems) from None
+        lines = [problem.describe({}) for problem in problems]
+        raise SettingsError(_invalid(lines), problems) from None
+
+
+def _invalid(lines: list[str]) -> str:
+    """One problem, one line; several, one line each under a heading."""
+    if len(lines) == 1:
+        return f"invalid settings: {lines[0]}"
+    return "invalid settings:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _text(value: Any) -> str | None:
+    """A value given as a user types it; None for a table or list (too long to repeat)."""
+    if isinstance(value, (str, int, float, bool)):
+        return str(value)
+    return None
 
 
 def _problem(error: Any) -> Problem:
-    value = error.get("input")
-    given = None
-    if isinstance(value, (str, int, float, bool)):
-        given = str(value)
     message = str(error["msg"]).removeprefix("Value error, ")
-    return Problem(tuple(str(p) for p in error["loc"]), given, message)
+    return Problem(tuple(str(p) for p in error["loc"]), _text(error.get("input")), message)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

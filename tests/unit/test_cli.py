@@ -59,7 +59,15 @@ def test_up_names_the_flag_and_the_value_typed_in_one_line(
     assert "--tau-max ten: Input should be a valid integer" in capsys.readouterr().err
     clean_env.setenv("FEDASYNC_POLICY__GAMMA", "-2")  # no flag gave it: the variable is named
     assert main(["up", "--tau-max", "5"]) == 2
-    assert "FEDASYNC_POLICY__GAMMA=-2: allowed (0, 10]" in capsys.readouterr().err
+    assert "invalid settings: FEDASYNC_POLICY__GAMMA: allowed (0, 10]" in capsys.readouterr().err
+    clean_env.delenv("FEDASYNC_POLICY__GAMMA")
+    assert main(["up", "--task", "bogus", "--task-params", "{nope"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedasync: invalid settings: --task-params {nope: ")
+    assert main(["up", "--task", "bogus"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedasync: invalid settings: --task bogus: task 'bogus': not a built-in")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_alpha_names_the_flag_too(

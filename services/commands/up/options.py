@@ -9,17 +9,19 @@ variable, and anything not offered here can still be set through its variable. T
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from fedasync.services.commands.flags import Flag, add_flags, given, policy_flags, setting_field
-from fedasync.services.runtime.settings import SettingPath, Settings, env_name, load_settings
+from fedasync.services.runtime.settings import SettingPath, Settings, SettingsError, env_name
 
 FLEET_FLAGS = (
     Flag("--devices", "task", "num_devices", "device workers (processes), one data share each"),
     Flag("--profile", "worker", "profile", "latency profile of the fleet's training times"),
     Flag("--time-scale", "worker", "time_scale"),
     Flag("--task", "task", "name"),
+    Flag("--task-params", "task", "params", parse=json.loads, metavar="JSON"),
     Flag("--partition", "task", "partition"),
     Flag("--seed", "task", "seed"),
 )
@@ -79,19 +81,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_settings(args: argparse.Namespace) -> Settings:
-    """The flags given, over the FEDASYNC_ variables, over up's demo budget, over the defaults.
+    """The flags given, over the FEDASYNC_ variables, over up's demo budget, over the defaults;
+    the task built once, so a task that cannot be built is one line and nothing is started.
 
-    Raises SettingsError naming the flag and the value typed when a flag's value is not allowed.
+    Raises SettingsError naming the flag and the text typed when a flag's value is not allowed.
     """
-    overrides, flags = given(args, FLAGS)
-    settings = load_settings(flags, **overrides)
+    chosen = given(args, FLAGS)
+    settings = chosen.load()
     demo = {
         path: value
         for path, value in DEMO_BUDGET.items()
         if path[1] not in getattr(settings, path[0]).model_fields_set
     }
-    if not demo:
-        return settings
-    for (section, name), value in demo.items():
-        overrides.setdefault(section, {})[name] = value
-    return load_settings(flags, **overrides)
+    if demo:
+        settings = chosen.load(demo)
+    try:
+        settings.task.build()
+    except SettingsError as exc:
+        raise chosen.named(exc) from None
+    return settings

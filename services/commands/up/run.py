@@ -185,7 +185,7 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
 
 def run_up(args: argparse.Namespace) -> int:
     console = Console()
-    settings = run_settings(args)
+    settings = run_settings(args)  # the task built too: one line, exit 2, nothing started
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out: Path = args.out or Path("runs") / f"up-{stamp}"
     if out.exists() and any(out.iterdir()):
@@ -215,7 +215,10 @@ def run_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     ended_by = "failed"
     old_term = signal.signal(signal.SIGTERM, _interrupt)
-    old_int = signal.getsignal(signal.SIGINT)
+    # Ctrl-C must stop the run even when the shell that started us ignores SIGINT (a job started
+    # with `nohup … &` from a non-interactive shell inherits SIG_IGN, and Python then installs no
+    # handler of its own): install the KeyboardInterrupt handler explicitly.
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
             monitor = Monitor(settings, ports, supervisor)
