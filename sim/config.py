@@ -211,23 +211,6 @@ class EvalConfig(Strict):
     jitter_window: int = Field(20, ge=2, description="last evaluations for the jitter measure")
 
 
-class RateRuleConfig(Strict):
-    """The control service's update-rate rule, run on virtual time (shared/rules.py)."""
-
-    switch: Literal["raise-gamma", "lower-alpha"] = "raise-gamma"
-    rate_high: float = Field(gt=0, description="decisions/s that turn the switch on")
-    rate_low: float = Field(ge=0, description="decisions/s below which it turns off")
-    hold_s: float = Field(0.0, ge=0, description="how long the rate must stay beyond a level")
-    cooldown_s: float = Field(0.0, ge=0, description="least time between two flips")
-    window_s: float = Field(60.0, gt=0, description="window the rate is measured over")
-
-    @model_validator(mode="after")
-    def _levels(self) -> RateRuleConfig:
-        if self.rate_low > self.rate_high:
-            raise ValueError("rate_low must not exceed rate_high")
-        return self
-
-
 class RulesConfig(Strict):
     """The control service's automatic rules (shared/rules.py), run on virtual time.
 
@@ -339,38 +322,11 @@ else:
 class FedAsyncConfig(_AsyncPolicyConfig):
     kind: Literal["fedasync"]
     name: str | None = None
-    #: what the control service's update-rate rule would have done, on virtual time (the older
-    #: form of `rules` with only the update-rate rule, evaluated every evaluation interval)
-    rate_rule: RateRuleConfig | None = None
-
-    @model_validator(mode="after")
-    def _one_form_of_rules(self) -> FedAsyncConfig:
-        if self.rate_rule is not None and self.rules is not None:
-            raise ValueError("give rules or rate_rule, not both")
-        return self
-
-    def rules_config(self, eval_interval_s: float) -> RulesConfig | None:
-        """`rules`, or `rate_rule` in that form (evaluated at every evaluation, as it was)."""
-        if self.rate_rule is None:
-            return self.rules
-        r = self.rate_rule
-        return RulesConfig(
-            interval_s=eval_interval_s,
-            window_s=r.window_s,
-            hold_s=r.hold_s,
-            cooldown_s=r.cooldown_s,
-            rate_high=r.rate_high,
-            rate_low=r.rate_low,
-            rate_switch=r.switch,
-        )
 
 
 class FedBuffConfig(_AsyncPolicyConfig):
     kind: Literal["fedbuff"]
     name: str | None = None
-
-    def rules_config(self, eval_interval_s: float) -> RulesConfig | None:
-        return self.rules
 
 
 class FedAvgConfig(Strict):

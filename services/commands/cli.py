@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,8 +19,15 @@ from fedasync.services.commands.acl_cli import register as register_acl
 from fedasync.services.commands.chaos.cli import register as register_chaos
 from fedasync.services.commands.devices_cli import register as register_devices
 from fedasync.services.commands.flags import add_flags, given, policy_flags
+from fedasync.services.commands.redis_target import CommandError
 from fedasync.services.commands.up.options import add_arguments as add_up_arguments
-from fedasync.services.runtime.settings import SettingsError, load_settings, settings_reference
+from fedasync.services.runtime.settings import (
+    ENV_PREFIX,
+    RedisSettings,
+    SettingsError,
+    load_settings,
+    settings_reference,
+)
 from fedasync.shared import __version__
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import Policy
@@ -73,31 +81,63 @@ def _service(module: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _ledger(args: argparse.Namespace) -> int:
+    """Export or verify the ledger of the configured Redis, or of a `fedasync up` run folder."""
+    from fedasync.services.commands.redis_target import configured, saved_run
+
+    settings = load_settings()
+    command = f"ledger {args.ledger_command}"
+    if args.run is None:
+        redis_settings = configured(
+            settings.redis,
+            command,
+            f", or give --run runs/up-… to {args.ledger_command} the ledger of a `fedasync up` run",
+        )
+        return asyncio.run(_ledger_job(args, redis_settings, settings.wire.max_message_bytes))
+    prefix_given = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
+    with saved_run(args.run, settings.redis, prefix_given, command) as run:
+        if not run.finished:
+            print(
+                f"{args.run} has no summary.json (still running, or cut short): reading a copy "
+                "of its Redis as it is now",
+                file=sys.stderr,
+            )
+        return asyncio.run(_ledger_job(args, run.redis, settings.wire.max_message_bytes))
+
+
+async def _ledger_job(
+    args: argparse.Namespace, redis_settings: RedisSettings, max_message_bytes: int
+) -> int:
+    from fedasync.services.commands.redis_target import talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores import ledger
     from fedasync.services.stores.keys import Keys
 
-    settings = load_settings()
+    redis = connect(redis_settings)
+    keys = Keys(redis_settings.key_prefix)
 
-    async def go() -> int:
-        redis = connect(settings.redis)
-        keys = Keys(settings.redis.key_prefix)
-        try:
-            if args.ledger_command == "export":
-                if args.out is None:
-                    count = await ledger.export(redis, keys, sys.stdout)
-                else:
-                    with args.out.open("w") as out:
-                        count = await ledger.export(redis, keys, out)
-                print(f"{count} decisions exported", file=sys.stderr)
-                return 0
-            report = await ledger.verify(redis, keys, settings.wire.max_message_bytes)
-            print(report.describe())
-            return 0 if report.ok else 1
-        finally:
-            await redis.aclose()
+    async def export() -> int:
+        if args.out is None:
+            count = await ledger.export(redis, keys, sys.stdout)
+        else:
+            try:
+                out = args.out.open("w")
+            except OSError as exc:
+                raise CommandError(f"ledger export: --out {args.out}: {exc.strerror}") from None
+            with out:
+                count = await ledger.export(redis, keys, out)
+        print(f"{count} decisions exported", file=sys.stderr)
+        return 0
 
-    return asyncio.run(go())
+    async def verify() -> int:
+        report = await ledger.verify(redis, keys, max_message_bytes)
+        print(report.describe())
+        return 0 if report.ok else 1
+
+    try:
+        job = export if args.ledger_command == "export" else verify
+        return await talking_to(redis_settings, f"ledger {args.ledger_command}", job)
+    finally:
+        await redis.aclose()
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -145,9 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
     export = ledger_commands.add_parser("export", help="write the ledger as JSON lines")
     export.add_argument("--out", type=Path, help="file to write (default: standard output)")
-    ledger_commands.add_parser(
+    verify = ledger_commands.add_parser(
         "verify", help="replay the ledger through the core and check the committed model"
     )
+    for sub in (export, verify):
+        sub.add_argument(
+            "--run",
+            type=Path,
+            metavar="RUN_FOLDER",
+            help="a `fedasync up` run folder (runs/up-…): start a copy of its saved Redis and "
+            "read that, instead of FEDASYNC_REDIS__URL; the folder itself is not written",
+        )
     ledger.set_defaults(handler=_ledger)
 
     up = commands.add_parser(
@@ -174,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, ParamError) as exc:
         print(f"fedasync: {exc}", file=sys.stderr)
         return 2
+    except CommandError as exc:  # what is missing or failed, in one line
+        print(f"fedasync {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

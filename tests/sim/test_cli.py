@@ -41,9 +41,12 @@ def test_simulate_writes_summary_and_curves(
 
 def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["simulate", "--list-presets"]) == 0
-    assert capsys.readouterr().out.split() == sorted(
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sorted(
         ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped", "rate-spike"]
     )
+    assert all(len(line.split()) > 3 for line in lines)  # one line of description each
+    assert "FedAsync, FedBuff (K = 10) and FedAvg" in lines[0]
     assert run(["simulate", "--preset", "noniid-jitter", "--show-config"]) == 0
     assert 'partition = "shards"' in capsys.readouterr().out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from fedasync.services.commands.cli import build_parser, main
 from fedasync.services.commands.up.options import run_settings
+from fedasync.services.runtime.redis_server import free_port
 from fedasync.services.runtime.settings import setting_names
 
 
@@ -103,3 +105,70 @@ def test_up_budget_is_the_demo_one_unless_a_flag_or_a_variable_sets_it(
     clean_env.setenv("FEDASYNC_BUDGET__MAX_UPDATES", "1000")
     assert budget() == (1000, 120.0)
     assert budget("--max-updates", "50", "--max-seconds", "9") == (50, 9.0)
+
+
+@pytest.fixture
+def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new user's shell: no FEDASYNC_ variable, so no Redis is configured."""
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+
+
+NEED_REDIS = [
+    ["ledger", "verify"],
+    ["ledger", "export"],
+    ["devices", "add", "phone-17"],
+    ["devices", "list"],
+    ["devices", "revoke", "phone-17"],
+]
+
+
+@pytest.mark.usefixtures("no_settings")
+@pytest.mark.parametrize("argv", NEED_REDIS, ids=" ".join)
+def test_without_a_redis_one_line_says_what_to_set_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()  # one line, no traceback
+    assert line.startswith(f"fedasync {argv[0]} {argv[1]}: no Redis configured")
+    assert "set FEDASYNC_REDIS__URL" in line
+    if argv[0] == "ledger":  # what a user has after `fedasync up` is a run folder
+        assert "--run runs/up-" in line
+
+
+@pytest.mark.usefixtures("no_settings")
+@pytest.mark.parametrize("argv", NEED_REDIS, ids=" ".join)
+def test_a_redis_that_cannot_be_reached_is_one_line_and_exit_1(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()  # nothing listens there: the connection is refused at once
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", f"redis://:secret@127.0.0.1:{port}/0")
+    assert main(argv) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fedasync {argv[0]} {argv[1]}: Redis at 127.0.0.1:{port}/0: ")
+    assert "secret" not in line
+
+
+@pytest.mark.usefixtures("no_settings")
+def test_a_run_folder_that_is_not_one_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["ledger", "verify", "--run", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.endswith("missing: no such folder\n")
+    assert main(["ledger", "verify", "--run", str(tmp_path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "no redis/ in it: not a `fedasync up` run folder" in line
+
+
+@pytest.mark.usefixtures("no_settings")
+def test_an_export_file_that_cannot_be_written_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()  # the file is opened first: Redis is never asked
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", f"redis://127.0.0.1:{port}/0")
+    out = tmp_path / "no-such-folder" / "ledger.jsonl"
+    assert main(["ledger", "export", "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"fedasync ledger export: --out {out}: No such file or directory"

@@ -67,6 +67,11 @@ class Monitor:
         self.status: dict[str, Any] | None = None
         self.alerts: list[dict[str, Any]] = []
 
+    def workers_running(self) -> int:
+        """Device processes started and not exited (start-up shows how many there are)."""
+        started = [name for name in self.workers if name in self.supervisor.children]
+        return len(started) - len(self.supervisor.exited(started))
+
     def report_crashes(self) -> list[str]:
         """Note each child that died on its own (once); the names newly noted."""
         noted = []
@@ -141,7 +146,14 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
                 reason = finished()
                 elapsed = time.monotonic() - started
                 screen.update(
-                    view.render(monitor.status, monitor.alerts, elapsed, monitor.problems)
+                    view.render(
+                        monitor.status,
+                        monitor.alerts,
+                        elapsed,
+                        monitor.problems,
+                        monitor.workers_running(),
+                        len(monitor.workers),
+                    )
                 )
                 if reason is not None:
                     return reason
@@ -150,7 +162,10 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
         reason = finished()
         elapsed = time.monotonic() - started
         if monitor.status is not None and (reason or elapsed - last_line >= PLAIN_EVERY_S):
-            console.print(view.line(monitor.status, elapsed), highlight=False, soft_wrap=True)
+            shown = view.line(
+                monitor.status, elapsed, monitor.workers_running(), len(monitor.workers)
+            )
+            console.print(shown, highlight=False, soft_wrap=True)
             last_line = elapsed
         if reason is not None:
             return reason
