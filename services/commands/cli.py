@@ -18,6 +18,7 @@ from pathlib import Path
 from fedasync.services.commands.acl_cli import register as register_acl
 from fedasync.services.commands.chaos.cli import register as register_chaos
 from fedasync.services.commands.devices_cli import register as register_devices
+from fedasync.services.commands.flags import add_flags, given, policy_flags
 from fedasync.services.commands.redis_target import CommandError
 from fedasync.services.commands.up.options import add_arguments as add_up_arguments
 from fedasync.services.runtime.settings import (
@@ -30,26 +31,18 @@ from fedasync.services.runtime.settings import (
 from fedasync.shared import __version__
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import Policy
+from fedasync.shared.policy_schema import reference_table
 from fedasync.shared.staleness import Decay
 from fedasync.sim.cli import register as register_simulator
+
+#: the policy fields that change α or whether an update is dropped (and the mode, for its preset)
+ALPHA_FLAGS = policy_flags(("mode", "alpha0", "gamma", "lam", "hinge_a", "hinge_b", "tau_max"))
 
 
 def _alpha_table(args: argparse.Namespace) -> int:
     """α for every rule at each τ, so a practitioner sees what a policy does before using it."""
-    base = load_settings().policy.to_policy()
-    overrides = {
-        k: v
-        for k, v in {
-            "alpha0": args.alpha0,
-            "gamma": args.gamma,
-            "lam": args.lam,
-            "hinge_a": args.hinge_a,
-            "hinge_b": args.hinge_b,
-            "tau_max": args.tau_max,
-        }.items()
-        if v is not None
-    }
-    policies = {d: Policy.from_dict(base.to_dict() | overrides | {"decay": d}) for d in Decay}
+    base = given(args, ALPHA_FLAGS).load().policy.to_policy()
+    policies = {d: Policy.from_dict(base.to_dict() | {"decay": d}) for d in Decay}
     tau_max = policies[Decay.CONSTANT].tau_max
     last = args.max_tau if args.max_tau is not None else tau_max + 2
     header = f"{'tau':>4}  " + "  ".join(f"{d.value:>11}" for d in Decay)
@@ -65,7 +58,10 @@ def _alpha_table(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> int:
-    if args.docs:
+    if args.docs == "policy":
+        print(reference_table(), end="")
+        return 0
+    if args.docs == "settings":
         print(settings_reference(), end="")
         return 0
     settings = load_settings()
@@ -161,16 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     alpha = commands.add_parser("alpha", help="show alpha for each staleness rule and tau")
     alpha.add_argument("--t", type=int, default=0, help="server version, for the progress rule")
     alpha.add_argument("--max-tau", type=int, default=None, help="last tau shown")
-    alpha.add_argument("--alpha0", type=float)
-    alpha.add_argument("--gamma", type=float)
-    alpha.add_argument("--lam", type=float)
-    alpha.add_argument("--hinge-a", type=float)
-    alpha.add_argument("--hinge-b", type=int)
-    alpha.add_argument("--tau-max", type=int)
+    add_flags(alpha, ALPHA_FLAGS)
     alpha.set_defaults(handler=_alpha_table)
 
     settings = commands.add_parser("settings", help="print the validated settings as JSON")
-    settings.add_argument("--docs", action="store_true", help="print the settings reference table")
+    settings.add_argument(
+        "--docs",
+        nargs="?",
+        const="settings",
+        choices=["settings", "policy"],
+        help="print the reference table of every setting (docs/configuration.md), or of every "
+        "policy field",
+    )
     settings.set_defaults(handler=_settings)
 
     for name, text in (

@@ -79,7 +79,7 @@ def test_up_with_a_bad_task_prints_one_line_exits_2_and_starts_nothing(
     assert process.returncode == 2, stdout + stderr
     assert stdout == ""
     [line] = stderr.splitlines()
-    assert line.startswith("fedasync: invalid settings: FEDASYNC_TASK__NAME: ")
+    assert line.startswith(f"fedasync: invalid settings: --task {task}: ")  # what was typed
     assert reason in line
     # the run folder holds the private Redis (redis/) and every child's log (logs/): it was
     # never even created, so neither Redis nor any service or device process was started
@@ -157,7 +157,7 @@ def test_simulate_with_a_bad_task_name_prints_one_line_and_exits_2(
     tmp_path: Path, lib: Path
 ) -> None:
     for task, reason in (
-        ("bogus", "invalid simulation config: task.name: task 'bogus': not a built-in task"),
+        ("bogus", "invalid simulation config: task.name = \"bogus\": task 'bogus': not a built-in"),
         ("mytask:Incomplete", "fedasync: task 'mytask:Incomplete': Incomplete does not implement"),
     ):
         config = simulation_config(tmp_path / "bad.toml", task)

@@ -182,7 +182,9 @@ def test_a_simulator_config_checks_the_name_in_one_line() -> None:
     )
     with pytest.raises(ConfigError) as info:
         build({"task": {"name": "bogus"}, "algorithms": algorithms})
-    assert str(info.value).startswith("invalid simulation config: task.name: task 'bogus': ")
+    assert str(info.value).startswith(
+        "invalid simulation config: task.name = \"bogus\": task 'bogus': "
+    )
     assert "\n" not in str(info.value)
 
 

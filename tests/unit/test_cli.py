@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fedasync.services.commands.cli import main
+from fedasync.services.commands.cli import build_parser, main
+from fedasync.services.commands.up.options import run_settings
 from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.runtime.settings import setting_names
 
 
 def test_alpha_table_shows_every_rule_and_drops(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,6 +36,75 @@ def test_console_script_is_installed() -> None:
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
     assert "alpha" in result.stdout
     assert "settings" in result.stdout
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in setting_names():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help at the terminal's width
+    return monkeypatch
+
+
+def test_up_names_the_flag_and_the_value_typed_in_one_line(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    clean_env.chdir(tmp_path)
+    assert main(["up", "--tau-max", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "fedasync: invalid settings: --tau-max -1: allowed integer in [0, 1000]"
+    ]
+    assert captured.out == ""
+    assert list(tmp_path.iterdir()) == []  # refused before anything was started or written
+    assert main(["up", "--tau-max", "ten"]) == 2  # a type error is reported the same way
+    assert "--tau-max ten: Input should be a valid integer" in capsys.readouterr().err
+    clean_env.setenv("FEDASYNC_POLICY__GAMMA", "-2")  # no flag gave it: the variable is named
+    assert main(["up", "--tau-max", "5"]) == 2
+    assert "invalid settings: FEDASYNC_POLICY__GAMMA: allowed (0, 10]" in capsys.readouterr().err
+    clean_env.delenv("FEDASYNC_POLICY__GAMMA")
+    assert main(["up", "--task", "bogus", "--task-params", "{nope"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedasync: invalid settings: --task-params {nope: ")
+    assert main(["up", "--task", "bogus"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedasync: invalid settings: --task bogus: task 'bogus': not a built-in")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_alpha_names_the_flag_too(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["alpha", "--gamma", "-1"]) == 2
+    assert capsys.readouterr().err == "fedasync: invalid settings: --gamma -1: allowed (0, 10]\n"
+
+
+def test_up_help_shows_the_defaults_up_uses_and_why_its_budget_differs(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--devices N device workers (processes), one data share each (default: 10;" in text
+    assert "--max-updates N applied updates before training is done (default: 400;" in text
+    assert "--max-seconds X wall-clock seconds before training is done (default: 120.0;" in text
+    assert "it stops at 400 updates / 120 s unless a flag or its FEDASYNC_BUDGET__" in text
+    assert "(`fedasync settings`, docker compose) budget 1000 updates / 600 s" in text
+    assert "under mode fedbuff: 100 (default: 10; FEDASYNC_POLICY__TAU_MAX)" in text
+
+
+def test_up_budget_is_the_demo_one_unless_a_flag_or_a_variable_sets_it(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    def budget(*argv: str) -> tuple[int, float]:
+        settings = run_settings(build_parser().parse_args(["up", *argv]))
+        return settings.budget.max_updates, settings.budget.max_seconds
+
+    assert budget() == (400, 120.0)
+    clean_env.setenv("FEDASYNC_BUDGET__MAX_UPDATES", "1000")
+    assert budget() == (1000, 120.0)
+    assert budget("--max-updates", "50", "--max-seconds", "9") == (50, 9.0)
 
 
 @pytest.fixture

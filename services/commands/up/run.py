@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from fedasync.services.commands.up import view
-from fedasync.services.commands.up.options import overrides
+from fedasync.services.commands.up.options import run_settings
 from fedasync.services.commands.up.plan import (
     SERVICES,
     Ports,
@@ -38,7 +38,7 @@ from fedasync.services.commands.up.plan import (
 from fedasync.services.commands.up.report import print_summary, write_run_folder
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
-from fedasync.services.runtime.settings import ENV_PREFIX, Settings, load_settings
+from fedasync.services.runtime.settings import ENV_PREFIX, Settings
 from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
 from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.keys import Keys
@@ -200,8 +200,7 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
 
 def run_up(args: argparse.Namespace) -> int:
     console = Console()
-    settings = load_settings(**overrides(args))
-    settings.task.build()  # a task that cannot be built: one line, exit 2, nothing started
+    settings = run_settings(args)  # the task built too: one line, exit 2, nothing started
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out: Path = args.out or Path("runs") / f"up-{stamp}"
     if out.exists() and any(out.iterdir()):
