@@ -33,11 +33,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.chaos.restarts import compare, read_marks
 from fedasync.services.runtime.entry import EXIT_REFUSED
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.snapshot.app import CACHE, METRICS, create_app, refresh, wait_ready
+from fedasync.services.stores.acl import acl_file, users
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check
@@ -367,3 +369,59 @@ async def test_redis_restarted_on_an_older_aof(
     finally:
         await redis.aclose()
         await after.aclose()
+
+
+# ------------------------------------------------------------------ the chaos harness's check
+async def test_the_chaos_restart_check_tells_an_intact_restart_from_a_lossy_one(
+    tmp_path: Path,
+) -> None:
+    """chaos/restarts.py on a real Redis under the ACL file, as `fedasync chaos` runs it: a kill -9
+    and restart keeps everything; the same restart on an AOF that lost its transactions is
+    reported, from the comparison and from the aggregator's own check. (The harness is
+    synchronous: its readings run in a thread here.)"""
+    passwords = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
+    acl = tmp_path / "users.acl"
+    acl.write_text(acl_file(PREFIX, passwords) + "user observer on >observer-pw-0000 ~* &* +@all\n")
+    server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(acl)))
+    server.start()
+    observer_url = f"redis://observer:observer-pw-0000@127.0.0.1:{server.port}/0"
+    settings = load_settings(
+        redis={
+            "url": f"redis://aggregator:{passwords['aggregator']}@127.0.0.1:{server.port}/0",
+            "key_prefix": PREFIX,
+            "socket_timeout_s": 5.0,
+        },
+        task={"name": "linear"},
+        aggregator={"batch_ms": 20, "block_ms": 100, "port": None, "read_count": 1},
+    )
+
+    async def commit_as_aggregator(ids: list[str]) -> None:
+        observer = connect(settings.redis, observer_url)
+        try:
+            for update_id in ids:
+                await publish(observer, KEYS, make_update(update_id, base=0))
+        finally:
+            await observer.aclose()
+        await run_aggregator(settings, handle_signals=False, burst=True)
+
+    try:
+        await commit_as_aggregator(["a", "b", "c"])
+        before = await asyncio.to_thread(read_marks, observer_url, KEYS, unpause=False)
+        server.restart()  # kill -9, same files
+        after = await asyncio.to_thread(read_marks, observer_url, KEYS, before)
+        assert compare(before, after, keep_versions=20) == []
+        assert after.found.commit_seq == before.found.commit_seq >= 2
+
+        await commit_as_aggregator(["d", "e"])
+        before = await asyncio.to_thread(read_marks, observer_url, KEYS, unpause=False)
+        server.kill()
+        for path in incremental_files(server.directory):
+            path.write_bytes(drop_transactions(path.read_bytes())[0])
+        server.start()
+        after = await asyncio.to_thread(read_marks, observer_url, KEYS, before)
+        problems = compare(before, after, keep_versions=20)
+        assert any("commit sequence went back" in p for p in problems), problems
+        assert any("started-without-commit" in p for p in problems), problems
+        assert any("ledger entry" in p for p in problems), problems
+    finally:
+        server.stop()
