@@ -29,6 +29,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
+from redis.exceptions import NoPermissionError
 
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import Aggregator
@@ -39,7 +40,7 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.snapshot.app import CACHE, METRICS, create_app, refresh, wait_ready
-from fedasync.services.stores.acl import acl_file, users
+from fedasync.services.stores.acl import acl_file, acl_rules, users
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check
@@ -161,6 +162,55 @@ async def test_the_aggregator_refuses_a_redis_that_lost_its_transactions(
         assert await redis.xlen(KEYS.ledger) == 0
     finally:
         await redis.aclose()
+
+
+async def test_a_first_start_that_stopped_before_its_first_commit_is_no_false_alarm(
+    tmp_path: Path,
+) -> None:
+    """What a first start writes before its first commit (epoch, group, policy, genesis) is not a
+    move back in time: a start that stops right there is followed by a normal one. The stop is
+    real: the first aggregator runs as a user without EVALSHA, so its first commit is refused."""
+    passwords = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
+    no_commit = acl_rules(PREFIX)["aggregator"].replace(" +evalsha", "")
+    acl = tmp_path / "users.acl"
+    acl.write_text(
+        acl_file(PREFIX, passwords)
+        + f"user nocommit on >nocommit-pw-00000 {no_commit}\n"
+        + "user observer on >observer-pw-0000 ~* &* +@all\n"
+    )
+    server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(acl)))
+    server.start()
+
+    def as_user(user: str, password: str) -> Settings:
+        url = f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
+        return load_settings(
+            redis={"url": url, "key_prefix": PREFIX, "socket_timeout_s": 5.0},
+            task={"name": "linear"},
+            aggregator={"batch_ms": 20, "block_ms": 100, "port": None},
+        )
+
+    observer = connect(as_user("observer", "observer-pw-0000").redis)
+    try:
+        await publish(observer, KEYS, make_update("a", base=0))
+        with pytest.raises(NoPermissionError):
+            await run_aggregator(
+                as_user("nocommit", "nocommit-pw-00000"), handle_signals=False, burst=True
+            )
+        # the fault: stopped between its first writes and its first commit
+        assert await observer.get(KEYS.genesis) is not None
+        assert await observer.get(KEYS.commit_seq) is None
+        assert not await observer.exists(KEYS.started)
+
+        await run_aggregator(
+            as_user("aggregator", passwords["aggregator"]), handle_signals=False, burst=True
+        )
+        assert int(await observer.get(KEYS.commit_seq) or 0) >= 1
+        assert await observer.xlen(KEYS.ledger) == 1  # the update is decided
+        assert await observer.xlen(KEYS.alerts) == 0
+        assert await observer.exists(KEYS.started)
+    finally:
+        await observer.aclose()
+        server.stop()
 
 
 def aggregator_process(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
