@@ -54,6 +54,13 @@ async def last_record(redis: aioredis.Redis, keys: Keys) -> dict[str, Any] | Non
     return _record(as_text(entry_id), fields)
 
 
+async def record_at(redis: aioredis.Redis, keys: Keys, ledger_id: str) -> dict[str, Any] | None:
+    """The ledger record with entry id `ledger_id`; None if there is none (the chaos harness
+    looks up, after a Redis restart, the newest record it saw before)."""
+    entries: Any = await redis.xrange(keys.ledger, min=ledger_id, max=ledger_id)
+    return _record(as_text(entries[0][0]), entries[0][1]) if entries else None
+
+
 def _record(entry_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
     record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
     record["ledger_id"] = entry_id

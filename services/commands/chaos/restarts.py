@@ -27,6 +27,7 @@ from fedasync.services.aggregator.inspection import inspect
 from fedasync.services.runtime.redis_conn import as_text, connect, get_bytes
 from fedasync.services.runtime.settings import RedisSettings
 from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import export_line, last_record, record_at
 from fedasync.shared.continuity import Found, entry_id, mismatches
 
 #: longest a reading holds every write, ms (it takes a few; the pause is lifted as soon as done)
@@ -158,14 +159,14 @@ async def _read(url: str, keys: Keys, earlier: Marks | None, timeout: float) -> 
     try:
         inspection = await inspect(client, keys)
         found = inspection.found
-        last: Any = await client.xrevrange(keys.ledger, count=1)
+        last = await last_record(client, keys)
         newest: Any = await client.xrevrange(keys.updates, count=1)
         marks = Marks(
             found=found,
             state_sha=_sha(inspection.raw_state),
             model_sha=_sha(inspection.raw_model),
-            ledger_last_id=as_text(last[0][0]) if last else None,
-            ledger_last_sha=_entry_sha(last[0][1]) if last else "",
+            ledger_last_id=None if last is None else str(last["ledger_id"]),
+            ledger_last_sha=_record_sha(last),
             updates_length=int(await client.xlen(keys.updates)),
             updates_last_id=as_text(newest[0][0]) if newest else None,
         )
@@ -174,16 +175,10 @@ async def _read(url: str, keys: Keys, earlier: Marks | None, timeout: float) -> 
         model = None
         if earlier.found.version is not None:
             model = await get_bytes(client, keys.model(earlier.found.version))
-        entry: Any = []
+        entry = None
         if earlier.ledger_last_id is not None:
-            entry = await client.xrange(
-                keys.ledger, min=earlier.ledger_last_id, max=earlier.ledger_last_id
-            )
-        return replace(
-            marks,
-            earlier_model_sha=_sha(model),
-            earlier_ledger_sha=_entry_sha(entry[0][1]) if entry else "",
-        )
+            entry = await record_at(client, keys, earlier.ledger_last_id)
+        return replace(marks, earlier_model_sha=_sha(model), earlier_ledger_sha=_record_sha(entry))
     finally:
         await client.aclose()
 
@@ -192,9 +187,6 @@ def _sha(raw: bytes | None) -> str:
     return hashlib.sha256(raw).hexdigest() if raw else ""
 
 
-def _entry_sha(fields: dict[bytes, bytes]) -> str:
-    """sha256 of a stream entry's fields, whatever they are called."""
-    digest = hashlib.sha256()
-    for name, value in sorted(fields.items()):
-        digest.update(len(name).to_bytes(4, "big") + name + len(value).to_bytes(8, "big") + value)
-    return digest.hexdigest()
+def _record_sha(record: dict[str, Any] | None) -> str:
+    """sha256 of a ledger record as `fedasync ledger export` writes it ("" for none)."""
+    return _sha(export_line(record).encode()) if record is not None else ""
