@@ -15,7 +15,9 @@ from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("aggregator", run, fatal=(Fenced,), refused=(StateMismatch,))
+    return run_service(
+        "aggregator", run, fatal=(Fenced,), refused=(StateMismatch,), builds_task=True
+    )
 
 
 if __name__ == "__main__":

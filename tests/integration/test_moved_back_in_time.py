@@ -40,7 +40,7 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.snapshot.app import CACHE, METRICS, create_app, refresh, wait_ready
-from fedasync.services.stores.acl import acl_file, acl_rules, users
+from fedasync.services.stores.acl import acl_file, users
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check
@@ -171,7 +171,8 @@ async def test_a_first_start_that_stopped_before_its_first_commit_is_no_false_al
     move back in time: a start that stops right there is followed by a normal one. The stop is
     real: the first aggregator runs as a user without EVALSHA, so its first commit is refused."""
     passwords = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
-    no_commit = acl_rules(PREFIX)["aggregator"].replace(" +evalsha", "")
+    aggregator = next(user for user in users(PREFIX) if user.name == "aggregator")
+    no_commit = aggregator.rules().replace(" +evalsha", "")
     acl = tmp_path / "users.acl"
     acl.write_text(
         acl_file(PREFIX, passwords)

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from fedasync.services.commands.chaos.audit import Audit
-from fedasync.services.commands.chaos.checker import Verdict
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, Served
 from fedasync.services.commands.chaos.schedule import FaultKind, Profile
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
+from fedasync.services.stores.exactly_once import Verdict
 
 #: ids shown per failing category in summary.json (all of them are in the ledger export)
 EXAMPLES = 20
