@@ -26,6 +26,11 @@ def test_layout() -> None:
         assert (ROOT / folder).is_dir(), folder
     for file in ("docker-compose.yml", "pyproject.toml", "README.md", ".ci/run"):
         assert (ROOT / file).is_file(), file
+    # the one package links to the folders at the top (docs/architecture.md, "One package")
+    for folder in ("shared", "services", "learning", "sim"):
+        link = ROOT / "fedasync" / folder
+        assert link.is_symlink(), link
+        assert str(link.readlink()) == f"../{folder}"
 
 
 def test_pyproject_extras_and_console_script() -> None:

@@ -78,6 +78,8 @@ def users(prefix: str) -> tuple[User, ...]:
     k = Keys(glob_escape(prefix))
     models = k.model(0).removesuffix("0") + "*"
     device_keys = Grant(("hmget",), read=(k.device_keys, k.device_revoked))
+    # appends an alert and can do nothing else to the stream (XADD's MAXLEN trims it at most)
+    alert = Grant(("xadd",), write=(k.alerts,))
     # a receipt: the index names a ledger entry, read by its id (services/stores/receipts.py)
     receipts = (Grant(("hget",), read=(k.receipts,)), Grant(("xrange",), read=(k.ledger,)))
     ping = ("ping",)
@@ -88,11 +90,13 @@ def users(prefix: str) -> tuple[User, ...]:
             Grant(
                 (
                     *ping,
-                    # start-up: fence, policy, genesis, restore, take over pending entries
+                    # start-up: fence, check what the last commit left (the ledger's last
+                    # record, the group's position), policy, genesis, restore, take over
                     "get",
                     "set",
                     "incrby",
                     "hsetnx",
+                    "xrevrange",
                     "xgroup|create",
                     "xpending",
                     "xclaim",
@@ -138,13 +142,15 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.receipts_order,
                 ),
             ),
-            (device_keys,),
+            (device_keys, alert),
             (k.versions_channel,),
         ),
         User(
             "snapshot",
-            "serves committed models: reads them, follows new versions",
+            "serves committed models: reads them, follows new versions, alerts when the version "
+            "in Redis goes back",
             Grant((*ping, "get", "hgetall", "subscribe"), read=(k.version, k.done, models)),
+            (alert,),
             channels=(k.versions_channel,),
         ),
         User(
@@ -222,11 +228,6 @@ def users(prefix: str) -> tuple[User, ...]:
             ),
         ),
     )
-
-
-def acl_rules(prefix: str) -> dict[str, str]:
-    """User name → its ACL rules (without `on` and password)."""
-    return {user.name: user.rules() for user in users(prefix)}
 
 
 #: The default user is switched off (nobody can log in as it) but keeps every right. Redis replays

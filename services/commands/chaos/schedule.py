@@ -38,6 +38,8 @@ class Profile:
     outage_s: tuple[float, float] = (0.1, 0.6)
     #: how long CLIENT PAUSE lasts; above the services' socket timeout so they really time out
     pause_ms: tuple[int, int] = (2500, 3500)
+    #: Redis loads the generated ACL file and every service logs in as its own user
+    acl: bool = True
 
 
 PROFILES: dict[str, Profile] = {
@@ -50,7 +52,7 @@ PROFILES: dict[str, Profile] = {
         faults=(
             (FaultKind.KILL_AGGREGATOR, 3),
             (FaultKind.KILL_WORKER, 5),
-            (FaultKind.KILL_REDIS, 1),
+            (FaultKind.KILL_REDIS, 2),
             (FaultKind.PAUSE_REDIS, 1),
             (FaultKind.RESTART_SNAPSHOT, 1),
         ),
@@ -64,9 +66,24 @@ PROFILES: dict[str, Profile] = {
         faults=(
             (FaultKind.KILL_AGGREGATOR, 12),
             (FaultKind.KILL_WORKER, 24),
-            (FaultKind.KILL_REDIS, 3),
+            (FaultKind.KILL_REDIS, 6),
             (FaultKind.PAUSE_REDIS, 4),
             (FaultKind.RESTART_SNAPSHOT, 3),
+        ),
+    ),
+    # the long profile's Redis kills under the ACL on their own, in a minute
+    "redis": Profile(
+        name="redis",
+        workers=4,
+        warmup_s=3.0,
+        window_s=40.0,
+        min_gap_s=2.0,
+        faults=(
+            (FaultKind.KILL_AGGREGATOR, 2),
+            (FaultKind.KILL_WORKER, 2),
+            (FaultKind.KILL_REDIS, 8),
+            (FaultKind.PAUSE_REDIS, 0),
+            (FaultKind.RESTART_SNAPSHOT, 0),
         ),
     ),
 }
