@@ -92,6 +92,7 @@ class DeviceClient:
         self._redis_retry = RedisRetry(self._policy, self._pause)
         self._transport: Transport | None = None
         self._models: Models | None = None
+        self._downloads = Downloads()
 
     # ------------------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> DeviceClient:
@@ -125,7 +126,9 @@ class DeviceClient:
 
     def _snapshots(self) -> Models:
         if self._models is None:
-            self._models = Models(self._http(), self._snapshot_url, self._timeout_s)
+            self._models = Models(
+                self._http(), self._snapshot_url, self._timeout_s, self._downloads
+            )
         return self._models
 
     # -------------------------------------------------------------------------------- models
@@ -153,7 +156,7 @@ class DeviceClient:
     @property
     def downloads(self) -> Downloads:
         """Full downloads and `304`s so far."""
-        return self._snapshots().counts
+        return self._downloads
 
     # ------------------------------------------------------------------------------- publish
     def prepare(

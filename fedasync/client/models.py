@@ -48,13 +48,15 @@ class Downloads:
 class Models:
     """Fetches models for one device and keeps the newest one it got."""
 
-    def __init__(self, transport: Transport, base_url: str, timeout_s: float) -> None:
+    def __init__(
+        self, transport: Transport, base_url: str, timeout_s: float, counts: Downloads
+    ) -> None:
         self._transport = transport
         self._url = base_url.rstrip("/") + LATEST
         self._timeout_s = timeout_s
         self.model: Model | None = None
         self.training_done: str | None = None
-        self.counts = Downloads()
+        self.counts = counts
 
     async def latest(self) -> Model | None:
         """The newest committed model; None while nothing has been committed."""
