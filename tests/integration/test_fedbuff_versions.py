@@ -78,7 +78,8 @@ async def test_versions_count_server_steps_and_the_ledger_replays_exactly(
     assert decode_model(raw).snapshot.weights.tobytes() == expected.weights_view().tobytes()
     ids = {u.update_id for u in updates}
     verdict = check(ids, ids, [Decided.from_record(e) for e in entries])
-    assert verdict.ok and verdict.version_gaps == []
+    assert verdict.ok
+    assert verdict.version_gaps == []
     assert (verdict.first_version, verdict.last_version) == (1, 2)
     report = await verify(redis, keys, config.wire.max_message_bytes)
     assert report.ok, report.describe()
