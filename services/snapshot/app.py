@@ -16,7 +16,6 @@ announces no version, refuses (503) what it would have to read from Redis, and `
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -255,19 +254,32 @@ async def _freeze(app: web.Application, reason: str) -> None:
     await try_add_alert(app[REDIS], app[KEYS], VERSION_REGRESSED, reason, time.time())
 
 
+#: how long one pub/sub read waits: silence this long re-checks the done flag, and bounds how long
+#: the follower can outlive a shutdown whose cancellation it never saw (below)
+FOLLOW_READ_S = 1.0
+
+
 async def follow(app: web.Application) -> None:
-    """Follow commits by pub/sub; on any connection trouble, back off and resubscribe."""
+    """Follow commits by pub/sub; on any connection trouble, back off and resubscribe.
+
+    It also ends on its own once the cache is closing, not only when cancelled: a cancellation
+    that lands while redis-py's pub/sub read is timing out can be lost (seen with redis-py 8.1 on
+    Python 3.11: the task went on reading and the service never finished stopping).
+    """
     backoff = 0.1
-    while True:
+    cache = app[CACHE]
+    while not cache.closing:
         try:
             pubsub = app[REDIS].pubsub()
             async with pubsub:
                 await pubsub.subscribe(app[KEYS].versions_channel)
                 await refresh(app)  # whatever was committed while we were not listening
                 backoff = 0.1
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
-                    # a message means a new version; silence for 5 s re-checks the done flag
+                while not cache.closing:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=FOLLOW_READ_S
+                    )
+                    # a message means a new version; silence re-checks the done flag
                     await refresh(app)
                     del message
         except asyncio.CancelledError:
@@ -290,10 +302,8 @@ async def _release_long_polls(app: web.Application) -> None:
 async def _background(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(follow(app), name="snapshot-follow")
     yield
-    await app[CACHE].close()
-    await cancel_tasks([task])
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await app[CACHE].close()  # the follower also ends by itself within FOLLOW_READ_S
+    await cancel_tasks([task])  # waits for it, with a deadline: never forever
 
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:

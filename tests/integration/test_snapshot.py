@@ -20,6 +20,7 @@ from fedasync.services.snapshot.app import (
     MODEL_CONTENT_TYPE,
     VERSION_HEADER,
     create_app,
+    follow,
     wait_ready,
 )
 from fedasync.services.stores.keys import Keys
@@ -175,3 +176,22 @@ async def test_the_etag_is_defined_by_the_body_and_each_representation_has_its_o
     assert (await client.get("/v1/models/latest", headers=same)).status == 304
     crossed = await client.get("/v1/models/latest?format=safetensors", headers=same)
     assert crossed.status == 200
+
+
+async def test_the_follower_ends_by_itself_once_the_cache_closes(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """Shutdown must not depend on the follower seeing its cancellation: one that lands while
+    redis-py's pub/sub read times out can be lost (redis-py 8.1, Python 3.11), and the service
+    then never finished stopping. Closing the cache alone ends the follower: it is never
+    cancelled here."""
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    app = create_app(settings, redis)
+    follower = asyncio.create_task(follow(app))
+    assert await app[CACHE].wait_newer(-1, timeout=30) is not None  # following: it read v0
+    await app[CACHE].close()
+    done, _ = await asyncio.wait([follower], timeout=30)  # a deadline, not a sleep
+    assert follower in done
+    assert follower.result() is None
