@@ -153,6 +153,12 @@ class AggregatorSettings(Section):
     deadletter_payload_bytes: int = Field(
         65536, ge=0, description="bytes of a refused message kept in the dead-letter stream"
     )
+    claim_interval_s: float = Field(
+        1.0, gt=0, description="how often entries idle under any consumer are taken over, s"
+    )
+    claim_idle_s: float = Field(
+        2.0, gt=0, description="an entry pending this long without a decision is taken over, s"
+    )
 
 
 class SnapshotSettings(Section):
