@@ -62,10 +62,11 @@ import aiohttp
 import numpy as np
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_conn import connect, stream_entries
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings, settings_env
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
+from fedasync.services.stores.exactly_once import Decided, check
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.shared import stream_entry
@@ -414,48 +415,48 @@ async def drain(redis: aioredis.Redis, keys: Keys, published: int, timeout: floa
 
 
 async def audit(settings: Settings, rec: Recorder) -> dict[str, Any]:
-    """Every acknowledged update decided exactly once, nothing pending, the ledger replays."""
+    """Every acknowledged update decided exactly once (services/stores/exactly_once.py), on
+    the entry Redis acknowledged; nothing pending; the ledger replays."""
     keys = Keys(settings.redis.key_prefix)
     redis = connect(settings.redis)
     try:
-        found: dict[str, list[dict[str, Any]]] = {}
-        async for record in records(redis, keys):
-            found.setdefault(str(record["update_id"]), []).append(record)
-        outcomes = Counter(r["outcome"] for rs in found.values() for r in rs)
-        by_policy = Counter(int(r["policy_version"]) for rs in found.values() for r in rs)
-        taus = [int(r["tau"]) for rs in found.values() for r in rs if r["tau"] is not None]
-        missing = [u for u in rec.published if u not in found]
-        repeated = [u for u, rs in found.items() if len(rs) > 1]
-        wrong_entry = [
-            u
-            for u, (entry, _) in rec.published.items()
-            if u in found and found[u][0]["stream_id"] != entry
-        ]
-        unexpected = [u for u in found if u not in rec.published and u not in rec.uncertain]
+        found = [record async for record in records(redis, keys)]
+        entry_ids = [entry async for entry, _ in stream_entries(redis, keys.updates)]
+        acknowledged = set(rec.published)
+        verdict = check(
+            acknowledged,
+            acknowledged | rec.uncertain,
+            [Decided.from_record(r) for r in found],
+            entry_ids,
+            entries={u: entry for u, (entry, _) in rec.published.items()},
+        )
+        by_policy = Counter(int(r["policy_version"]) for r in found)
+        taus = [int(r["tau"]) for r in found if r["tau"] is not None]
         groups: Any = await redis.xinfo_groups(keys.updates)
         pending = sum(int(g["pending"]) + int(g.get("lag") or 0) for g in groups)
         report = await verify(redis, keys, settings.wire.max_message_bytes)
-        lost = len(missing) + len(repeated) + len(wrong_entry) + len(unexpected) + pending
         return {
             "published": len(rec.published),
             "uncertain": len(rec.uncertain),
-            "decisions": sum(len(rs) for rs in found.values()),
-            "outcomes": dict(outcomes),
+            "decisions": len(found),
+            "outcomes": dict(verdict.outcomes),
             "tau": {
                 "p50": float(np.percentile(taus, 50)) if taus else None,
                 "p95": float(np.percentile(taus, 95)) if taus else None,
                 "max": max(taus, default=None),
             },
             "decisions_by_policy_version": {str(v): n for v, n in sorted(by_policy.items())},
-            "missing": len(missing),
-            "decided_more_than_once": len(repeated),
-            "wrong_entry": len(wrong_entry),
-            "unexpected": len(unexpected),
+            "missing": len(verdict.lost),
+            "decided_more_than_once": len(verdict.duplicated) + len(verdict.redecided),
+            "wrong_entry": len(verdict.wrong_entry),
+            "unexpected": len(verdict.unexpected),
+            "version_gaps": len(verdict.version_gaps),
+            "undecided_entries": len(verdict.undecided),
             "pending": pending,
             "verify_ok": report.ok,
             "verify": report.describe(),
             "version": report.version,
-            "nothing_lost": lost == 0 and report.ok,
+            "nothing_lost": verdict.ok and pending == 0 and report.ok,
         }
     finally:
         await redis.aclose()
@@ -680,7 +681,9 @@ def report(plan: Plan, results: dict[str, Any], ledger: dict[str, Any]) -> None:
         f"{verdict}: {ledger['published']} updates acknowledged, {ledger['decisions']} decisions "
         f"({outcomes}); missing {ledger['missing']}, decided twice "
         f"{ledger['decided_more_than_once']}, wrong entry {ledger['wrong_entry']}, unexpected "
-        f"{ledger['unexpected']}, pending {ledger['pending']}, publish errors {ledger['uncertain']}"
+        f"{ledger['unexpected']}, version gaps {ledger['version_gaps']}, undecided entries "
+        f"{ledger['undecided_entries']}, pending {ledger['pending']}, publish errors "
+        f"{ledger['uncertain']}"
     )
     print(ledger["verify"])
     versions = ", ".join(f"v{v} {n}" for v, n in ledger["decisions_by_policy_version"].items())

@@ -19,6 +19,10 @@ COPY sim ./sim
 COPY fedasync ./fedasync
 RUN pip install ".[worker]" \
     && useradd --create-home --uid 10001 fedasync
+# A task of your own (docs/your-model.md), as in docker/Dockerfile.
+COPY examples ./examples
+ARG TASK_PACKAGES=""
+RUN if [ -n "$TASK_PACKAGES" ]; then pip install $TASK_PACKAGES; fi
 
 USER fedasync
 # No ENTRYPOINT: compose runs `python -m fedasync.services.worker`, and `fedasync ...` works as a command.

@@ -1,47 +1,61 @@
 """scikit-learn's bundled 8×8 digits (1,797 images, 10 classes) and a one-hidden-layer MLP.
 
-Training runs in torch (as on a device). The initial weights and the evaluation are numpy only:
-the aggregator creates the first model and the evaluator scores versions without torch
-installed. torch is imported inside `train`, so importing this module never needs it.
+A `TorchTask`: the model is a torch module (learning/digits_net.py), trained by TorchTask's
+plain SGD with cross-entropy, as on a device. The layout, the initial weights and the evaluation
+are numpy only, overriding TorchTask's torch defaults: the aggregator creates the first model and
+the evaluator scores versions without torch installed. Importing this module never imports torch.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedasync.learning.dataset import Dataset, split
 from fedasync.learning.evaluation import Evaluation, classification, cross_entropy
-from fedasync.learning.task import Task, TrainParams, batches
+from fedasync.learning.task import TrainParams
+from fedasync.learning.torch_task import TorchTask
 from fedasync.shared.layout import Layout
+
+if TYPE_CHECKING:
+    from torch import nn
 
 FEATURES = 64
 CLASSES = 10
 
 
-class DigitsMLP(Task):
-    """64 → `hidden` (ReLU) → 10, tensors named as torch's state_dict would name them."""
+class DigitsMLP(TorchTask):
+    """64 → `hidden` (ReLU) → 10; its layout is the module's, written out so torch is not needed."""
 
     def __init__(self, hidden: int = 32, test_share: float = 0.2) -> None:
         if hidden < 1:
             raise ValueError(f"hidden must be >= 1, got {hidden}")
-        self.name = "digits"
         self.hidden = hidden
         self.test_share = test_share
-        self.num_classes = CLASSES
-        self.layout = Layout.of(
-            [
-                ("hidden.weight", (hidden, FEATURES)),
-                ("hidden.bias", (hidden,)),
-                ("out.weight", (CLASSES, hidden)),
-                ("out.bias", (CLASSES,)),
-            ]
+        super().__init__(
+            name="digits",
+            num_classes=CLASSES,
+            buffers=False,  # the MLP has none
+            suggested=TrainParams(epochs=2, lr=0.1, batch_size=16),
+            layout=Layout.of(
+                [
+                    ("hidden.weight", (hidden, FEATURES)),
+                    ("hidden.bias", (hidden,)),
+                    ("out.weight", (CLASSES, hidden)),
+                    ("out.bias", (CLASSES,)),
+                ]
+            ),
         )
-        self.suggested = TrainParams(epochs=2, lr=0.1, batch_size=16)
+
+    def model(self) -> nn.Module:
+        from fedasync.learning.digits_net import MLP
+
+        return MLP(FEATURES, self.hidden, CLASSES)
 
     def init_weights(self, rng: np.random.Generator) -> np.ndarray:
-        """torch.nn.Linear's default: weights and biases U(−1/√fan_in, 1/√fan_in)."""
+        """nn.Linear's default bounds, in numpy: weights and biases U(−1/√fan_in, 1/√fan_in)."""
         parts = []
         for name, shape in self.layout.tensors:
             fan_in = FEATURES if name.startswith("hidden") else self.hidden
@@ -57,46 +71,8 @@ class DigitsMLP(Task):
         y = np.asarray(bunch.target, dtype=np.int64)
         return split(Dataset(X, y), self.test_share, rng)
 
-    def train(
-        self,
-        weights: np.ndarray,
-        data: Dataset,
-        rng: np.random.Generator,
-        *,
-        epochs: int,
-        lr: float,
-        batch_size: int,
-    ) -> tuple[np.ndarray, dict[str, float]]:
-        """Plain minibatch SGD; shuffling comes from `rng`, so torch draws nothing random."""
-        import torch
-
-        torch.set_num_threads(1)  # deterministic sums and no thread start-up per tiny batch
-        self.check_weights(weights)
-        params = [
-            torch.tensor(np.array(part, dtype=np.float32), requires_grad=True)  # copies
-            for part in self.layout.split(weights).values()
-        ]
-        w1, b1, w2, b2 = params
-        X = torch.from_numpy(np.ascontiguousarray(data.X, dtype=np.float32))
-        y = torch.from_numpy(np.ascontiguousarray(data.y, dtype=np.int64))
-        losses: list[float] = []
-        for _ in range(epochs):
-            losses.clear()
-            for batch in batches(len(data), batch_size, rng):
-                index = torch.from_numpy(batch)
-                hidden = torch.relu(X[index] @ w1.T + b1)
-                loss = torch.nn.functional.cross_entropy(hidden @ w2.T + b2, y[index])
-                grads = torch.autograd.grad(loss, params)
-                with torch.no_grad():
-                    for param, grad in zip(params, grads, strict=True):
-                        param.sub_(lr * grad)
-                losses.append(float(loss.item()))
-        flat = np.concatenate([p.detach().numpy().ravel() for p in params]).astype(np.float32)
-        loss_mean = float(np.mean(losses)) if losses else 0.0
-        return flat, {"loss": loss_mean, "num_samples": float(len(data))}
-
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
-        """The same forward pass in numpy (float32), so scoring a model needs no torch."""
+        """The module's forward pass in numpy (float32), so scoring a model needs no torch."""
         self.check_weights(weights)
         parts = self.layout.split(np.asarray(weights, dtype=np.float32))
         hidden = np.maximum(data.X @ parts["hidden.weight"].T + parts["hidden.bias"], 0.0)

@@ -42,7 +42,8 @@ class Task(ABC):
 
     @abstractmethod
     def init_weights(self, rng: np.random.Generator) -> np.ndarray:
-        """A fresh model as a flat float32 vector, in numpy only (no torch needed)."""
+        """A fresh model as a flat float32 vector; the aggregator makes version 0 with it, so a
+        task whose services run without torch computes it in numpy."""
 
     @abstractmethod
     def dataset(self, rng: np.random.Generator) -> tuple[Dataset, Dataset]:

@@ -50,7 +50,7 @@ class Decision:
     effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff. `server_step` says
     whether this decision moved the weights (always for FedAsync; on the K-th update for FedBuff).
     `delta_norm` is how far the update would move the model before α (see
-    `AggregationState.delta_norm`), after clipping; `clipped` says the poisoning bound scaled it
+    `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound scaled it
     down. Records written before the bound existed lack both and read back as None and False.
     """
 

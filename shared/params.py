@@ -1,13 +1,19 @@
-"""Allowed ranges of the policy's parameters, kept as data.
+"""The vocabulary of the policy schema: ranges, the error they raise, and each field's metadata.
 
-The core validates against these, the settings and the control API report them, and the docs list
-them: one table, so an error message, a 422 and the documentation can never disagree.
+`Policy` (shared/policy.py) declares every field once with `param()`: default, range, description
+and scope. The core validates against that, and the settings, the simulator's config, the command
+line flags, the control API and the docs are derived from it, so an error message, a 422 and the
+documentation can never disagree.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ParamError(ValueError):
@@ -73,26 +79,35 @@ NORM_WINDOW_LIMIT = 1000
 #: norms says little about what is normal).
 NORM_MIN_HISTORY = 5
 
-#: Ranges of every numeric policy parameter. Bounds are chosen so that α = α0·s(τ) stays a positive
-#: float64 for every τ ≤ TAU_MAX_LIMIT (no underflow to zero), which the property tests check.
-POLICY_RANGES: dict[str, Range] = {
-    "version": Range(0, 2**63 - 1, integer=True),
-    "alpha0": Range(0.001, 1.0),
-    "gamma": Range(0.0, 10.0, low_open=True),
-    "lam": Range(0.5, 1.0),
-    "hinge_a": Range(0.0, 1000.0, low_open=True),
-    "hinge_b": Range(0, TAU_MAX_LIMIT, integer=True),
-    "tau_max": Range(0, TAU_MAX_LIMIT, integer=True),
-    "buffer_size": Range(1, 10_000, integer=True),
-    "server_lr": Range(0.0, 10.0, low_open=True),
-    # poisoning bound: k × the median delta norm of recent applied updates; null turns it off.
-    # k < 1 would refuse or shrink most ordinary updates, so the smallest factor is 1.
-    "norm_bound": Range(1.0, 1000.0, optional=True),
-    "norm_window": Range(NORM_MIN_HISTORY, NORM_WINDOW_LIMIT, integer=True),
-}
 
-#: Budgets a policy may set at runtime (each may also be left unset: the configured one holds).
-BUDGET_RANGES: dict[str, Range] = {
-    "max_updates": Range(1, 2**63 - 1, integer=True),
-    "max_seconds": Range(0.0, 1e12, low_open=True),
-}
+class Scope(StrEnum):
+    """When a policy field may be set."""
+
+    #: chosen before a run (a setting, a `fedasync up` flag, a simulator key) and at runtime
+    START = "start"
+    #: operator state, set only at runtime (PATCH /v1/policy, switches): pauses, runtime budgets
+    RUNTIME = "runtime"
+    #: the policy's version: raised by `Policy.evolve()`, set by nobody
+    VERSION = "version"
+
+
+#: where a policy field keeps its `Param` in the dataclass field's metadata
+PARAM_KEY = "fedasync.param"
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """What the schema says about a policy field besides its type and default."""
+
+    description: str
+    #: the values a number may take; None for enums and flags (their type says it)
+    allowed: Range | None = None
+    scope: Scope = Scope.START
+
+
+def param(
+    default: T, description: str, allowed: Range | None = None, scope: Scope = Scope.START
+) -> T:
+    """A policy field with its default, description, range and scope, declared in one place."""
+    meta = {PARAM_KEY: Param(description, allowed, scope)}
+    return field(default=default, metadata=meta)

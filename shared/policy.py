@@ -1,18 +1,35 @@
-"""The mixing policy in force: an immutable, versioned value.
+"""The mixing policy in force: an immutable, versioned value, and the one schema of its fields.
 
 Every change of the policy is a new value with a higher version, and every decision records the
 version that made it, so a ledger can say which settings decided any update.
+
+Each field is declared here once, with its default, range, description and scope (`param()`);
+`SCHEMA` reads them back. The settings (FEDASYNC_POLICY__*), the simulator's algorithm tables,
+the `fedasync up` flags, the control API and the docs table are all derived from it, and a mode
+(`fedbuff`) means the same thing in each of them through `apply_mode_preset`.
 """
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
 from fedasync.shared import staleness
-from fedasync.shared.params import BUDGET_RANGES, POLICY_RANGES, ParamError
+from fedasync.shared.params import (
+    NORM_MIN_HISTORY,
+    NORM_WINDOW_LIMIT,
+    PARAM_KEY,
+    TAU_MAX_LIMIT,
+    Param,
+    ParamError,
+    Range,
+    Scope,
+    param,
+)
 from fedasync.shared.staleness import Decay
 
 
@@ -34,62 +51,78 @@ class NormAction(StrEnum):
     CLIP = "clip"
 
 
-_FLOAT_PARAMS = ("alpha0", "gamma", "lam", "hinge_a", "server_lr")
-_INT_PARAMS = ("version", "hinge_b", "tau_max", "buffer_size", "norm_window")
-_BUDGETS = ("max_updates", "max_seconds")
-
-
+# Bounds are chosen so that α = α0·s(τ) stays a positive float64 for every τ ≤ TAU_MAX_LIMIT (no
+# underflow to zero), which the property tests check.
 @dataclass(frozen=True, slots=True, order=True)
 class Policy:
     """Mixing settings. Ordered by version first, so `max(policies)` is the newest."""
 
-    version: int = 0
-    mode: Mode = Mode.FEDASYNC
-    decay: Decay = Decay.POLYNOMIAL
-    alpha0: float = 0.6
-    gamma: float = 0.6
-    lam: float = 0.9
-    hinge_a: float = 10.0
-    hinge_b: int = 4
-    tau_max: int = 10
-    buffer_size: int = 10
-    server_lr: float = 1.0
-    #: poisoning bound k: an update whose delta norm exceeds k × the median delta norm of the last
-    #: `norm_window` applied updates is handled by `norm_action`; None: no bound (the default)
-    norm_bound: float | None = None
-    norm_action: NormAction = NormAction.REJECT
-    norm_window: int = 20
-    #: the aggregator decides nothing while paused; updates wait in the stream, none is lost
-    paused: bool = False
-    #: the ingest service answers 503 (retry later) instead of taking new updates; what was taken
-    #: is still decided. Devices publishing straight to Redis are not affected.
-    ingest_paused: bool = False
-    #: budgets set at runtime; None leaves the aggregator's configured budget in force
-    max_updates: int | None = None
-    max_seconds: float | None = None
+    version: int = param(
+        0,
+        "raised by one with every change; each decision records the version that made it",
+        Range(0, 2**63 - 1, integer=True),
+        Scope.VERSION,
+    )
+    mode: Mode = param(
+        Mode.FEDASYNC, "how accepted updates reach the model: at once, or K buffered per step"
+    )
+    decay: Decay = param(Decay.POLYNOMIAL, "the staleness rule s(τ) that discounts α0")
+    alpha0: float = param(0.6, "α0, the mixing weight at τ = 0", Range(0.001, 1.0))
+    gamma: float = param(
+        0.6, "γ of the polynomial and progress rules", Range(0.0, 10.0, low_open=True)
+    )
+    lam: float = param(0.9, "λ of the exponential rule", Range(0.5, 1.0))
+    hinge_a: float = param(10.0, "a of the hinge rule", Range(0.0, 1000.0, low_open=True))
+    hinge_b: int = param(4, "b of the hinge rule", Range(0, TAU_MAX_LIMIT, integer=True))
+    tau_max: int = param(
+        10, "updates with τ above this are dropped", Range(0, TAU_MAX_LIMIT, integer=True)
+    )
+    buffer_size: int = param(
+        10, "FedBuff's K: deltas buffered per server step", Range(1, 10_000, integer=True)
+    )
+    server_lr: float = param(1.0, "FedBuff's server step size", Range(0.0, 10.0, low_open=True))
+    # k < 1 would refuse or shrink most ordinary updates, so the smallest factor is 1
+    norm_bound: float | None = param(
+        None,
+        "poisoning bound k: an update whose delta norm exceeds k × the median of the last "
+        "norm_window applied ones is rejected or clipped; null: off",
+        Range(1.0, 1000.0, optional=True),
+    )
+    norm_action: NormAction = param(
+        NormAction.REJECT, "what the poisoning bound does with an update beyond it"
+    )
+    norm_window: int = param(
+        20,
+        "applied updates the poisoning bound's median is taken over",
+        Range(NORM_MIN_HISTORY, NORM_WINDOW_LIMIT, integer=True),
+    )
+    paused: bool = param(
+        False,
+        "the aggregator decides nothing; updates wait in the stream, none is lost",
+        scope=Scope.RUNTIME,
+    )
+    ingest_paused: bool = param(
+        False,
+        "the ingest service answers 503 (retry later); what it took is still decided; devices "
+        "publishing straight to Redis are not affected",
+        scope=Scope.RUNTIME,
+    )
+    max_updates: int | None = param(
+        None,
+        "budget set at runtime: applied updates; null: the configured budget holds",
+        Range(1, 2**63 - 1, integer=True, optional=True),
+        Scope.RUNTIME,
+    )
+    max_seconds: float | None = param(
+        None,
+        "budget set at runtime: wall-clock seconds; null: the configured budget holds",
+        Range(0.0, 1e12, low_open=True, optional=True),
+        Scope.RUNTIME,
+    )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", _enum(Mode, "mode", self.mode))
-        object.__setattr__(self, "decay", _enum(Decay, "decay", self.decay))
-        object.__setattr__(self, "norm_action", _enum(NormAction, "norm_action", self.norm_action))
-        for name in _FLOAT_PARAMS:
-            value = getattr(self, name)
-            POLICY_RANGES[name].check(name, value)
-            object.__setattr__(self, name, float(value))
-        for name in _INT_PARAMS:
-            POLICY_RANGES[name].check(name, getattr(self, name))
-        POLICY_RANGES["norm_bound"].check("norm_bound", self.norm_bound)
-        if self.norm_bound is not None:
-            object.__setattr__(self, "norm_bound", float(self.norm_bound))
-        for name in ("paused", "ingest_paused"):
-            if not isinstance(getattr(self, name), bool):
-                raise ParamError(name, getattr(self, name), "true or false")
-        for name in _BUDGETS:
-            value = getattr(self, name)
-            if value is not None:
-                BUDGET_RANGES[name].check(name, value)
-        if self.max_seconds is not None:
-            object.__setattr__(self, "max_seconds", float(self.max_seconds))
+        for spec in SCHEMA:
+            object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""
@@ -115,6 +148,7 @@ class Policy:
         """A new policy with `changes` applied and the version raised by one."""
         if "version" in changes:
             raise ParamError("version", changes["version"], "set by evolve(), not by the caller")
+        _known(changes, CHANGEABLE)
         return replace(self, version=self.version + 1, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,27 +162,134 @@ class Policy:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
         """Strict inverse of to_dict: unknown keys are refused, missing keys take defaults."""
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known:
-                raise ParamError(str(key), data[key], f"one of {sorted(known)}")
+        _known(data, tuple(spec.name for spec in SCHEMA))
         return cls(**dict(data))
 
     @classmethod
-    def fedbuff(cls, buffer_size: int = 10, server_lr: float = 1.0, tau_max: int = 100) -> Policy:
-        """FedBuff as published: K buffered deltas weighted by 1/√(1+τ) (polynomial, γ = 0.5).
+    def configured(cls, explicit: Mapping[str, Any], version: int = 0) -> Policy:
+        """The policy a user asked for before a run: their values, the rest from their mode."""
+        _known(explicit, START)
+        return cls(version=version, **apply_mode_preset(explicit))
 
-        τ counts applied updates, so a buffer of K makes τ roughly K times larger than in FedAsync;
-        hence the larger default τ_max.
-        """
-        return cls(
-            mode=Mode.FEDBUFF,
-            decay=Decay.POLYNOMIAL,
-            gamma=0.5,
-            buffer_size=buffer_size,
-            server_lr=server_lr,
-            tau_max=tau_max,
+    @classmethod
+    def fedbuff(cls, **explicit: Any) -> Policy:
+        """FedBuff as `mode = fedbuff` means everywhere (MODE_PRESETS), with `explicit` on top."""
+        return cls.configured({"mode": Mode.FEDBUFF, **explicit})
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One policy field as the schema declares it: the single source every other form reads."""
+
+    name: str
+    #: bool, int, float or an enum
+    kind: type
+    #: None is a value too (a feature that is off, a budget left to the configuration)
+    optional: bool
+    default: Any
+    description: str
+    #: the range of a number; None for enums and flags
+    allowed: Range | None
+    scope: Scope
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values an enum field takes, as written in settings and configs; () otherwise."""
+        if issubclass(self.kind, StrEnum):
+            return tuple(member.value for member in self.kind)
+        return ()
+
+    def normalise(self, value: object) -> Any:
+        """`value` as the policy holds it (an enum, a float), or ParamError naming the range."""
+        if value is None and self.optional:
+            return None
+        if issubclass(self.kind, StrEnum):
+            return _enum(self.kind, self.name, value)
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ParamError(self.name, value, "true or false")
+            return value
+        if self.allowed is None:  # pragma: no cover - _schema() refuses such a field
+            raise TypeError(f"policy field {self.name} has no range")
+        self.allowed.check(self.name, value)  # type: ignore[arg-type]  # check() says if not
+        return float(value) if self.kind is float else value  # type: ignore[arg-type]
+
+
+def _schema() -> tuple[FieldSpec, ...]:
+    """Every field of `Policy` with its type and `param()` metadata, in declaration order."""
+    hints = typing.get_type_hints(Policy)
+    out = []
+    for f in fields(Policy):
+        meta = f.metadata.get(PARAM_KEY)
+        if not isinstance(meta, Param):
+            raise TypeError(f"policy field {f.name} is not declared with param()")
+        kind, optional = _unwrap(hints[f.name])
+        numeric = kind in (int, float)
+        if numeric != (meta.allowed is not None) or (
+            meta.allowed is not None and meta.allowed.optional != optional
+        ):
+            raise TypeError(f"policy field {f.name}: a number needs a range, optional iff it is")
+        out.append(
+            FieldSpec(f.name, kind, optional, f.default, meta.description, meta.allowed, meta.scope)
         )
+    return tuple(out)
+
+
+def _unwrap(hint: Any) -> tuple[type, bool]:
+    """(the type, whether None is allowed) of `T` or `T | None`."""
+    if isinstance(hint, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:  # pragma: no cover - no such field
+            raise TypeError(f"unsupported policy field type {hint}")
+        return args[0], True
+    return hint, False
+
+
+#: every policy field, in declaration order
+SCHEMA: tuple[FieldSpec, ...] = _schema()
+FIELDS: Mapping[str, FieldSpec] = types.MappingProxyType({s.name: s for s in SCHEMA})
+#: the fields chosen before a run: settings, `fedasync up` flags, simulator keys
+START: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is Scope.START)
+#: the fields a runtime change (`evolve`, PATCH /v1/policy) may name
+CHANGEABLE: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is not Scope.VERSION)
+#: ranges of the numeric fields other than the runtime budgets (the control API lists them)
+POLICY_RANGES: Mapping[str, Range] = types.MappingProxyType(
+    {s.name: s.allowed for s in SCHEMA if s.allowed is not None and s.scope is not Scope.RUNTIME}
+)
+
+#: What naming a mode means, wherever it is named (FEDASYNC_POLICY__MODE, `fedasync up --mode`, a
+#: simulator algorithm's `kind`, `Policy.fedbuff()`): defaults for the fields the user leaves
+#: unset. FedBuff as published weighs each delta by 1/√(1 + τ) (polynomial, γ = 0.5); τ counts
+#: applied updates, so a buffer of K makes τ about K times larger than in FedAsync, hence τ_max 100.
+MODE_PRESETS: Mapping[Mode, Mapping[str, Any]] = types.MappingProxyType(
+    {
+        Mode.FEDASYNC: types.MappingProxyType({}),
+        Mode.FEDBUFF: types.MappingProxyType(
+            {"decay": Decay.POLYNOMIAL, "gamma": 0.5, "tau_max": 100}
+        ),
+    }
+)
+
+
+def apply_mode_preset(explicit: Mapping[str, Any]) -> dict[str, Any]:
+    """Every start field's value: `explicit` as given, the rest from its mode's preset, else the
+    schema default. Values are not checked here (an unknown mode has no preset); whoever builds
+    the policy from them checks them and names the key the user wrote."""
+    values = {name: FIELDS[name].default for name in START}
+    try:
+        mode = Mode(explicit.get("mode", values["mode"]))
+    except ValueError:
+        mode = None
+    if mode is not None:
+        values.update(MODE_PRESETS[mode])
+    values.update(explicit)
+    return values
+
+
+def _known(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in data:
+        if key not in allowed:
+            raise ParamError(str(key), data[key], f"one of {sorted(allowed)}")
 
 
 def _enum(kind: type[StrEnum], param: str, value: object) -> Any:

@@ -7,7 +7,6 @@ previous α by s(τ) again). The hinge is the paper's 1/(a(τ−b)+1), not FedLa
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 
 
@@ -52,11 +51,6 @@ def hinge(tau: int, a: float, b: int) -> float:
     if tau <= b:
         return 1.0
     return 1.0 / (a * (tau - b) + 1.0)
-
-
-def fedbuff_sqrt(tau: int) -> float:
-    """FedBuff's own weight 1/√(1 + τ); equal to the polynomial rule with γ = 0.5."""
-    return 1.0 / math.sqrt(1.0 + clamp_tau(tau))
 
 
 def factor(

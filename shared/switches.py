@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedasync.shared.params import POLICY_RANGES
-from fedasync.shared.policy import Policy
+from fedasync.shared.policy import POLICY_RANGES, Policy
 
 #: how much `raise-gamma` raises γ, and the factor `lower-alpha` applies to α0
 GAMMA_STEP = 0.3

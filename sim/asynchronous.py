@@ -299,9 +299,8 @@ def run_async(
     """Run the configured algorithm at `algorithm_index` with its resolved `policy`."""
     algorithm = world.config.algorithms[algorithm_index]
     assert not isinstance(algorithm, FedAvgConfig)
-    rules = algorithm.rules_config(world.config.eval.interval_s)
     return AsyncRun(
-        label(algorithm), policy, world, progress, on_decision, rules, algorithm.decide_s
+        label(algorithm), policy, world, progress, on_decision, algorithm.rules, algorithm.decide_s
     ).run()
 
 

@@ -14,15 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedasync.learning.partition import PartitionError
-from fedasync.learning.tasks import UnknownTaskError
+from fedasync.learning.tasks import TaskError
 from fedasync.shared.fleet import ReplayedLatency, RunLatency
 from fedasync.sim.advisor import Advice, advise, estimated_rate
 from fedasync.sim.config import ConfigError, load_config
-from fedasync.sim.presets import PRESETS, UnknownPresetError, preset_text
+from fedasync.sim.presets import PRESETS, SUMMARIES, UnknownPresetError, preset_text
 from fedasync.sim.result import Progress
 from fedasync.sim.trace import TraceError, read_durations
 
-_INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, UnknownTaskError)
+_INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, TaskError)
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,7 +34,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     simulate.add_argument("--out", type=Path, help="output folder (default runs/NAME-seedSEED)")
     simulate.add_argument("--no-plots", action="store_true", help="summary and CSVs only")
     simulate.add_argument("--quiet", action="store_true", help="no progress bar")
-    simulate.add_argument("--list-presets", action="store_true", help="list presets and exit")
+    simulate.add_argument(
+        "--list-presets", action="store_true", help="list presets, one line each, and exit"
+    )
     simulate.add_argument(
         "--show-config", action="store_true", help="print the preset's TOML and exit"
     )
@@ -75,8 +77,9 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 @_guarded
 def _simulate(args: argparse.Namespace) -> int:
     if args.list_presets:
+        width = max(len(name) for name in PRESETS)
         for name in sorted(PRESETS):
-            print(name)
+            print(f"{name:<{width}}  {SUMMARIES[name]}")
         return 0
     if args.show_config:
         if args.preset is None:
@@ -85,11 +88,13 @@ def _simulate(args: argparse.Namespace) -> int:
         return 0
     from fedasync.sim.output import write_all, write_data
     from fedasync.sim.runner import simulate
+    from fedasync.sim.world import build_world
 
     config = load_config(args.config, args.preset, args.seed)
+    world = build_world(config)  # the task is built first: a bad one is one line, nothing shown
     out = args.out if args.out is not None else Path("runs") / f"{config.name}-seed{config.seed}"
     with _progress(config.budget.max_seconds, enabled=not args.quiet) as progress:
-        sim = simulate(config, progress=progress)
+        sim = simulate(config, progress=progress, world=world)
     summary = write_all(sim, out) if not args.no_plots else write_data(sim, out)
     for name, result in summary["algorithms"].items():
         reached = result["time_to_target"]["time_s"]

@@ -1,26 +1,33 @@
 """A simulation's configuration: TOML or YAML, optionally on top of a named preset, validated.
 
 Every field has a default, a file only states what differs, and unknown keys are errors, so a
-misspelt setting is never silently ignored. Policy parameters are checked by the core's own
-ranges (fedasync.shared.params), the same that the aggregator service applies.
+misspelt setting is never silently ignored. An algorithm's policy fields are the core's schema
+(shared/policy.py), with its defaults, ranges and mode presets, the same the services apply.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from fedasync.learning.tasks import TaskError, check_name
 from fedasync.shared.params import ParamError
-from fedasync.shared.policy import Policy
-from fedasync.shared.staleness import Decay
-
-#: the core's defaults, so a simulation and a deployment start from the same policy
-_CORE_DEFAULTS = Policy()
+from fedasync.shared.policy import START, Policy, apply_mode_preset
+from fedasync.shared.policy_schema import policy_model
 
 
 class ConfigError(ValueError):
@@ -32,9 +39,21 @@ class Strict(BaseModel):
 
 
 class TaskConfig(Strict):
-    name: Literal["linear", "synthetic", "digits"] = "digits"
+    """A built-in name or `package.module:attribute`; only the form is checked here, the task is
+    built (its module imported) by `build_world`, with the same resolver the services use."""
+
+    name: str = "digits"
     #: passed to fedasync.learning.tasks.get_task, e.g. {hidden = 32} for digits
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _names_a_task(cls, name: str) -> str:
+        try:
+            check_name(name)
+        except TaskError as exc:
+            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
+        return name
 
 
 class DataConfig(Strict):
@@ -192,23 +211,6 @@ class EvalConfig(Strict):
     jitter_window: int = Field(20, ge=2, description="last evaluations for the jitter measure")
 
 
-class RateRuleConfig(Strict):
-    """The control service's update-rate rule, run on virtual time (shared/rules.py)."""
-
-    switch: Literal["raise-gamma", "lower-alpha"] = "raise-gamma"
-    rate_high: float = Field(gt=0, description="decisions/s that turn the switch on")
-    rate_low: float = Field(ge=0, description="decisions/s below which it turns off")
-    hold_s: float = Field(0.0, ge=0, description="how long the rate must stay beyond a level")
-    cooldown_s: float = Field(0.0, ge=0, description="least time between two flips")
-    window_s: float = Field(60.0, gt=0, description="window the rate is measured over")
-
-    @model_validator(mode="after")
-    def _levels(self) -> RateRuleConfig:
-        if self.rate_low > self.rate_high:
-            raise ValueError("rate_low must not exceed rate_high")
-        return self
-
-
 class RulesConfig(Strict):
     """The control service's automatic rules (shared/rules.py), run on virtual time.
 
@@ -259,81 +261,72 @@ class RulesConfig(Strict):
 
 
 class AsyncAlgorithmConfig(Strict):
-    """What FedAsync and FedBuff share: the aggregator's speed and the operator rules."""
+    """What FedAsync and FedBuff share: the aggregator's speed, the operator rules, and every
+    start field of the policy (added from the core's schema by `policy_model` below).
+
+    The algorithm's `kind` is the policy's mode, and naming it means what naming the mode means
+    everywhere (`apply_mode_preset`): the fields a config leaves unset take that mode's preset.
+    """
 
     #: virtual seconds the aggregator takes per decision (0: each update is decided the moment it
     #: arrives); updates that arrive meanwhile wait in arrival order, like entries in the stream
     decide_s: float = Field(0.0, ge=0)
     #: the control service's automatic rules, on virtual time
     rules: RulesConfig | None = None
+    if TYPE_CHECKING:
+        kind: str  # each algorithm's own Literal
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_preset(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        chosen = {k: v for k, v in data.items() if k in POLICY_KEYS}
+        values = apply_mode_preset({"mode": data.get("kind"), **chosen})
+        return {**data, **{k: v for k, v in values.items() if k in POLICY_KEYS}}
+
+    @model_validator(mode="after")
+    def _core_rules(self) -> AsyncAlgorithmConfig:
+        _check_policy(lambda: self.policy(_AUTO_PLACEHOLDER))
+        return self
+
+    def policy(self, advised_tau_max: int) -> Policy:
+        """The policy this algorithm runs with; `advised_tau_max` replaces `tau_max = "auto"`."""
+        values = {name: getattr(self, name) for name in POLICY_KEYS}
+        if values["tau_max"] == "auto":
+            values["tau_max"] = advised_tau_max
+        return Policy.configured({"mode": self.kind, **values})
 
 
-class FedAsyncConfig(AsyncAlgorithmConfig):
+#: the policy's start fields an algorithm table holds: all but the mode, which is its `kind`
+POLICY_KEYS = tuple(name for name in START if name != "mode")
+#: checks a config whose `tau_max` is "auto" before the advisor has looked at the fleet
+_AUTO_PLACEHOLDER = 10
+
+if TYPE_CHECKING:
+
+    class _AsyncPolicyConfig(AsyncAlgorithmConfig):
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    _AsyncPolicyConfig = policy_model(
+        "AsyncPolicyConfig",
+        AsyncAlgorithmConfig,
+        POLICY_KEYS,
+        doc=AsyncAlgorithmConfig.__doc__ or "",
+        #: "auto": the advisor's recommendation for this fleet (see sim/advisor.py)
+        words={"tau_max": ("auto",)},
+    )
+
+
+class FedAsyncConfig(_AsyncPolicyConfig):
     kind: Literal["fedasync"]
     name: str | None = None
-    decay: Decay = _CORE_DEFAULTS.decay
-    alpha0: float = _CORE_DEFAULTS.alpha0
-    gamma: float = _CORE_DEFAULTS.gamma
-    lam: float = _CORE_DEFAULTS.lam
-    hinge_a: float = _CORE_DEFAULTS.hinge_a
-    hinge_b: int = _CORE_DEFAULTS.hinge_b
-    #: "auto": the advisor's recommendation for this fleet (see sim/advisor.py)
-    tau_max: int | Literal["auto"] = _CORE_DEFAULTS.tau_max
-    #: what the control service's update-rate rule would have done, on virtual time (the older
-    #: form of `rules` with only the update-rate rule, evaluated every evaluation interval)
-    rate_rule: RateRuleConfig | None = None
-
-    def policy(self, tau_max: int) -> Policy:
-        return Policy(
-            decay=self.decay,
-            alpha0=self.alpha0,
-            gamma=self.gamma,
-            lam=self.lam,
-            hinge_a=self.hinge_a,
-            hinge_b=self.hinge_b,
-            tau_max=tau_max,
-        )
-
-    @model_validator(mode="after")
-    def _core_ranges(self) -> FedAsyncConfig:
-        _check_policy(lambda: self.policy(10 if self.tau_max == "auto" else self.tau_max))
-        if self.rate_rule is not None and self.rules is not None:
-            raise ValueError("give rules or rate_rule, not both")
-        return self
-
-    def rules_config(self, eval_interval_s: float) -> RulesConfig | None:
-        """`rules`, or `rate_rule` in that form (evaluated at every evaluation, as it was)."""
-        if self.rate_rule is None:
-            return self.rules
-        r = self.rate_rule
-        return RulesConfig(
-            interval_s=eval_interval_s,
-            window_s=r.window_s,
-            hold_s=r.hold_s,
-            cooldown_s=r.cooldown_s,
-            rate_high=r.rate_high,
-            rate_low=r.rate_low,
-            rate_switch=r.switch,
-        )
 
 
-class FedBuffConfig(AsyncAlgorithmConfig):
+class FedBuffConfig(_AsyncPolicyConfig):
     kind: Literal["fedbuff"]
     name: str | None = None
-    buffer_size: int = _CORE_DEFAULTS.buffer_size
-    server_lr: float = _CORE_DEFAULTS.server_lr
-    tau_max: int | Literal["auto"] = Policy.fedbuff().tau_max
-
-    def policy(self, tau_max: int) -> Policy:
-        return Policy.fedbuff(self.buffer_size, self.server_lr, tau_max)
-
-    def rules_config(self, eval_interval_s: float) -> RulesConfig | None:
-        return self.rules
-
-    @model_validator(mode="after")
-    def _core_ranges(self) -> FedBuffConfig:
-        _check_policy(lambda: self.policy(100 if self.tau_max == "auto" else self.tau_max))
-        return self
 
 
 class FedAvgConfig(Strict):
@@ -433,15 +426,40 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
 
 
 def build(data: Mapping[str, Any]) -> SimConfig:
-    """Validate, or raise one ConfigError listing every problem with its dotted key."""
+    """Validate, or raise one ConfigError listing every problem with its dotted key, as the
+    config wrote it (`algorithms.0.gamma = -1: allowed (0, 10]`)."""
     try:
         return SimConfig.model_validate(dict(data))
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
-            where = ".".join(str(p) for p in error["loc"]) or "(top level)"
-            lines.append(f"  {where}: {error['msg']}")
-        raise ConfigError("invalid simulation config:\n" + "\n".join(lines)) from None
+            where = ".".join(_key_path(data, error["loc"])) or "(top level)"
+            value = error.get("input")
+            if isinstance(value, (str, int, float, bool)):
+                where += f" = {json.dumps(value)}"
+            message = str(error["msg"]).removeprefix("Value error, ")
+            lines.append(f"{where}: {message}")
+        if len(lines) == 1:  # one problem, one line
+            raise ConfigError(f"invalid simulation config: {lines[0]}") from None
+        raise ConfigError(
+            "invalid simulation config:\n" + "\n".join(f"  {line}" for line in lines)
+        ) from None
+
+
+def _key_path(data: Any, loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of `loc` that are in the config: pydantic also names the `kind` it tried."""
+    keys = []
+    for part in loc:
+        if isinstance(data, Mapping) and part not in data and part == data.get("kind"):
+            continue  # a discriminated union's tag, not a key the user wrote
+        keys.append(str(part))
+        if isinstance(data, Mapping):
+            data = data.get(part)
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            data = None
+    return keys
 
 
 def load_config(

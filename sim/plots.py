@@ -8,27 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from fedasync.shared.charts import new_figure, png_bytes
 from fedasync.sim.result import RunResult
 from fedasync.sim.runner import Simulation
 
-DPI = 100
-
-
-def new_figure() -> Figure:
-    """A report-sized figure on the Agg canvas (the simulator's and `fedasync up`'s charts)."""
-    figure = Figure(figsize=(7.5, 4.5), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
 
 def save_png(figure: Figure, path: Path) -> str:
-    """Write without the software tag, so the same chart gives the same bytes."""
-    figure.savefig(path, metadata={"Software": None})
+    """Write the chart (the same bytes for the same chart, shared/charts.py); its file name."""
+    path.write_bytes(png_bytes(figure))
     return path.name
 
 
@@ -165,8 +156,7 @@ def rules_chart(sim: Simulation, out: Path) -> str | None:
     runs = [r for r in _async(sim) if r.rule_figures]
     if not runs:
         return None
-    figure = Figure(figsize=(7.5, 2.2 + 2.3 * len(runs)), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(height=2.2 + 2.3 * len(runs))
     axes = figure.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
     for ax, r in zip(axes, runs, strict=True):
         times = [t / 60 for t, _, _ in r.rule_figures]

@@ -49,10 +49,8 @@ def simulate(
         if isinstance(algorithm, cfg.FedAvgConfig):
             result = run_sync(world, index, callback)
         else:
-            tau_max = (
-                advice.recommended_tau_max if algorithm.tau_max == "auto" else algorithm.tau_max
-            )
-            result = run_async(world, index, algorithm.policy(tau_max), callback, on_decision)
+            policy = algorithm.policy(advised_tau_max=advice.recommended_tau_max)
+            result = run_async(world, index, policy, callback, on_decision)
         if callback is not None:
             callback(result.end_s, result.recorder.updates_applied)
         results.append(result)

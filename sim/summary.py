@@ -14,26 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from fedasync.shared.stats import stats
 from fedasync.sim.recorder import Recorder
 from fedasync.sim.result import RunResult
 from fedasync.sim.runner import Simulation
 
 SCHEMA = 1
 HOUR = 3600.0
-
-
-def stats(values: Sequence[float]) -> dict[str, float | int | None]:
-    """count, mean, p50, p95, max (None when there are no values)."""
-    if not values:
-        return {"count": 0, "mean": None, "p50": None, "p95": None, "max": None}
-    array = np.asarray(values, dtype=np.float64)
-    return {
-        "count": len(values),
-        "mean": float(np.mean(array)),
-        "p50": float(np.percentile(array, 50)),
-        "p95": float(np.percentile(array, 95)),
-        "max": float(np.max(array)),
-    }
 
 
 def time_to_target(recorder: Recorder, target: float | None) -> dict[str, Any]:

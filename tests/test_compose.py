@@ -750,3 +750,21 @@ def test_grafana_dashboard_shows_what_operators_watch() -> None:
         assert needed in queried, needed
     kinds = {panel["type"] for _, panel in dashboard_panels()}
     assert "heatmap" in kinds  # the τ and α distributions, not only their quantiles
+
+
+def test_a_task_of_ones_own_can_be_built_into_both_images() -> None:
+    """docs/your-model.md: TASK_PACKAGES goes to pip in both images; the task name defaults to
+    digits; SERVICES_TORCH adds torch to the services image only."""
+    assert COMPOSE["x-fedasync-env"]["FEDASYNC_TASK__NAME"] == "${FEDASYNC_TASK__NAME:-digits}"
+    services_args = COMPOSE["x-services-image"]["build"]["args"]
+    assert services_args == {
+        "TASK_PACKAGES": "${TASK_PACKAGES:-}",
+        "SERVICES_TORCH": "${SERVICES_TORCH:-false}",
+    }
+    assert SERVICES["worker"]["build"]["args"] == {"TASK_PACKAGES": "${TASK_PACKAGES:-}"}
+    for path in (ROOT / "docker").glob("*Dockerfile"):
+        text = path.read_text()
+        assert 'ARG TASK_PACKAGES=""' in text, path.name
+        assert 'if [ -n "$TASK_PACKAGES" ]; then pip install $TASK_PACKAGES; fi' in text, path.name
+    services = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in services

@@ -10,7 +10,7 @@ from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("aggregator", run, fatal=(Fenced, CommitConflict))
+    return run_service("aggregator", run, fatal=(Fenced, CommitConflict), builds_task=True)
 
 
 if __name__ == "__main__":

@@ -151,11 +151,7 @@ class Aggregator:
         )
 
     def _initial_state(self) -> AggregationState:
-        from fedasync.learning.tasks import (
-            get_task,  # numpy only: no torch needed to build the model
-        )
-
-        task = get_task(self.settings.task.name)
+        task = self.settings.task.build()  # init_weights is numpy only: no torch needed
         weights = task.init_weights(stream(self.settings.task.seed, Stream.MODEL))
         return AggregationState(weights, task.layout, dedup=self._dedup())
 

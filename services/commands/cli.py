@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,31 +18,31 @@ from pathlib import Path
 from fedasync.services.commands.acl_cli import register as register_acl
 from fedasync.services.commands.chaos.cli import register as register_chaos
 from fedasync.services.commands.devices_cli import register as register_devices
+from fedasync.services.commands.flags import add_flags, given, policy_flags
+from fedasync.services.commands.redis_target import CommandError
 from fedasync.services.commands.up.options import add_arguments as add_up_arguments
-from fedasync.services.runtime.settings import SettingsError, load_settings, settings_reference
+from fedasync.services.runtime.settings import (
+    ENV_PREFIX,
+    RedisSettings,
+    SettingsError,
+    load_settings,
+    settings_reference,
+)
 from fedasync.shared import __version__
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import Policy
+from fedasync.shared.policy_schema import reference_table
 from fedasync.shared.staleness import Decay
 from fedasync.sim.cli import register as register_simulator
+
+#: the policy fields that change α or whether an update is dropped (and the mode, for its preset)
+ALPHA_FLAGS = policy_flags(("mode", "alpha0", "gamma", "lam", "hinge_a", "hinge_b", "tau_max"))
 
 
 def _alpha_table(args: argparse.Namespace) -> int:
     """α for every rule at each τ, so a practitioner sees what a policy does before using it."""
-    base = load_settings().policy.to_policy()
-    overrides = {
-        k: v
-        for k, v in {
-            "alpha0": args.alpha0,
-            "gamma": args.gamma,
-            "lam": args.lam,
-            "hinge_a": args.hinge_a,
-            "hinge_b": args.hinge_b,
-            "tau_max": args.tau_max,
-        }.items()
-        if v is not None
-    }
-    policies = {d: Policy.from_dict(base.to_dict() | overrides | {"decay": d}) for d in Decay}
+    base = given(args, ALPHA_FLAGS).load().policy.to_policy()
+    policies = {d: Policy.from_dict(base.to_dict() | {"decay": d}) for d in Decay}
     tau_max = policies[Decay.CONSTANT].tau_max
     last = args.max_tau if args.max_tau is not None else tau_max + 2
     header = f"{'tau':>4}  " + "  ".join(f"{d.value:>11}" for d in Decay)
@@ -57,10 +58,15 @@ def _alpha_table(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> int:
-    if args.docs:
+    if args.docs == "policy":
+        print(reference_table(), end="")
+        return 0
+    if args.docs == "settings":
         print(settings_reference(), end="")
         return 0
-    print(json.dumps(load_settings().model_dump(mode="json"), indent=2))
+    settings = load_settings()
+    settings.task.build()  # the task as the aggregator would build it: importable, a Task
+    print(json.dumps(settings.model_dump(mode="json"), indent=2))
     return 0
 
 
@@ -75,31 +81,63 @@ def _service(module: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _ledger(args: argparse.Namespace) -> int:
+    """Export or verify the ledger of the configured Redis, or of a `fedasync up` run folder."""
+    from fedasync.services.commands.redis_target import configured, saved_run
+
+    settings = load_settings()
+    command = f"ledger {args.ledger_command}"
+    if args.run is None:
+        redis_settings = configured(
+            settings.redis,
+            command,
+            f", or give --run runs/up-… to {args.ledger_command} the ledger of a `fedasync up` run",
+        )
+        return asyncio.run(_ledger_job(args, redis_settings, settings.wire.max_message_bytes))
+    prefix_given = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
+    with saved_run(args.run, settings.redis, prefix_given, command) as run:
+        if not run.finished:
+            print(
+                f"{args.run} has no summary.json (still running, or cut short): reading a copy "
+                "of its Redis as it is now",
+                file=sys.stderr,
+            )
+        return asyncio.run(_ledger_job(args, run.redis, settings.wire.max_message_bytes))
+
+
+async def _ledger_job(
+    args: argparse.Namespace, redis_settings: RedisSettings, max_message_bytes: int
+) -> int:
+    from fedasync.services.commands.redis_target import talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores import ledger
     from fedasync.services.stores.keys import Keys
 
-    settings = load_settings()
+    redis = connect(redis_settings)
+    keys = Keys(redis_settings.key_prefix)
 
-    async def go() -> int:
-        redis = connect(settings.redis)
-        keys = Keys(settings.redis.key_prefix)
-        try:
-            if args.ledger_command == "export":
-                if args.out is None:
-                    count = await ledger.export(redis, keys, sys.stdout)
-                else:
-                    with args.out.open("w") as out:
-                        count = await ledger.export(redis, keys, out)
-                print(f"{count} decisions exported", file=sys.stderr)
-                return 0
-            report = await ledger.verify(redis, keys, settings.wire.max_message_bytes)
-            print(report.describe())
-            return 0 if report.ok else 1
-        finally:
-            await redis.aclose()
+    async def export() -> int:
+        if args.out is None:
+            count = await ledger.export(redis, keys, sys.stdout)
+        else:
+            try:
+                out = args.out.open("w")
+            except OSError as exc:
+                raise CommandError(f"ledger export: --out {args.out}: {exc.strerror}") from None
+            with out:
+                count = await ledger.export(redis, keys, out)
+        print(f"{count} decisions exported", file=sys.stderr)
+        return 0
 
-    return asyncio.run(go())
+    async def verify() -> int:
+        report = await ledger.verify(redis, keys, max_message_bytes)
+        print(report.describe())
+        return 0 if report.ok else 1
+
+    try:
+        job = export if args.ledger_command == "export" else verify
+        return await talking_to(redis_settings, f"ledger {args.ledger_command}", job)
+    finally:
+        await redis.aclose()
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -119,16 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     alpha = commands.add_parser("alpha", help="show alpha for each staleness rule and tau")
     alpha.add_argument("--t", type=int, default=0, help="server version, for the progress rule")
     alpha.add_argument("--max-tau", type=int, default=None, help="last tau shown")
-    alpha.add_argument("--alpha0", type=float)
-    alpha.add_argument("--gamma", type=float)
-    alpha.add_argument("--lam", type=float)
-    alpha.add_argument("--hinge-a", type=float)
-    alpha.add_argument("--hinge-b", type=int)
-    alpha.add_argument("--tau-max", type=int)
+    add_flags(alpha, ALPHA_FLAGS)
     alpha.set_defaults(handler=_alpha_table)
 
     settings = commands.add_parser("settings", help="print the validated settings as JSON")
-    settings.add_argument("--docs", action="store_true", help="print the settings reference table")
+    settings.add_argument(
+        "--docs",
+        nargs="?",
+        const="settings",
+        choices=["settings", "policy"],
+        help="print the reference table of every setting (docs/configuration.md), or of every "
+        "policy field",
+    )
     settings.set_defaults(handler=_settings)
 
     for name, text in (
@@ -145,9 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
     export = ledger_commands.add_parser("export", help="write the ledger as JSON lines")
     export.add_argument("--out", type=Path, help="file to write (default: standard output)")
-    ledger_commands.add_parser(
+    verify = ledger_commands.add_parser(
         "verify", help="replay the ledger through the core and check the committed model"
     )
+    for sub in (export, verify):
+        sub.add_argument(
+            "--run",
+            type=Path,
+            metavar="RUN_FOLDER",
+            help="a `fedasync up` run folder (runs/up-…): start a copy of its saved Redis and "
+            "read that, instead of FEDASYNC_REDIS__URL; the folder itself is not written",
+        )
     ledger.set_defaults(handler=_ledger)
 
     up = commands.add_parser(
@@ -174,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, ParamError) as exc:
         print(f"fedasync: {exc}", file=sys.stderr)
         return 2
+    except CommandError as exc:  # what is missing or failed, in one line
+        print(f"fedasync {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,9 @@ def register(commands: Any) -> None:
 
 
 def _devices(args: argparse.Namespace) -> int:
+    import redis.asyncio as aioredis
+
+    from fedasync.services.commands.redis_target import configured, talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores.device_keys import add_device, list_devices, revoke_device
     from fedasync.services.stores.keys import Keys
@@ -41,27 +44,33 @@ def _devices(args: argparse.Namespace) -> int:
         except AuthError as exc:
             print(f"fedasync: {exc.detail}", file=sys.stderr)
             return 2
+    command = f"devices {args.devices_command}"
+    # device keys live in the Redis the aggregator and the ingest service read them from
+    redis_settings = configured(settings.redis, command)
 
     async def go() -> int:
-        redis = connect(settings.redis)
-        keys = Keys(settings.redis.key_prefix)
+        redis = connect(redis_settings)
+        keys = Keys(redis_settings.key_prefix)
         try:
-            if args.devices_command == "add":
-                key = await add_device(redis, keys, args.client_id)
-                print(key)
-                print(
-                    f"key of {args.client_id}: shown once; give it to the device as "
-                    "FEDASYNC_WORKER__KEY",
-                    file=sys.stderr,
-                )
-                return 0
-            if args.devices_command == "revoke":
-                had = await revoke_device(redis, keys, args.client_id)
-                print(f"{args.client_id}: " + ("revoked" if had else "had no key (now revoked)"))
-                return 0
-            print(json.dumps(await list_devices(redis, keys), indent=2))
-            return 0
+            return await talking_to(redis_settings, command, lambda: act(redis, keys))
         finally:
             await redis.aclose()
+
+    async def act(redis: aioredis.Redis, keys: Keys) -> int:
+        if args.devices_command == "add":
+            key = await add_device(redis, keys, args.client_id)
+            print(key)
+            print(
+                f"key of {args.client_id}: shown once; give it to the device as "
+                "FEDASYNC_WORKER__KEY",
+                file=sys.stderr,
+            )
+            return 0
+        if args.devices_command == "revoke":
+            had = await revoke_device(redis, keys, args.client_id)
+            print(f"{args.client_id}: " + ("revoked" if had else "had no key (now revoked)"))
+            return 0
+        print(json.dumps(await list_devices(redis, keys), indent=2))
+        return 0
 
     return asyncio.run(go())

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedasync.shared.params import POLICY_RANGES
-from fedasync.shared.policy import NormAction
+from fedasync.shared.policy import CHANGEABLE, SCHEMA
 from fedasync.shared.switches import SWITCHES
 
 _ERROR = {
@@ -24,30 +23,28 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _policy_schema() -> dict[str, Any]:
-    properties: dict[str, Any] = {
-        "mode": {"type": "string", "enum": ["fedasync", "fedbuff"]},
-        "decay": {
-            "type": "string",
-            "enum": ["constant", "polynomial", "progress", "exponential", "hinge"],
-        },
-        "norm_action": {"type": "string", "enum": [a.value for a in NormAction]},
-        "paused": {"type": "boolean"},
-        "ingest_paused": {"type": "boolean"},
-        "max_updates": {"type": ["integer", "null"], "minimum": 1},
-        "max_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
-    }
-    for name, allowed in POLICY_RANGES.items():
-        kind = "integer" if allowed.integer else "number"
-        prop: dict[str, Any] = {"type": [kind, "null"] if allowed.optional else kind}
-        prop["exclusiveMinimum" if allowed.low_open else "minimum"] = allowed.low
-        prop["exclusiveMaximum" if allowed.high_open else "maximum"] = allowed.high
-        properties[name] = prop
+    """The policy's JSON schema, from the core's schema: every field, its type and range."""
+    properties: dict[str, Any] = {}
+    for field in SCHEMA:
+        prop: dict[str, Any] = {"description": field.description}
+        if field.choices:
+            prop |= {"type": "string", "enum": list(field.choices)}
+        elif field.kind is bool:
+            prop["type"] = "boolean"
+        else:
+            allowed = field.allowed
+            assert allowed is not None  # every number has a range (shared/policy.py)
+            kind = "integer" if allowed.integer else "number"
+            prop["type"] = [kind, "null"] if allowed.optional else kind
+            prop["exclusiveMinimum" if allowed.low_open else "minimum"] = allowed.low
+            prop["exclusiveMaximum" if allowed.high_open else "maximum"] = allowed.high
+        properties[field.name] = prop
     return {"type": "object", "properties": properties}
 
 
 def spec() -> dict[str, Any]:
     policy = _policy_schema()
-    changes = {k: v for k, v in policy["properties"].items() if k != "version"}
+    changes = {k: v for k, v in policy["properties"].items() if k in CHANGEABLE}
     errors = {
         "401": _json(_ERROR, "no bearer token"),
         "403": _json(_ERROR, "wrong token, or writes disabled"),

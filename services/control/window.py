@@ -13,6 +13,7 @@ from fedasync.services.stores import ledger
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.acceptance import acceptance_rows, closing_drop
 from fedasync.shared.rules import DecisionWindow, Figures
+from fedasync.shared.stats import AppliedRate, percentiles
 
 
 class LedgerWindow:
@@ -26,6 +27,8 @@ class LedgerWindow:
         self._lock = asyncio.Lock()
         #: decisions since training started, by outcome (the ledger is read from its start)
         self.totals: Counter[str] = Counter()
+        #: applied per second since the first applied update (the run summary's definition)
+        self.applied_rate = AppliedRate()
 
     async def refresh(self, now: float) -> None:
         """Take in what was committed since the last refresh; forget what left the window."""
@@ -33,6 +36,7 @@ class LedgerWindow:
             async for r in ledger.records(self.redis, self.keys, after=self._cursor):
                 self._cursor = r["ledger_id"]
                 self.totals[r["outcome"]] += 1
+                self.applied_rate.add(float(r["at"]), r["outcome"])
                 if not closing_drop(r):  # after the budget: says nothing about the fleet
                     self.window.add(
                         float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]
@@ -50,21 +54,15 @@ class LedgerWindow:
             "window_s": w.window_s,
             "totals": dict(self.totals),
             "update_rate": w.update_rate,
+            "applied_per_second": self.applied_rate.per_second,
             "drop_share": w.drop_share,
             "consecutive_drops": w.consecutive_drops,
-            "tau": _percentiles(taus),
-            "alpha": _percentiles(alphas),
+            "tau": percentiles(taus),
+            "alpha": percentiles(alphas),
             "tau_histogram": _tau_histogram(taus),
             "alpha_histogram": _alpha_histogram(alphas),
             "clients": acceptance_rows(w.acceptance()),
         }
-
-
-def _percentiles(values: list[Any]) -> dict[str, float] | None:
-    if not values:
-        return None
-    p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), [50, 95])
-    return {"p50": float(p50), "p95": float(p95), "max": float(max(values))}
 
 
 #: τ values shown one bar each; larger ones share the last bar

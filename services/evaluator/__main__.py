@@ -9,7 +9,7 @@ from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("evaluator", run)
+    return run_service("evaluator", run, builds_task=True)
 
 
 if __name__ == "__main__":

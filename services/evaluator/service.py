@@ -22,7 +22,6 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from fedasync.learning.task import Task
-from fedasync.learning.tasks import get_task
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.runtime.http_service import http_service, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
@@ -56,7 +55,7 @@ class Follower:
         self.redis = redis
         self.keys = Keys(settings.redis.key_prefix)
         self.metrics = metrics
-        self.task: Task = get_task(settings.task.name)
+        self.task: Task = settings.task.build()
         _, self.test = self.task.dataset(stream(settings.task.seed, Stream.DATA))
         #: the newest version scored and recorded
         self.evaluated: int | None = None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -17,26 +19,64 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fedasync.learning.task import Task
+from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
 from fedasync.shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
-from fedasync.shared.params import POLICY_RANGES, ParamError
-from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.params import ParamError
+from fedasync.shared.policy import START, Policy, apply_mode_preset
+from fedasync.shared.policy_schema import policy_model
 from fedasync.shared.rules import RULE_NAMES
-from fedasync.shared.staleness import Decay
 from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_PREFIX = "FEDASYNC_"
 ENV_NESTED_DELIMITER = "__"
-_DEFAULT_POLICY = Policy()
+
+
+#: a setting's place: (section, name), e.g. ("policy", "tau_max")
+SettingPath = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One setting that failed validation: where, the value given (when one was), what is wrong."""
+
+    path: SettingPath
+    given: str | None
+    message: str
+
+    def describe(self, flags: Mapping[SettingPath, str]) -> str:
+        """As the user wrote it: `--tau-max -1` when a flag gave it, else its variable."""
+        flag = flags.get(self.path)
+        if flag is None:
+            return f"{env_name(*self.path)}: {self.message}"
+        return f"{flag if self.given is None else f'{flag} {self.given}'}: {self.message}"
 
 
 class SettingsError(ValueError):
     """Settings that failed validation; the message names each variable and what is wrong."""
+
+    def __init__(self, message: str, problems: tuple[Problem, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+    def naming(
+        self, flags: Mapping[SettingPath, str], typed: Mapping[SettingPath, Any]
+    ) -> SettingsError:
+        """The same error with each problem a flag gave named by that flag and the value typed
+        (`--tau-max -1`), not by a variable the user never set."""
+        if not any(p.path in flags for p in self.problems):
+            return self
+        problems = tuple(
+            replace(p, given=_text(typed.get(p.path))) if p.path in flags else p
+            for p in self.problems
+        )
+        return SettingsError(_invalid([p.describe(flags) for p in problems]), problems)
 
 
 class Section(BaseModel):
@@ -57,42 +97,21 @@ class RedisSettings(Section):
     key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
 
 
-class PolicySettings(Section):
-    """The initial mixing policy; its ranges are the core's (see docs/configuration.md)."""
+class PolicySection(Section):
+    """The initial mixing policy: one setting per start field of the core's schema.
 
-    mode: Mode = Field(_DEFAULT_POLICY.mode, description="fedasync or fedbuff")
-    decay: Decay = Field(
-        _DEFAULT_POLICY.decay, description="constant, polynomial, progress, exponential or hinge"
-    )
-    alpha0: float = Field(_DEFAULT_POLICY.alpha0, description="α0, the mixing weight at τ = 0")
-    gamma: float = Field(_DEFAULT_POLICY.gamma, description="γ of the polynomial/progress rules")
-    lam: float = Field(_DEFAULT_POLICY.lam, description="λ of the exponential rule")
-    hinge_a: float = Field(_DEFAULT_POLICY.hinge_a, description="a of the hinge rule")
-    hinge_b: int = Field(_DEFAULT_POLICY.hinge_b, description="b of the hinge rule")
-    tau_max: int = Field(_DEFAULT_POLICY.tau_max, description="drop updates with τ above this")
-    buffer_size: int = Field(_DEFAULT_POLICY.buffer_size, description="FedBuff's K")
-    server_lr: float = Field(_DEFAULT_POLICY.server_lr, description="FedBuff's server step size")
-    norm_bound: float | None = Field(
-        _DEFAULT_POLICY.norm_bound,
-        description="poisoning bound k × median delta norm of recent updates; unset: off",
-    )
-    norm_action: NormAction = Field(
-        _DEFAULT_POLICY.norm_action, description="reject or clip an update beyond the bound"
-    )
-    norm_window: int = Field(
-        _DEFAULT_POLICY.norm_window, description="applied updates the bound's median is over"
-    )
+    The fields come from `Policy` (shared/policy.py) through `policy_model`; naming a mode fills
+    the fields left unset from that mode's preset, as everywhere else (`apply_mode_preset`), so
+    the values shown (`fedasync settings`) are the values in force.
+    """
 
-    @field_validator("*")
+    @model_validator(mode="before")
     @classmethod
-    def _in_core_range(cls, value: Any, info: ValidationInfo) -> Any:
-        allowed = POLICY_RANGES.get(str(info.field_name))
-        if allowed is not None and not allowed.contains(value):
-            raise ValueError(f"allowed {allowed}, got {value!r}")
-        return value
+    def _mode_preset(cls, data: Any) -> Any:
+        return apply_mode_preset(data) if isinstance(data, Mapping) else data
 
     @model_validator(mode="after")
-    def _core_rules(self) -> PolicySettings:
+    def _core_rules(self) -> PolicySection:
         try:
             self.to_policy()
         except ParamError as exc:
@@ -100,7 +119,20 @@ class PolicySettings(Section):
         return self
 
     def to_policy(self, version: int = 0) -> Policy:
-        return Policy(version=version, **self.model_dump())
+        return Policy.configured(self.model_dump(), version)
+
+
+if TYPE_CHECKING:
+
+    class PolicySettings(PolicySection):
+        """Typed as its base; the fields are the schema's, read through `to_policy()`."""
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    PolicySettings = policy_model(
+        "PolicySettings", PolicySection, START, doc=PolicySection.__doc__ or ""
+    )
 
 
 class BudgetSettings(Section):
@@ -120,16 +152,49 @@ class BudgetSettings(Section):
 
 
 class TaskSettings(Section):
-    """What is learned, from which data split; the aggregator, workers and evaluator agree on it."""
+    """What is learned, from which data split; the aggregator, workers and evaluator agree on it.
+
+    The name is checked here without importing anything, so services that never build the task
+    (control, snapshot, ingest) need not have its package installed; those that do build it
+    (`build`) before they start anything (services/runtime/entry.py, `fedasync up`).
+    """
 
     name: str = Field(
-        "digits", min_length=1, description="learning task (digits, linear, synthetic)"
+        "digits",
+        min_length=1,
+        description="learning task: digits, linear, synthetic, or package.module:attribute "
+        "(a fedasync.Task subclass or a function returning one)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description='keyword arguments of the task, a JSON object, e.g. {"hidden": 64}',
     )
     seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
     num_devices: int = Field(10, ge=1, description="devices the training data is split across")
     partition: Literal["iid", "dirichlet", "shards"] = Field(
         "iid", description="how data is split across devices (as in the simulator)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _names_a_task(cls, name: str) -> str:
+        try:
+            check_name(name)
+        except TaskError as exc:
+            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
+        return name
+
+    def build(self) -> Task:
+        """The task these settings name, built (its module imported): or one SettingsError line.
+
+        The variable named is the one to fix: FEDASYNC_TASK__PARAMS when the params were refused.
+        """
+        try:
+            return get_task(self.name, **self.params)
+        except TaskError as exc:
+            setting = "params" if isinstance(exc, TaskParamsError) else "name"
+            problem = Problem(("task", setting), None, str(exc))
+            raise SettingsError(f"invalid settings: {problem.describe({})}", (problem,)) from exc
 
 
 class AggregatorSettings(Section):
@@ -372,15 +437,21 @@ def setting_names() -> set[str]:
     names = set()
     for section_name, section in _sections():
         for name in section.model_fields:
-            names.add(f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}")
+            names.add(env_name(section_name, name))
     return names
+
+
+def env_name(*path: str) -> str:
+    """The environment variable of a setting (or section): FEDASYNC_POLICY__TAU_MAX."""
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Build settings from the environment (and overrides), or raise one readable SettingsError.
 
     A FEDASYNC_ variable that names no setting is an error: a typo must not silently leave a
-    default in force.
+    default in force. An override that came from a command-line flag is named by that flag with
+    `SettingsError.naming` (services/commands/flags.py).
     """
     known = setting_names()
     unknown = sorted(
@@ -391,12 +462,28 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            path = [str(p) for p in error["loc"]]
-            env = ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
-            lines.append(f"  {env}: {error['msg']}")
-        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+        problems = tuple(_problem(error) for error in exc.errors())
+        lines = [problem.describe({}) for problem in problems]
+        raise SettingsError(_invalid(lines), problems) from None
+
+
+def _invalid(lines: list[str]) -> str:
+    """One problem, one line; several, one line each under a heading."""
+    if len(lines) == 1:
+        return f"invalid settings: {lines[0]}"
+    return "invalid settings:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _text(value: Any) -> str | None:
+    """A value given as a user types it; None for a table or list (too long to repeat)."""
+    if isinstance(value, (str, int, float, bool)):
+        return str(value)
+    return None
+
+
+def _problem(error: Any) -> Problem:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return Problem(tuple(str(p) for p in error["loc"]), _text(error.get("input")), message)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -416,8 +503,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
                 value = raw.get_secret_value()
             if value is None:
                 continue
-            variable = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
-            env[variable] = value if isinstance(value, str) else json.dumps(value)
+            env[env_name(section_name, name)] = (
+                value if isinstance(value, str) else json.dumps(value)
+            )
     return env
 
 
@@ -426,12 +514,10 @@ def settings_reference() -> str:
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for section_name, section in _sections():
         for name, field in section.model_fields.items():
-            env = f"{ENV_PREFIX}{section_name.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+            env = env_name(section_name, name)
             default = field.get_default(call_default_factory=True)
             shown = "unset" if default is None else f"`{getattr(default, 'value', default)}`"
             meaning = field.description or ""
-            if section is PolicySettings and name in POLICY_RANGES:
-                meaning += f"; allowed {POLICY_RANGES[name]}"
             rows.append(f"| `{env}` | {shown} | {meaning} |")
     return "\n".join(rows) + "\n"
 

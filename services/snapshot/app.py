@@ -74,9 +74,14 @@ METRICS = web.AppKey("metrics", SnapshotMetrics)
 
 
 # ---------------------------------------------------------------------------------- handlers
-def _headers(served: Served, done: dict[str, str], immutable: bool) -> dict[str, str]:
+def _etag(served: Served, safetensors: bool) -> str:
+    """A strong ETag per representation: the safetensors file is other bytes than the message."""
+    return served.etag[:-1] + '-safetensors"' if safetensors else served.etag
+
+
+def _headers(served: Served, done: dict[str, str], immutable: bool, etag: str) -> dict[str, str]:
     headers = {
-        "ETag": served.etag,
+        "ETag": etag,
         VERSION_HEADER: str(served.version),
         "Cache-Control": "public, max-age=31536000, immutable" if immutable else "no-cache",
     }
@@ -87,12 +92,14 @@ def _headers(served: Served, done: dict[str, str], immutable: bool) -> dict[str,
 
 def _send(request: web.Request, served: Served, route: str, immutable: bool) -> web.Response:
     cache, metrics = request.app[CACHE], request.app[METRICS]
-    headers = _headers(served, cache.done, immutable)
-    if served.etag in _etags(request.headers.get("If-None-Match", "")):
+    safetensors = request.query.get("format") == "safetensors"
+    etag = _etag(served, safetensors)
+    headers = _headers(served, cache.done, immutable, etag)
+    if etag in _etags(request.headers.get("If-None-Match", "")):
         metrics.not_modified.inc()
         metrics.requests.labels(route, "304").inc()
         return web.Response(status=304, headers=headers)
-    if request.query.get("format") == "safetensors":
+    if safetensors:
         body, content_type = served.safetensors(), SAFETENSORS_CONTENT_TYPE
     else:
         body, content_type = served.body, MODEL_CONTENT_TYPE

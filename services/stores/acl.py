@@ -204,11 +204,6 @@ def users(prefix: str) -> tuple[User, ...]:
     )
 
 
-def acl_rules(prefix: str) -> dict[str, str]:
-    """User name → its ACL rules (without `on` and password)."""
-    return {user.name: user.rules() for user in users(prefix)}
-
-
 #: The default user is switched off (nobody can log in as it) but keeps every right. Redis replays
 #: its append-only file as the default user, and Redis 7.0 (and 7.2 before redis/redis#14545)
 #: re-checks that user's ACL at each EXEC of the replay: with a restricted default user every

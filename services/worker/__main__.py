@@ -9,7 +9,7 @@ from fedasync.services.worker.service import run
 
 
 def main() -> int:
-    return run_service(lambda s: f"worker-{s.worker.device_index}", run)
+    return run_service(lambda s: f"worker-{s.worker.device_index}", run, builds_task=True)
 
 
 if __name__ == "__main__":

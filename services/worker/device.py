@@ -13,7 +13,6 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.task import Task, TrainParams
-from fedasync.learning.tasks import get_task
 from fedasync.services.runtime.settings import TaskSettings, WorkerSettings
 from fedasync.shared import fleet
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
@@ -47,7 +46,7 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
             f"device_index {worker.device_index} but the data is split over "
             f"{task_settings.num_devices} devices"
         )
-    task = get_task(task_settings.name)
+    task = task_settings.build()
     seed = task_settings.seed
     train_data, _ = task.dataset(stream(seed, Stream.DATA))
     shares = partition.split(

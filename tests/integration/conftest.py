@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -45,8 +44,3 @@ async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path

@@ -2,8 +2,9 @@
 
 The aggregator runs as a real process; it is killed several times while updates (some of them
 re-published duplicates) keep arriving, restarted each time, and finally drained. Then, in the
-manner of Jepsen's total-queue check: every published update has exactly one terminal decision,
-versions are contiguous, and replaying the ledger reproduces the committed model bit for bit.
+manner of Jepsen's total-queue check (services/stores/exactly_once.py, as the chaos harness and
+the load benchmark run it): every published update has exactly one terminal decision, versions
+are contiguous, and replaying the ledger reproduces the committed model bit for bit.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ import redis.asyncio as aioredis
 
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.redis_conn import stream_entries
 from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.exactly_once import TERMINAL, Decided, check
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.shared import stream_entry
@@ -104,28 +106,22 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
             process.wait()
     await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
 
-    decisions: dict[str, list[str]] = defaultdict(list)
-    applied_versions = []
-    async for record in records(redis, keys):
-        decisions[record["update_id"]].append(record["outcome"])
-        if record["outcome"] == "applied":
-            applied_versions.append(record["version"])
-    stream_length = await redis.xlen(keys.updates)
-    ledger_length = await redis.xlen(keys.ledger)
-    terminal = {uid: [o for o in outs if o != "duplicate"] for uid, outs in decisions.items()}
-    lost = [uid for uid in published if not terminal.get(uid)]
-    doubled = [uid for uid, outs in terminal.items() if len(outs) > 1]
-    unexpected = [uid for uid in decisions if uid not in set(published)]
-    outcomes = Counter(o for outs in terminal.values() for o in outs)
+    ledger = [Decided.from_record(record) async for record in records(redis, keys)]
+    entry_ids = [entry async for entry, _ in stream_entries(redis, keys.updates)]
+    verdict = check(set(published), set(published), ledger, entry_ids)
+    terminal = sum(n for outcome, n in verdict.outcomes.items() if outcome in TERMINAL)
     print(
-        f"kills={KILLS} published={len(published)} entries={stream_length} "
-        f"decisions={ledger_length} {dict(outcomes)} lost={len(lost)} doubled={len(doubled)}"
+        f"kills={KILLS} published={len(published)} entries={len(entry_ids)} "
+        f"decisions={len(ledger)} {dict(verdict.outcomes)} terminal={terminal} "
+        f"lost={len(verdict.lost)} doubled={len(verdict.duplicated)}"
     )
-    assert lost == []
-    assert doubled == []
-    assert unexpected == []
-    assert ledger_length == stream_length  # one decision per stream entry, duplicates included
-    assert applied_versions == list(range(1, len(applied_versions) + 1))
+    assert verdict.lost == []
+    assert verdict.duplicated == []
+    assert verdict.unexpected == []
+    # one decision per stream entry, duplicates included
+    assert verdict.redecided == verdict.undecided == []
+    assert verdict.version_gaps == []  # applied versions are 1, 2, 3, … with no gap
+    assert verdict.ok
     pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
     assert pending["pending"] == 0
     report = await verify(redis, keys, settings.wire.max_message_bytes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -156,3 +157,21 @@ async def test_shutdown_answers_waiting_long_polls_at_once(
         assert (await response.json())["error"] == "shutting down"
     finally:
         await client.close()
+
+
+async def test_the_etag_is_defined_by_the_body_and_each_representation_has_its_own(
+    client: TestClient,
+) -> None:
+    """docs/http-api.md: "v<version>-<first 16 hex of sha256(body)>"; safetensors appends a tag."""
+    response = await client.get("/v1/models/latest")
+    body = await response.read()
+    expected = f'"v0-{hashlib.sha256(body).hexdigest()[:16]}"'
+    assert response.headers["ETag"] == expected
+    other = await client.get("/v1/models/latest?format=safetensors")
+    await other.read()
+    assert other.headers["ETag"] == expected[:-1] + '-safetensors"'
+    # each ETag revalidates its own representation only
+    same = {"If-None-Match": expected}
+    assert (await client.get("/v1/models/latest", headers=same)).status == 304
+    crossed = await client.get("/v1/models/latest?format=safetensors", headers=same)
+    assert crossed.status == 200

@@ -31,8 +31,23 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FEDASYNC_")}
 
 
-def up(out: Path, *options: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """`fedasync up` in a process group of its own, as a shell starts a foreground job."""
+def ignore_sigint() -> None:
+    """What a job started with `nohup … &` from a non-interactive shell inherits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def up(
+    out: Path, *options: str, env: dict[str, str] | None = None, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    """`fedasync up` in a process group of its own, as a shell starts a foreground job.
+
+    SIGINT's disposition is set for the child either way, so the test does not depend on how the
+    shell that runs the test suite treats it.
+    """
     return subprocess.Popen(
         [
             sys.executable,
@@ -49,6 +64,7 @@ def up(out: Path, *options: str, env: dict[str, str] | None = None) -> subproces
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=ignore_sigint if sigint_ignored else default_sigint,
     )
 
 
@@ -72,12 +88,17 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """`up` processes a test started: killed with their session if still running, and their
+    output pipe closed, so a test that failed or timed out leaks neither a process nor an open
+    file (whose ResourceWarning would otherwise surface later, in an unrelated test)."""
     started: list[subprocess.Popen[str]] = []
     yield started
     for process in started:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)  # `up` leads its session (start_new_session)
         process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def test_up_trains_to_its_budget_and_writes_the_run_folder(
@@ -113,11 +134,14 @@ def test_up_trains_to_its_budget_and_writes_the_run_folder(
     }
 
 
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["terminal", "nohup-shell"])
 def test_ctrl_c_stops_every_child_writes_the_report_and_a_killed_worker_is_reported(
-    tmp_path: Path, processes: list[subprocess.Popen[str]]
+    tmp_path: Path, processes: list[subprocess.Popen[str]], sigint_ignored: bool
 ) -> None:
+    """Also when `up` inherited an ignored SIGINT (issue 12, item 4): it sets its own handler."""
     out = tmp_path / "run"
-    process = up(out, "--devices", "3", "--task", "linear", "--max-updates", "1000000")
+    options = ("--devices", "3", "--task", "linear", "--max-updates", "1000000")
+    process = up(out, *options, sigint_ignored=sigint_ignored)
     processes.append(process)
     assert process.stdout is not None
     for line in process.stdout:  # printed once every child has been started

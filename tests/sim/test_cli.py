@@ -41,9 +41,12 @@ def test_simulate_writes_summary_and_curves(
 
 def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["simulate", "--list-presets"]) == 0
-    assert capsys.readouterr().out.split() == sorted(
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sorted(
         ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped", "rate-spike"]
     )
+    assert all(len(line.split()) > 3 for line in lines)  # one line of description each
+    assert "FedAsync, FedBuff (K = 10) and FedAvg" in lines[0]
     assert run(["simulate", "--preset", "noniid-jitter", "--show-config"]) == 0
     assert 'partition = "shards"' in capsys.readouterr().out
 
@@ -76,3 +79,19 @@ def test_advise_from_a_preset_and_from_a_trace(
     assert advice["expected_tau_slowest"] == 10.0
     assert run(["advise", "--trace", str(trace), "--rate", "1", "--tau-max", "50", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["permanently_dropped"] == [9]
+
+
+def test_a_bad_policy_value_names_the_config_key_and_the_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[[algorithms]]\nkind = "fedasync"\ntau_max = 10\n'
+        '[[algorithms]]\nkind = "fedbuff"\ngamma = -1\ntau_max = "never"\n'
+    )
+    assert run(["simulate", "--config", str(bad), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "fedasync: invalid simulation config:",
+        "  algorithms.1.gamma = -1: allowed (0, 10]",
+        '  algorithms.1.tau_max = "never": allowed integer in [0, 1000] or "auto"',
+    ]

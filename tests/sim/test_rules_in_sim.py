@@ -15,7 +15,8 @@ def rule_config(rate_high: float, rate_low: float) -> dict[str, object]:
     return {
         "kind": "fedasync",
         "tau_max": 50,
-        "rate_rule": {
+        "rules": {
+            "interval_s": 30,  # at every evaluation (tests/sim/helpers.py evaluates every 30 s)
             "rate_high": rate_high,
             "rate_low": rate_low,
             "hold_s": 0,

@@ -9,9 +9,14 @@ from __future__ import annotations
 import pytest
 
 from fedasync.services.commands.cli import main
-from fedasync.services.stores.acl import PASSWORD_RE, acl_file, acl_rules, users
+from fedasync.services.stores.acl import PASSWORD_RE, acl_file, users
 
 USERS = ["aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"]
+
+
+def acl_rules(prefix: str) -> dict[str, str]:
+    """User name → its ACL rules (without `on` and password), as the file writes them."""
+    return {user.name: user.rules() for user in users(prefix)}
 
 
 def test_every_user_starts_from_nothing_and_names_only_keys_under_its_prefix() -> None:

@@ -104,3 +104,38 @@ def test_per_client_acceptance_is_built_in_one_place() -> None:
         if '"rate": a' in p.read_text() and not p.name.startswith("test_")
     ]
     assert builders == [Path("shared/acceptance.py")]
+
+
+def full_imports(path: Path) -> set[str]:
+    """Every module an import statement names, dotted in full (`from a.b import c`: a.b, a.b.c),
+    lazy imports inside functions included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_production_never_imports_the_simulator() -> None:
+    """Nothing under services/ imports fedasync.sim, with one edge allowed: the `fedasync` command
+    (services/commands/cli.py) registers `simulate` and `advise`, which are the simulator's own
+    commands. Charts and statistics that both use live in the core (shared/charts.py,
+    shared/stats.py)."""
+    importers = [
+        p.relative_to(ROOT)
+        for p in sorted((ROOT / "services").rglob("*.py"))
+        if any(n == "fedasync.sim" or n.startswith("fedasync.sim.") for n in full_imports(p))
+    ]
+    assert importers == [Path("services/commands/cli.py")]
+
+
+@pytest.mark.parametrize("path", ALL_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_imports_the_old_top_level_names(path: Path) -> None:
+    """One import name: `fedasync.shared`, never `shared` (the folders are not packages of
+    their own once installed; an old import works only from a checkout, by accident)."""
+    old = {"shared", "services", "learning", "sim"}
+    assert imported_modules(path) & old == set()

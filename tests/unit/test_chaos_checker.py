@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from fedasync.services.commands.chaos.checker import Decided, check
 from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind, Profile, build_schedule
+from fedasync.services.stores.exactly_once import Decided, check
 
 
 def applied(uid: str, version: int, entry: str) -> Decided:
@@ -132,3 +132,18 @@ def test_faults_that_do_not_fit_the_window_are_refused() -> None:
     crowded = Profile("crowded", 1, 0.0, 1.0, 1.0, ((FaultKind.KILL_WORKER, 3),))
     with pytest.raises(ValueError, match="do not fit"):
         build_schedule(crowded, 0)
+
+
+def test_an_acknowledged_entry_decided_for_another_update_is_a_wrong_entry() -> None:
+    """The load benchmark knows the entry id Redis acknowledged: that entry must be decided, and
+    for that update (services/stores/exactly_once.py, shared by chaos, bench and tests)."""
+    ledger = [applied("a", 1, "1-0"), applied("b", 2, "2-0")]
+    entries = {"a": "1-0", "b": "2-0"}
+    assert check({"a", "b"}, {"a", "b"}, ledger, ["1-0", "2-0"], entries=entries).ok
+    swapped = check({"a", "b"}, {"a", "b"}, ledger, entries={"a": "2-0", "b": "1-0"})
+    assert swapped.wrong_entry == ["a", "b"]
+    assert not swapped.ok
+    # a retry after a lost reply: the acknowledged entry holds the duplicate record, which still
+    # names the update, so it is no wrong entry
+    retried = [applied("a", 1, "1-0"), Decided("a", "duplicate", 1, "2-0")]
+    assert check({"a"}, {"a"}, retried, entries={"a": "2-0"}).ok

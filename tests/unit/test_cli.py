@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fedasync.services.commands.cli import main
+from fedasync.services.commands.cli import build_parser, main
+from fedasync.services.commands.up.options import run_settings
+from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.runtime.settings import setting_names
 
 
 def test_alpha_table_shows_every_rule_and_drops(capsys: pytest.CaptureFixture[str]) -> None:
@@ -32,3 +36,139 @@ def test_console_script_is_installed() -> None:
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
     assert "alpha" in result.stdout
     assert "settings" in result.stdout
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in setting_names():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help at the terminal's width
+    return monkeypatch
+
+
+def test_up_names_the_flag_and_the_value_typed_in_one_line(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    clean_env.chdir(tmp_path)
+    assert main(["up", "--tau-max", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "fedasync: invalid settings: --tau-max -1: allowed integer in [0, 1000]"
+    ]
+    assert captured.out == ""
+    assert list(tmp_path.iterdir()) == []  # refused before anything was started or written
+    assert main(["up", "--tau-max", "ten"]) == 2  # a type error is reported the same way
+    assert "--tau-max ten: Input should be a valid integer" in capsys.readouterr().err
+    clean_env.setenv("FEDASYNC_POLICY__GAMMA", "-2")  # no flag gave it: the variable is named
+    assert main(["up", "--tau-max", "5"]) == 2
+    assert "invalid settings: FEDASYNC_POLICY__GAMMA: allowed (0, 10]" in capsys.readouterr().err
+    clean_env.delenv("FEDASYNC_POLICY__GAMMA")
+    assert main(["up", "--task", "bogus", "--task-params", "{nope"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedasync: invalid settings: --task-params {nope: ")
+    assert main(["up", "--task", "bogus"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fedasync: invalid settings: --task bogus: task 'bogus': not a built-in")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_alpha_names_the_flag_too(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["alpha", "--gamma", "-1"]) == 2
+    assert capsys.readouterr().err == "fedasync: invalid settings: --gamma -1: allowed (0, 10]\n"
+
+
+def test_up_help_shows_the_defaults_up_uses_and_why_its_budget_differs(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--devices N device workers (processes), one data share each (default: 10;" in text
+    assert "--max-updates N applied updates before training is done (default: 400;" in text
+    assert "--max-seconds X wall-clock seconds before training is done (default: 120.0;" in text
+    assert "it stops at 400 updates / 120 s unless a flag or its FEDASYNC_BUDGET__" in text
+    assert "(`fedasync settings`, docker compose) budget 1000 updates / 600 s" in text
+    assert "under mode fedbuff: 100 (default: 10; FEDASYNC_POLICY__TAU_MAX)" in text
+
+
+def test_up_budget_is_the_demo_one_unless_a_flag_or_a_variable_sets_it(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    def budget(*argv: str) -> tuple[int, float]:
+        settings = run_settings(build_parser().parse_args(["up", *argv]))
+        return settings.budget.max_updates, settings.budget.max_seconds
+
+    assert budget() == (400, 120.0)
+    clean_env.setenv("FEDASYNC_BUDGET__MAX_UPDATES", "1000")
+    assert budget() == (1000, 120.0)
+    assert budget("--max-updates", "50", "--max-seconds", "9") == (50, 9.0)
+
+
+@pytest.fixture
+def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new user's shell: no FEDASYNC_ variable, so no Redis is configured."""
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+
+
+NEED_REDIS = [
+    ["ledger", "verify"],
+    ["ledger", "export"],
+    ["devices", "add", "phone-17"],
+    ["devices", "list"],
+    ["devices", "revoke", "phone-17"],
+]
+
+
+@pytest.mark.usefixtures("no_settings")
+@pytest.mark.parametrize("argv", NEED_REDIS, ids=" ".join)
+def test_without_a_redis_one_line_says_what_to_set_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()  # one line, no traceback
+    assert line.startswith(f"fedasync {argv[0]} {argv[1]}: no Redis configured")
+    assert "set FEDASYNC_REDIS__URL" in line
+    if argv[0] == "ledger":  # what a user has after `fedasync up` is a run folder
+        assert "--run runs/up-" in line
+
+
+@pytest.mark.usefixtures("no_settings")
+@pytest.mark.parametrize("argv", NEED_REDIS, ids=" ".join)
+def test_a_redis_that_cannot_be_reached_is_one_line_and_exit_1(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()  # nothing listens there: the connection is refused at once
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", f"redis://:secret@127.0.0.1:{port}/0")
+    assert main(argv) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fedasync {argv[0]} {argv[1]}: Redis at 127.0.0.1:{port}/0: ")
+    assert "secret" not in line
+
+
+@pytest.mark.usefixtures("no_settings")
+def test_a_run_folder_that_is_not_one_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["ledger", "verify", "--run", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.endswith("missing: no such folder\n")
+    assert main(["ledger", "verify", "--run", str(tmp_path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "no redis/ in it: not a `fedasync up` run folder" in line
+
+
+@pytest.mark.usefixtures("no_settings")
+def test_an_export_file_that_cannot_be_written_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()  # the file is opened first: Redis is never asked
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", f"redis://127.0.0.1:{port}/0")
+    out = tmp_path / "no-such-folder" / "ledger.jsonl"
+    assert main(["ledger", "export", "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"fedasync ledger export: --out {out}: No such file or directory"

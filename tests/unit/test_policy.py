@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fedasync.shared.params import POLICY_RANGES, ParamError
-from fedasync.shared.policy import Mode, Policy
+from fedasync.shared.params import ParamError
+from fedasync.shared.policy import POLICY_RANGES, Mode, Policy
 from fedasync.shared.staleness import Decay
 
 

@@ -16,8 +16,8 @@ from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, save_state
 from fedasync.shared.decision import Decision, DropReason, Outcome
 from fedasync.shared.layout import Layout
-from fedasync.shared.params import POLICY_RANGES, TAU_MAX_LIMIT, Range
-from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.params import TAU_MAX_LIMIT, Range
+from fedasync.shared.policy import POLICY_RANGES, Mode, NormAction, Policy
 from fedasync.shared.staleness import Decay
 from fedasync.shared.update import Update
 from fedasync.shared.wire import WireError, WireReason, decode_update, encode_update, pack

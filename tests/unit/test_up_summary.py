@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from fedasync.services.commands.up.summary import summarize
+from fedasync.services.commands.up.report import describe_fairness
+from fedasync.services.commands.up.summary import fairness, summarize
 from fedasync.services.stores.evaluations import EvaluationRecord
 
 
@@ -55,3 +56,45 @@ def test_rates_stats_and_acceptance_from_the_ledger() -> None:
         {"client": "slow", "applied": 1, "decided": 2, "rate": 0.5},
         {"client": "fast", "applied": 2, "decided": 2, "rate": 1.0},
     ]
+
+
+def row(client: str, applied: int, decided: int) -> dict[str, Any]:
+    return {"client": client, "applied": applied, "decided": decided, "rate": applied / decided}
+
+
+def test_every_client_under_the_fairness_rate_is_alerted_or_says_why_not() -> None:
+    """Three slow devices at 0–9%, fairness alerts for two: the third sent fewer updates than
+    the rule judges a client on (FEDASYNC_CONTROL__FAIRNESS_DECISIONS), so the summary says so."""
+    clients = [
+        row("device-0", 0, 21),
+        row("device-1", 1, 11),
+        row("device-8", 2, 22),
+        row("device-5", 3, 25),  # 12%: above the rate over the run
+        row("device-9", 60, 61),
+    ]
+    alerts = [
+        {"rule": "fairness", "client": "device-0", "message": "client device-0: 0 of its last 20"},
+        {"rule": "fairness", "client": "device-0", "message": "again, after the cool-down"},
+        {"rule": "drops", "message": "12 consecutive updates dropped"},
+    ]
+    fair = fairness(clients, alerts, min_rate=0.1, decisions=20, enabled=True)
+    assert fair["alerted"] == ["device-0"]
+    assert fair["below_rate_not_alerted"] == [
+        {
+            "client": "device-1",
+            "rate": 1 / 11,
+            "why": "11 decisions, fewer than the 20 it is judged on",
+        },
+        {
+            "client": "device-8",
+            "rate": 2 / 22,
+            "why": "at or above 10% over its last 20 whenever the rule looked",
+        },
+    ]
+    assert describe_fairness(fair) == (
+        "device-0 (under 10% of their last 20 applied); "
+        "device-1 9% not alerted: 11 decisions, fewer than the 20 it is judged on; "
+        "device-8 9% not alerted: at or above 10% over its last 20 whenever the rule looked"
+    )
+    off = fairness(clients, [], min_rate=0.1, decisions=20, enabled=False)
+    assert {c["why"] for c in off["below_rate_not_alerted"]} == {"the fairness rule is disabled"}

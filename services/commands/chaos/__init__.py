@@ -5,6 +5,7 @@ service and workers against a private Redis, kills and pauses them on a seeded s
 stream and checks that every acknowledged update has exactly one terminal decision, that versions
 are contiguous, that the ledger replays to the committed model and that the served model is the
 committed one. Modules: schedule (what and when), system (the processes), faults (injecting and
-recovering), probe and audit (reading the outcome), checker (the pure check), report (the figures),
-harness (the phases), cli (the command).
+recovering), probe and audit (reading the outcome), report (the figures), harness (the phases),
+cli (the command); the check itself is services/stores/exactly_once.py, shared with the load
+benchmark and the kill -9 test.
 """

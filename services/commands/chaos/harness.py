@@ -10,7 +10,7 @@ The phases, in order:
    still down, and wait until the aggregator has drained the stream: every entry delivered and
    acknowledged, with its ledger record;
 4. compare the model the snapshot service serves with the committed one, stop the services,
-   read the ledger, replay it (`ledger verify`) and count (chaos/checker.py).
+   read the ledger, replay it (`ledger verify`) and count (services/stores/exactly_once.py).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 import redis
 
 from fedasync.services.commands.chaos.audit import audit
-from fedasync.services.commands.chaos.checker import Decided, check
 from fedasync.services.commands.chaos.faults import Injector, wait_until
 from fedasync.services.commands.chaos.probe import wait_drained, wait_served
 from fedasync.services.commands.chaos.report import build_summary, write_summary
 from fedasync.services.commands.chaos.schedule import Fault, Profile, build_schedule
 from fedasync.services.commands.chaos.system import AGGREGATOR, SNAPSHOT, System
+from fedasync.services.stores.exactly_once import Decided, check
 from fedasync.services.worker.journal import read_journals
 
 #: longest the harness waits for the drain and for the snapshot service to catch up, seconds

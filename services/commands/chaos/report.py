@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from fedasync.services.commands.chaos.audit import Audit
-from fedasync.services.commands.chaos.checker import Verdict
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, Served
 from fedasync.services.commands.chaos.schedule import Profile
+from fedasync.services.stores.exactly_once import Verdict
 
 #: ids shown per failing category in summary.json (all of them are in the ledger export)
 EXAMPLES = 20

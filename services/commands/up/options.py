@@ -1,56 +1,68 @@
-"""The options of `fedasync up`, turned into settings overrides.
+"""The options of `fedasync up`, and the settings of the run they make.
 
-Each option is a shortcut for a real setting (docs/configuration.md); anything not offered here
-can still be set through its FEDASYNC_ variable, which the options override.
+Each fleet, budget and policy option is a shortcut for a real setting (docs/configuration.md),
+derived from that setting's field (services/commands/flags.py): a flag overrides its FEDASYNC_
+variable, and anything not offered here can still be set through its variable. The one place
+`up` departs from the settings' defaults is the budget (`DEMO_BUDGET`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
-from fedasync.shared.staleness import Decay
+from fedasync.services.commands.flags import Flag, add_flags, given, policy_flags, setting_field
+from fedasync.services.runtime.settings import SettingPath, Settings, SettingsError, env_name
 
-#: a default run: the long-tail fleet, time-scaled so it finishes in about a minute
-DEFAULT_DEVICES = 10
-DEFAULT_MAX_UPDATES = 400
-DEFAULT_MAX_SECONDS = 120.0
-DEFAULT_TIME_SCALE = 0.01
+FLEET_FLAGS = (
+    Flag("--devices", "task", "num_devices", "device workers (processes), one data share each"),
+    Flag("--profile", "worker", "profile", "latency profile of the fleet's training times"),
+    Flag("--time-scale", "worker", "time_scale"),
+    Flag("--task", "task", "name"),
+    Flag("--task-params", "task", "params", parse=json.loads, metavar="JSON"),
+    Flag("--partition", "task", "partition"),
+    Flag("--seed", "task", "seed"),
+)
+BUDGET_FLAGS = (
+    Flag("--max-updates", "budget", "max_updates"),
+    Flag("--max-seconds", "budget", "max_seconds"),
+)
+POLICY_FLAGS = policy_flags()
+FLAGS = FLEET_FLAGS + BUDGET_FLAGS + POLICY_FLAGS
+
+#: `up` is a demo on one machine, time-scaled to end in about two minutes; the services on their
+#: own budget for a real fleet (FEDASYNC_BUDGET__*). A flag or a FEDASYNC_BUDGET__ variable wins.
+DEMO_BUDGET: dict[SettingPath, Any] = {
+    ("budget", "max_updates"): 400,
+    ("budget", "max_seconds"): 120.0,
+}
+
+
+def _budget_text() -> str:
+    demo = DEMO_BUDGET[("budget", "max_updates")], DEMO_BUDGET[("budget", "max_seconds")]
+    own = tuple(setting_field("budget", n).default for n in ("max_updates", "max_seconds"))
+    return (
+        f"up is a demo on this machine: it stops at {demo[0]} updates / {demo[1]:g} s unless a "
+        f"flag or its {env_name('budget')}__ variable says otherwise. The services run on their "
+        f"own (`fedasync settings`, docker compose) budget {own[0]} updates / {own[1]:g} s, for "
+        "a real fleet."
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    fleet = parser.add_argument_group("fleet and data")
-    fleet.add_argument(
-        "--devices", type=int, default=DEFAULT_DEVICES, help="device workers (processes)"
+    add_flags(parser.add_argument_group("fleet and data"), FLEET_FLAGS)
+    budget = parser.add_argument_group(
+        "budgets (whichever is reached first ends the run)", _budget_text()
     )
-    fleet.add_argument(
-        "--profile",
-        choices=["longtail", "lognormal", "pareto", "exponential", "none"],
-        default="longtail",
-        help="latency profile of the fleet (the write-up's long tail by default)",
+    add_flags(budget, BUDGET_FLAGS, DEMO_BUDGET)
+    policy = parser.add_argument_group(
+        "policy (the initial one; the dashboard can change it)",
+        "--mode fedbuff means what FEDASYNC_POLICY__MODE=fedbuff and a simulator algorithm of "
+        "kind fedbuff mean: its preset values for the fields not given.",
     )
-    fleet.add_argument(
-        "--time-scale",
-        type=float,
-        default=DEFAULT_TIME_SCALE,
-        help="real seconds per profile second (0.01: a 30 s device takes 0.3 s)",
-    )
-    fleet.add_argument("--task", default=None, help="learning task (digits, linear, synthetic)")
-    fleet.add_argument(
-        "--partition", choices=["iid", "dirichlet", "shards"], default=None, help="data split"
-    )
-    fleet.add_argument("--seed", type=int, default=None, help="seed of the model and data split")
-    budget = parser.add_argument_group("budgets (whichever is reached first ends the run)")
-    budget.add_argument("--max-updates", type=int, default=DEFAULT_MAX_UPDATES)
-    budget.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS)
-    policy = parser.add_argument_group("policy (the initial one; the dashboard can change it)")
-    policy.add_argument("--mode", choices=["fedasync", "fedbuff"], default=None)
-    policy.add_argument("--decay", choices=[d.value for d in Decay], default=None)
-    policy.add_argument("--alpha0", type=float, default=None)
-    policy.add_argument("--gamma", type=float, default=None)
-    policy.add_argument("--tau-max", type=int, default=None)
-    policy.add_argument("--buffer-size", type=int, default=None, help="FedBuff's K")
+    add_flags(policy, POLICY_FLAGS)
     run = parser.add_argument_group("run")
     run.add_argument(
         "--secure",
@@ -68,27 +80,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Settings sections to override, from the options given (None: leave the setting alone)."""
-    chosen: dict[str, dict[str, Any]] = {
-        "task": {
-            "num_devices": args.devices,
-            "name": args.task,
-            "partition": args.partition,
-            "seed": args.seed,
-        },
-        "worker": {"profile": args.profile, "time_scale": args.time_scale},
-        "budget": {"max_updates": args.max_updates, "max_seconds": args.max_seconds},
-        "policy": {
-            "mode": args.mode,
-            "decay": args.decay,
-            "alpha0": args.alpha0,
-            "gamma": args.gamma,
-            "tau_max": args.tau_max,
-            "buffer_size": args.buffer_size,
-        },
+def run_settings(args: argparse.Namespace) -> Settings:
+    """The flags given, over the FEDASYNC_ variables, over up's demo budget, over the defaults;
+    the task built once, so a task that cannot be built is one line and nothing is started.
+
+    Raises SettingsError naming the flag and the text typed when a flag's value is not allowed.
+    """
+    chosen = given(args, FLAGS)
+    settings = chosen.load()
+    demo = {
+        path: value
+        for path, value in DEMO_BUDGET.items()
+        if path[1] not in getattr(settings, path[0]).model_fields_set
     }
-    return {
-        section: {k: v for k, v in values.items() if v is not None}
-        for section, values in chosen.items()
-    }
+    if demo:
+        settings = chosen.load(demo)
+    try:
+        settings.task.build()
+    except SettingsError as exc:
+        raise chosen.named(exc) from None
+    return settings

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedasync.services.commands.up import plots
-from fedasync.services.commands.up.summary import summarize
+from fedasync.services.commands.up.summary import fairness, summarize
 from fedasync.services.commands.up.view import num
 from fedasync.services.runtime.redis_conn import connect, get_bytes
 from fedasync.services.runtime.settings import Settings
@@ -54,6 +54,14 @@ async def write_run_folder(
     summary["alerts"] = [
         {k.decode(): v.decode() for k, v in fields.items()} for _, fields in raised
     ]
+    control = settings.control
+    summary["fairness"] = fairness(
+        summary["clients"],
+        summary["alerts"],
+        min_rate=control.fairness_min_rate,
+        decisions=control.fairness_decisions,
+        enabled="fairness" not in control.disabled_rules,
+    )
     _write_curve(curve, out / "evaluations.csv")
     taus = [float(r["tau"]) for r in records if r.get("tau") is not None]
     alphas = [float(r["alpha"]) for r in records if r["outcome"] == "applied" and r.get("alpha")]
@@ -100,7 +108,10 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         f"{updates['rejected']} rejected, {updates['duplicate']} duplicates, "
         f"{updates['dead_letters']} dead letters",
     )
-    table.add_row("applied per second", num(summary["applied_per_second"], 1))
+    table.add_row(
+        "applied per second",
+        f"{num(summary['applied_per_second'], 1)} (from the first applied update to the last)",
+    )
     tau, alpha = summary["tau"], summary["alpha"]
     table.add_row(
         "τ p50 / p95 / max",
@@ -112,6 +123,9 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         "acceptance, worst first",
         "  ".join(f"{c['client']} {c['rate']:.0%}" for c in worst) or "–",
     )
+    fair = summary.get("fairness")
+    if fair and (fair["alerted"] or fair["below_rate_not_alerted"]):
+        table.add_row("fairness alerts", escape(describe_fairness(fair)))
     alerts = summary.get("alerts", [])
     if alerts:
         shown = "; ".join(f"[{a.get('rule')}] {a.get('message')}" for a in alerts[:3])
@@ -121,3 +135,18 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         table.add_row("[red]problem[/red]", escape(problem))
     table.add_row("run folder", str(out))
     console.print(table)
+
+
+def describe_fairness(fair: dict[str, Any]) -> str:
+    """Who the fairness rule alerted on, and why each other client under its rate was not."""
+    rate = f"{fair['min_rate']:.0%}"
+    parts = [
+        f"{', '.join(fair['alerted'])} (under {rate} of their last {fair['decisions']} applied)"
+        if fair["alerted"]
+        else "none"
+    ]
+    parts += [
+        f"{c['client']} {c['rate']:.0%} not alerted: {c['why']}"
+        for c in fair["below_rate_not_alerted"]
+    ]
+    return "; ".join(parts)

@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from fedasync.services.commands.up import view
-from fedasync.services.commands.up.options import overrides
+from fedasync.services.commands.up.options import run_settings
 from fedasync.services.commands.up.plan import (
     SERVICES,
     Ports,
@@ -38,7 +38,7 @@ from fedasync.services.commands.up.plan import (
 from fedasync.services.commands.up.report import print_summary, write_run_folder
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
-from fedasync.services.runtime.settings import ENV_PREFIX, Settings, load_settings
+from fedasync.services.runtime.settings import ENV_PREFIX, Settings
 from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
 from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.keys import Keys
@@ -66,6 +66,11 @@ class Monitor:
         self._reported: set[str] = set()
         self.status: dict[str, Any] | None = None
         self.alerts: list[dict[str, Any]] = []
+
+    def workers_running(self) -> int:
+        """Device processes started and not exited (start-up shows how many there are)."""
+        started = [name for name in self.workers if name in self.supervisor.children]
+        return len(started) - len(self.supervisor.exited(started))
 
     def report_crashes(self) -> list[str]:
         """Note each child that died on its own (once); the names newly noted."""
@@ -141,7 +146,14 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
                 reason = finished()
                 elapsed = time.monotonic() - started
                 screen.update(
-                    view.render(monitor.status, monitor.alerts, elapsed, monitor.problems)
+                    view.render(
+                        monitor.status,
+                        monitor.alerts,
+                        elapsed,
+                        monitor.problems,
+                        monitor.workers_running(),
+                        len(monitor.workers),
+                    )
                 )
                 if reason is not None:
                     return reason
@@ -150,7 +162,10 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
         reason = finished()
         elapsed = time.monotonic() - started
         if monitor.status is not None and (reason or elapsed - last_line >= PLAIN_EVERY_S):
-            console.print(view.line(monitor.status, elapsed), highlight=False, soft_wrap=True)
+            shown = view.line(
+                monitor.status, elapsed, monitor.workers_running(), len(monitor.workers)
+            )
+            console.print(shown, highlight=False, soft_wrap=True)
             last_line = elapsed
         if reason is not None:
             return reason
@@ -185,7 +200,7 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
 
 def run_up(args: argparse.Namespace) -> int:
     console = Console()
-    settings = load_settings(**overrides(args))
+    settings = run_settings(args)  # the task built too: one line, exit 2, nothing started
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out: Path = args.out or Path("runs") / f"up-{stamp}"
     if out.exists() and any(out.iterdir()):
@@ -215,7 +230,10 @@ def run_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     ended_by = "failed"
     old_term = signal.signal(signal.SIGTERM, _interrupt)
-    old_int = signal.getsignal(signal.SIGINT)
+    # Ctrl-C must stop the run even when the shell that started us ignores SIGINT (a job started
+    # with `nohup … &` from a non-interactive shell inherits SIG_IGN, and Python then installs no
+    # handler of its own): install the KeyboardInterrupt handler explicitly.
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
             monitor = Monitor(settings, ports, supervisor)

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.shared.acceptance import acceptance_rows, count_acceptance
-from fedasync.sim.summary import stats
+from fedasync.shared.stats import AppliedRate, stats
 
 
 def summarize(
@@ -35,12 +35,9 @@ def summarize(
     training_s = None
     if applied and started_at is not None:
         training_s = max(float(applied[-1]["at"]) - started_at, 1e-9)
-    # the rate from the first decision to the last applied update: start-up (services, the
-    # workers' first training) is not part of it
-    applied_per_second = None
-    if len(applied) > 1:
-        span = float(applied[-1]["at"]) - float(records[0]["at"])
-        applied_per_second = (len(applied) - 1) / span if span > 0 else None
+    rate = AppliedRate()  # the live view's figure too: start-up is not part of it
+    for r in applied:
+        rate.add(float(r["at"]), r["outcome"])
     final = curve[-1] if curve else None
     return {
         "ended_by": ended_by,
@@ -56,7 +53,7 @@ def summarize(
         },
         "reasons": {outcome: dict(counts) for outcome, counts in sorted(reasons.items())},
         "training_seconds": training_s,
-        "applied_per_second": applied_per_second,
+        "applied_per_second": rate.per_second,
         "tau": stats(taus),
         "alpha": stats(alphas),
         "final": None
@@ -70,4 +67,41 @@ def summarize(
         },
         "evaluations": len(curve),
         "clients": acceptance_rows(count_acceptance(records)),
+    }
+
+
+def fairness(
+    clients: Sequence[dict[str, Any]],
+    alerts: Sequence[dict[str, Any]],
+    *,
+    min_rate: float,
+    decisions: int,
+    enabled: bool,
+) -> dict[str, Any]:
+    """Which clients the fairness rule alerted on, and why each other client under its rate
+    was not: the rule judges a client on its last `decisions` decisions only once it has that
+    many, so a slow device that sent fewer in the run is never judged, however many it lost.
+
+    `clients`: the summary's acceptance rows (the whole run); `alerts`: the alerts stream's
+    entries. The rule looks at each client's last `decisions` only, so a client can also be
+    under the rate over the run and not over those.
+    """
+    alerted = sorted({str(a["client"]) for a in alerts if a.get("rule") == "fairness"})
+    unalerted = []
+    for row in clients:
+        if row["rate"] >= min_rate or row["client"] in alerted:
+            continue
+        if not enabled:
+            why = "the fairness rule is disabled"
+        elif row["decided"] < decisions:
+            why = f"{row['decided']} decisions, fewer than the {decisions} it is judged on"
+        else:
+            why = f"at or above {min_rate:.0%} over its last {decisions} whenever the rule looked"
+        unalerted.append({"client": row["client"], "rate": row["rate"], "why": why})
+    return {
+        "min_rate": min_rate,
+        "decisions": decisions,
+        "enabled": enabled,
+        "alerted": alerted,
+        "below_rate_not_alerted": unalerted,
     }

@@ -38,13 +38,32 @@ def _budget(status: dict[str, Any]) -> str:
     return f"{updates if updates is not None else '–'} updates / {num(seconds, 0)} s"
 
 
+def starting(status: dict[str, Any]) -> bool:
+    """Nothing decided yet: the devices are still loading, fetching and training their first
+    update (about half a minute with the defaults), so there is no rate or τ to show."""
+    return not status.get("decisions") and not status.get("training_done")
+
+
+def waiting_for(status: dict[str, Any], devices_running: int, devices: int) -> str:
+    """What start-up is waiting for, in one line, instead of figures that are all zero."""
+    evaluation = status.get("evaluation")
+    initial = "" if not evaluation else f"; initial model scores {num(evaluation['score'], 3)}"
+    return (
+        f"starting: waiting for the devices' first updates ({devices_running} of {devices} "
+        f"device processes running: each loads its data, fetches version "
+        f"{status.get('version') or 0} and trains once){initial}"
+    )
+
+
 def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
     """(name, value) pairs shared by the live view and the plain progress line."""
     recent = status.get("recent", {})
     totals = recent.get("totals", {})
     return [
         ("version", str(status.get("version", "–"))),
-        ("updates/s", num(recent.get("update_rate"), 1)),
+        # the summary's figure (shared/stats.py AppliedRate): from the first applied update on
+        ("applied/s", num(recent.get("applied_per_second"), 1)),
+        (f"decided/s (last {recent.get('window_s', 30):g} s)", num(recent.get("update_rate"), 1)),
         ("applied", str(totals.get("applied", 0))),
         ("dropped", str(totals.get("dropped", 0))),
         # every refusal is a dead letter (the core's rejections are also in the ledger)
@@ -55,7 +74,9 @@ def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def line(status: dict[str, Any], elapsed: float) -> str:
+def line(status: dict[str, Any], elapsed: float, devices_running: int = 0, devices: int = 0) -> str:
+    if starting(status):
+        return f"[{elapsed:5.0f} s] " + waiting_for(status, devices_running, devices)
     parts = [f"{name} {value}" for name, value in figures(status)]
     return f"[{elapsed:5.0f} s] " + "  ".join(parts)
 
@@ -65,10 +86,15 @@ def render(
     alerts: list[dict[str, Any]],
     elapsed: float,
     problems: list[str],
+    devices_running: int = 0,
+    devices: int = 0,
 ) -> Group:
     table = Table(show_header=False, box=None, padding=(0, 2))
     if status is None:
         table.add_row("waiting for the control service…", "")
+    elif starting(status):
+        table.add_row(Text(waiting_for(status, devices_running, devices), style="yellow"))
+        table.add_row(f"budget left {_budget(status)}")
     else:
         for name, value in figures(status):
             table.add_row(name, Text(value, style="bold"))

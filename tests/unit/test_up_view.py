@@ -1,0 +1,58 @@
+"""`fedasync up`'s live view: what start-up waits for, and the rate it shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from fedasync.services.commands.up import view
+
+
+def status(decisions: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "version": 0,
+        "decisions": decisions,
+        "dead_letters": 0,
+        "recent": {"window_s": 30.0, "totals": {}, "update_rate": 0.0},
+        "evaluation": {"version": 0, "score": 0.0696},
+        "budget_left_updates": 400,
+        "budget_left_seconds": 110.0,
+        "training_done": None,
+    } | extra
+
+
+def shown(renderable: Any) -> str:
+    console = Console(width=160, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_start_up_says_what_it_is_waiting_for_not_zero_figures() -> None:
+    line = view.line(status(0), 12.0, devices_running=10, devices=10)
+    assert line == (
+        "[   12 s] starting: waiting for the devices' first updates (10 of 10 device processes "
+        "running: each loads its data, fetches version 0 and trains once); initial model "
+        "scores 0.070"
+    )
+    assert "updates/s" not in line
+    drawn = shown(view.render(status(0), [], 12.0, [], devices_running=9, devices=10))
+    assert "waiting for the devices' first updates (9 of 10 device processes running" in drawn
+    assert "applied/s" not in drawn
+
+
+def test_once_decisions_come_the_figures_show_the_summary_s_rate() -> None:
+    running = status(
+        25,
+        version=20,
+        recent={
+            "window_s": 30.0,
+            "totals": {"applied": 20, "dropped": 5},
+            "update_rate": 0.8,
+            "applied_per_second": 12.34,
+        },
+    )
+    line = view.line(running, 40.0, devices_running=10, devices=10)
+    assert "starting" not in line
+    assert "applied/s 12.3" in line  # shared/stats.py AppliedRate, as in the summary
+    assert "decided/s (last 30 s) 0.8" in line
