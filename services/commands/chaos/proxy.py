@@ -289,13 +289,15 @@ class ProxyThread:
     harness): start it, arm stalls (whose `hits` say whether they happened), stop it."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.proxy = RedisProxy(upstream_host, upstream_port)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, port: int = 0) -> int:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="redis-proxy", daemon=True
         )
-        self.proxy = RedisProxy(upstream_host, upstream_port)
-
-    def start(self, port: int = 0) -> int:
         self._thread.start()
         return self._run(self.proxy.start(port))
 
@@ -307,12 +309,15 @@ class ProxyThread:
 
     def stop(self) -> None:
         """Cut every connection and end the thread. Safe to call twice."""
-        if not self._thread.is_alive():
+        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None:
             return
-        self._run(self.proxy.aclose())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        asyncio.run_coroutine_threadsafe(self.proxy.aclose(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            raise RuntimeError("the proxy is not running")
         return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=10)

@@ -4,7 +4,8 @@ Every setting a child gets is written here, from a clean environment (no `FEDASY
 the caller leaks in), so a run depends only on the profile and the seed. Socket timeouts are
 short (1 s) so that a Redis pause of a few seconds really makes the workers' and the aggregator's
 commands time out and go through their retry paths; budgets are out of reach so training never
-closes during a run.
+closes during a run. The aggregator talks to Redis through a proxy (chaos/proxy.py) that can stall
+any one of its commands.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
+from fedasync.services.commands.chaos.proxy import ProxyThread
 from fedasync.services.commands.chaos.schedule import Profile
 from fedasync.services.runtime.redis_server import RedisServer, free_port
+from fedasync.services.runtime.settings import AggregatorSettings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.keys import Keys
 
@@ -22,6 +25,9 @@ AGGREGATOR = "aggregator"
 SNAPSHOT = "snapshot"
 #: socket timeout of every service's Redis client, seconds: below every injected pause
 SOCKET_TIMEOUT_S = "1.0"
+#: the aggregator's settings that differ from the defaults; its claims run on the defaults, so
+#: the run checks the bound a deployment gets (`AggregatorSettings.decision_bound_s`)
+AGGREGATOR_SETTINGS = AggregatorSettings(batch_ms=20, block_ms=200)
 
 
 def worker_name(index: int) -> str:
@@ -36,6 +42,7 @@ class System:
         self.profile = profile
         self.keys = Keys(KEY_PREFIX)
         self.redis = RedisServer(out / "redis")
+        self.proxy = ProxyThread("127.0.0.1", self.redis.port)
         self.aggregator_port = free_port()
         self.snapshot_port = free_port()
         self.journal_dir = out / "journal"
@@ -63,7 +70,7 @@ class System:
             "FEDASYNC_BUDGET__MAX_SECONDS": "100000000",
             "FEDASYNC_AGGREGATOR__KEEP_PAYLOADS": "true",  # `ledger verify` replays them
             # every service validates that the socket timeout exceeds the aggregator's block
-            "FEDASYNC_AGGREGATOR__BLOCK_MS": "200",
+            "FEDASYNC_AGGREGATOR__BLOCK_MS": str(AGGREGATOR_SETTINGS.block_ms),
         }
 
     def aggregator_spec(self) -> ServiceSpec:
@@ -72,8 +79,9 @@ class System:
             AGGREGATOR,
             "fedasync.services.aggregator",
             {
+                "FEDASYNC_REDIS__URL": self.proxy.proxy.url,
                 "FEDASYNC_AGGREGATOR__PORT": str(port),
-                "FEDASYNC_AGGREGATOR__BATCH_MS": "20",
+                "FEDASYNC_AGGREGATOR__BATCH_MS": str(AGGREGATOR_SETTINGS.batch_ms),
             },
             ready_url=f"http://127.0.0.1:{port}/readyz",
         )
@@ -111,8 +119,10 @@ class System:
 
     # ---------------------------------------------------------------------------- lifecycle
     def start(self, timeout: float = 60.0) -> None:
-        """Redis, then the aggregator and the snapshot service (each ready), then the workers."""
+        """Redis (and the aggregator's proxy to it), then the aggregator and the snapshot service
+        (each ready), then the workers."""
         self.redis.start()
+        self.proxy.start()
         self.supervisor.start(self.aggregator_spec())
         self.supervisor.wait_ready(AGGREGATOR, timeout)
         self.supervisor.start(self.snapshot_spec())
@@ -123,6 +133,7 @@ class System:
     def stop(self) -> None:
         """Every child (workers first), then Redis. Safe to call twice."""
         self.supervisor.stop_all(groups=[self.workers, [SNAPSHOT], [AGGREGATOR]])
+        self.proxy.stop()
         self.redis.stop()
 
     def __enter__(self) -> System:
