@@ -68,7 +68,9 @@ async def retrying(
 
     Gives up at once when `stopping` is set: a service asked to stop must not sit out a backoff.
     """
-    policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts)
+    # every error after which a command may be repeated, not only redis-py's own two
+    errors: Any = TRANSIENT
+    policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts, errors)
 
     async def failed(error: Exception) -> None:
         if stopping is not None and stopping.is_set():
