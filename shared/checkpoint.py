@@ -101,6 +101,15 @@ def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationStat
     return state
 
 
+def saved_version(raw: bytes) -> int:
+    """The version a checkpoint was taken at, without restoring it (nor needing its weights)."""
+    try:
+        data = unpack(raw, max_bytes=len(raw))
+        return int(data["version"])
+    except (WireError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"not a checkpoint: {exc!r}") from None
+
+
 def _bytes(array: np.ndarray, dtype: np.dtype[Any]) -> bytes:
     return np.ascontiguousarray(array, dtype=dtype).tobytes()
 

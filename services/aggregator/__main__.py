@@ -1,16 +1,23 @@
-"""Entry point: `python -m fedasync.services.aggregator`; exits 3 when fenced off by a newer one."""
+"""Entry point: `python -m fedasync.services.aggregator`.
+
+Exits 3 when fenced off by a newer aggregator, 4 when it refused to decide from a state that does
+not match its ledger or consumer group (Redis lost writes; docs/operations.md).
+"""
 
 from __future__ import annotations
 
 import sys
 
-from fedasync.services.aggregator.commit import CommitConflict, Fenced
+from fedasync.services.aggregator.commit import Fenced
+from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import run
 from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("aggregator", run, fatal=(Fenced, CommitConflict), builds_task=True)
+    return run_service(
+        "aggregator", run, fatal=(Fenced,), refused=(StateMismatch,), builds_task=True
+    )
 
 
 if __name__ == "__main__":

@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_service import livez
 from fedasync.services.runtime.prometheus import metrics_response
 
+
+@dataclass(slots=True)
+class Readiness:
+    """Ready once the state is restored; `refused` says why the aggregator will not decide."""
+
+    ready: bool = False
+    refused: str | None = None
+
+
 METRICS = web.AppKey("metrics", AggregatorMetrics)
-READY = web.AppKey("ready", list)  # [bool]: set once the state is restored
+READY = web.AppKey("ready", Readiness)
 
 
-def create_app(metrics: AggregatorMetrics, ready: list[bool]) -> web.Application:
+def create_app(metrics: AggregatorMetrics, ready: Readiness) -> web.Application:
     app = web.Application()
     app[METRICS] = metrics
     app[READY] = ready
 
     async def readyz(request: web.Request) -> web.Response:
-        if not request.app[READY][0]:
+        readiness = request.app[READY]
+        if readiness.refused is not None:
+            body = {"status": "refused: state mismatch", "error": readiness.refused}
+            return web.json_response(body, status=503)
+        if not readiness.ready:
             return web.json_response({"status": "restoring"}, status=503)
         return web.json_response({"status": "ready"})
 

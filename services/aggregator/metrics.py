@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fedasync.shared.continuity import Check
 from fedasync.shared.decision import Decision, Outcome
 
 _TAU_BUCKETS = (0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
@@ -98,6 +99,16 @@ class AggregatorMetrics:
         self.lag = Gauge(
             "fedasync_aggregator_lag", "Entries in the stream not yet read", registry=r
         )
+
+        self.state_mismatches = Counter(
+            "fedasync_aggregator_state_mismatches",
+            "Ways the state in Redis contradicted its ledger, consumer group or the last commit "
+            "(Redis lost writes), by check; the aggregator refused to decide from it",
+            ["check"],
+            registry=r,
+        )
+        for check in Check:  # every series from 0, so a rule can watch for any increase
+            self.state_mismatches.labels(check.value)
 
     def observe(self, decision: Decision, seconds: float) -> None:
         self.decisions.labels(decision.outcome.value).inc()

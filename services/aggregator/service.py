@@ -9,6 +9,11 @@ Entries another consumer holds and does not decide are taken over on a period
 (services/aggregator/claims.py). Every Redis call goes through the one retry policy
 (services/runtime/redis_conn.py); gauges and trimming are best-effort, so no single transient
 error stops the deciding.
+
+Before restoring, the aggregator checks that what Redis holds hangs together (state, version,
+ledger, consumer group: services/aggregator/inspection.py); a Redis that lost writes shows up as
+a mismatch, and the aggregator refuses to decide anything rather than start over silently. So
+does a commit that finds the commit sequence moved under it.
 """
 
 from __future__ import annotations
@@ -19,32 +24,35 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ResponseError
 
 from fedasync.services.aggregator.claims import claim, current_epoch
-from fedasync.services.aggregator.commit import Batch, Committer, DeadLetter, Fenced
-from fedasync.services.aggregator.http import create_app
+from fedasync.services.aggregator.commit import (
+    Batch,
+    CommitConflict,
+    Committer,
+    DeadLetter,
+    Fenced,
+)
+from fedasync.services.aggregator.http import Readiness, create_app
+from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
-from fedasync.services.runtime.redis_conn import (
-    TRANSIENT,
-    best_effort,
-    connect,
-    get_bytes,
-    retrying,
-)
+from fedasync.services.runtime.redis_conn import TRANSIENT, best_effort, connect, retrying
 from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.policy_store import ensure_policy, read_policy
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
-from fedasync.shared.checkpoint import load_state, save_state
+from fedasync.shared.checkpoint import save_state
+from fedasync.shared.continuity import Check, Mismatch, mismatches
 from fedasync.shared.decision import Outcome
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.device_auth import (
@@ -55,7 +63,7 @@ from fedasync.shared.device_auth import (
     stream_id_ms,
     verify,
 )
-from fedasync.shared.model_format import decode_model, encode_model
+from fedasync.shared.model_format import encode_model
 from fedasync.shared.policy import Policy
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.wire import WireError, decode_update, pack
@@ -64,6 +72,10 @@ log = logging.getLogger(__name__)
 
 #: how often the policy record is re-read between batches, seconds
 POLICY_REFRESH_S = 0.2
+#: how long an aggregator that refused keeps answering /readyz (503, and why) and /metrics
+#: before it exits with code 4: two scrapes at Prometheus's default 15 s, and a restart loop
+#: (compose's `restart: unless-stopped`) paced to one refusal, one alert, every half minute
+REFUSAL_LINGER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +109,7 @@ class Aggregator:
         self._closed_committed = False
         self.metrics = AggregatorMetrics()
         self.device_keys = KeyCache(redis, keys, settings.auth.key_refresh_s)
-        self.ready = [False]
+        self.ready = Readiness()
         self._gauges_at = 0.0
         #: cursor in our own pending entries (re-read first after a restart); None once done
         self._backlog: str | None = "0"
@@ -115,8 +127,12 @@ class Aggregator:
 
     async def _start(self, initial: AggregationState | None) -> None:
         r, keys, cfg = self.redis, self.keys, self.settings.aggregator
-        epoch = int(await r.incr(keys.epoch))
-        seq = int(await r.get(keys.commit_seq) or 0)
+        epoch = int(await r.incr(keys.epoch))  # first: no older aggregator's commit lands now
+        found = await inspect(r, keys)
+        problems = mismatches(found.found)
+        if problems:
+            await self._refuse(problems)
+        seq = found.found.commit_seq
         self.committer = Committer(r, keys, epoch, seq, cfg.keep_versions)
         try:
             await r.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
@@ -124,21 +140,23 @@ class Aggregator:
             if "BUSYGROUP" not in str(exc):
                 raise
         self.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
-        await r.set(keys.started, repr(time.time()), nx=True)
-        self.started_at = float(await r.get(keys.started) or time.time())
         if seq == 0:
             self.state = initial if initial is not None else self._initial_state()
             # the exact starting point, kept for ever so `ledger verify` can replay from it
             await r.set(keys.genesis, save_state(self.state))
             await self._commit(Batch(b"", 0, b""))
         else:
-            self.state = await self._restore()
+            self.state = found.restore()
             self._committed_version = self.state.version
             self._closed_committed = self.state.closed is not None
+        # only once the first commit is acknowledged, and on its own (no transaction): a Redis
+        # that later loses its commits but keeps its plain writes shows it beside commit 0
+        await r.set(keys.started, repr(time.time()), nx=True)
+        self.started_at = float(await r.get(keys.started) or time.time())
         claimed = await self._claim_pending()
         self.metrics.version.set(self.state.version)
         self.metrics.policy_version.set(self.policy.version)
-        self.ready[0] = True
+        self.ready.ready = True
         pending: Any = await r.xpending(keys.updates, AGGREGATOR_GROUP)
         log.info(
             "aggregator epoch %d at version %d (commit %d); %d undecided entries to re-read "
@@ -158,14 +176,22 @@ class Aggregator:
     def _dedup(self) -> DedupMemory:
         return DedupMemory(self.settings.dedup.horizon, self.settings.dedup.capacity)
 
-    async def _restore(self) -> AggregationState:
-        raw_state = await get_bytes(self.redis, self.keys.state)
-        version = int(await get_bytes(self.redis, self.keys.version) or 0)
-        raw_model = await get_bytes(self.redis, self.keys.model(version))
-        if raw_state is None or raw_model is None:
-            raise RuntimeError(f"commit found but state or model {version} is missing in Redis")
-        model = decode_model(raw_model, max_bytes=len(raw_model))
-        return load_state(raw_state, weights=model.snapshot.weights)
+    async def _refuse(self, problems: list[Mismatch]) -> NoReturn:
+        """Redis lost writes: say so (log, metric, alert, /readyz) and decide nothing more."""
+        for problem in problems:
+            self.metrics.state_mismatches.labels(problem.check.value).inc()
+        message = "; ".join(str(p) for p in problems)
+        log.error(
+            "refusing to decide: the state in Redis does not match its ledger, consumer group or "
+            "the last commit (Redis lost writes?): %s. See docs/operations.md, "
+            '"Redis moved back in time"',
+            message,
+        )
+        self.ready.ready, self.ready.refused = False, message
+        await try_add_alert(
+            self.redis, self.keys, STATE_MISMATCH, f"refusing to decide: {message}", time.time()
+        )
+        raise StateMismatch(problems)
 
     async def _claim_pending(self) -> int:
         """Entries delivered to an earlier aggregator and never acknowledged become ours.
@@ -421,12 +447,15 @@ class Aggregator:
     async def _send(self, batch: Batch) -> None:
         started = time.perf_counter()
         now = time.time()
-        # a retry after a lost reply finds its own commit in place and writes nothing (the CAS)
-        await retrying(
-            f"commit {self.committer.seq + 1}",
-            lambda: self.committer.commit(batch, now=now),
-            self.settings.redis,
-        )
+        try:
+            # a retry after a lost reply finds its own commit in place and writes nothing (CAS)
+            await retrying(
+                f"commit {self.committer.seq + 1}",
+                lambda: self.committer.commit(batch, now=now),
+                self.settings.redis,
+            )
+        except CommitConflict as exc:  # our epoch, yet not our sequence: Redis moved under us
+            await self._refuse([Mismatch(Check.COMMIT_SEQ_MOVED, str(exc))])
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.commits.inc()
         self.metrics.version.set(batch.version)
@@ -514,10 +543,23 @@ async def run(
                 await runner.setup()
                 await web.TCPSite(runner, cfg.host, cfg.port).start()
                 log.info("metrics on http://%s:%d/metrics", cfg.host, runner.addresses[0][1])
-            await aggregator.start(initial)
-            return await aggregator.run(stopping, burst=burst)
+            try:
+                await aggregator.start(initial)
+                return await aggregator.run(stopping, burst=burst)
+            except StateMismatch:
+                if runner is not None:
+                    await _linger(stopping)
+                raise
     finally:
         if runner is not None:
             await runner.cleanup()
         if redis is None:
             await client.aclose()
+
+
+async def _linger(stopping: asyncio.Event) -> None:
+    """Keep the HTTP side up for a while after a refusal, so the metric is scraped and /readyz
+    says why; a stop request ends it at once."""
+    log.error("exiting with code 4 in %.0f s (or when stopped)", REFUSAL_LINGER_S)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), REFUSAL_LINGER_S)

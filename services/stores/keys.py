@@ -80,7 +80,10 @@ class Keys:
 
     @property
     def started(self) -> str:
-        """String float: when training started (wall clock), for the time budget."""
+        """String float: when training started (wall clock), for the time budget.
+
+        Written once the first commit is acknowledged, outside any transaction: commit 0 beside
+        it means Redis lost commits (shared/continuity.py)."""
         return self._k("started-at")
 
     @property

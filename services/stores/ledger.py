@@ -17,7 +17,7 @@ import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import get_bytes, stream_entries
+from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entries
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import stream_entry
@@ -41,9 +41,30 @@ async def records(
     the last `ledger_id` it saw takes in only what was committed since (0-0: from the start).
     """
     async for entry_id, fields in stream_entries(redis, keys.ledger, after=after, page=page):
-        record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
-        record["ledger_id"] = entry_id
-        yield record
+        yield _record(entry_id, fields)
+
+
+async def last_record(redis: aioredis.Redis, keys: Keys) -> dict[str, Any] | None:
+    """The newest ledger record (with its `ledger_id`), None for an empty ledger: one XREVRANGE,
+    whatever the ledger's length (the aggregator's start-up check reads only this)."""
+    entries: Any = await redis.xrevrange(keys.ledger, count=1)
+    if not entries:
+        return None
+    entry_id, fields = entries[0]
+    return _record(as_text(entry_id), fields)
+
+
+async def record_at(redis: aioredis.Redis, keys: Keys, ledger_id: str) -> dict[str, Any] | None:
+    """The ledger record with entry id `ledger_id`; None if there is none (the chaos harness
+    looks up, after a Redis restart, the newest record it saw before)."""
+    entries: Any = await redis.xrange(keys.ledger, min=ledger_id, max=ledger_id)
+    return _record(as_text(entries[0][0]), entries[0][1]) if entries else None
+
+
+def _record(entry_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
+    record["ledger_id"] = entry_id
+    return record
 
 
 def export_line(record: dict[str, Any]) -> str:

@@ -288,7 +288,9 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     # snapshot: reads models; writes nothing, not even a version announcement
     ("snapshot", ("SET", KEYS.version, "99"), command_refused("set")),
     ("snapshot", ("DEL", KEYS.model(0)), command_refused("del")),
-    ("snapshot", ("XADD", UPDATES, "*", "m", "x"), command_refused("xadd")),
+    ("snapshot", ("XADD", UPDATES, "*", "m", "x"), KEY_REFUSED),  # XADD: to alerts only
+    ("snapshot", ("XRANGE", KEYS.alerts, "-", "+"), command_refused("xrange")),
+    ("snapshot", ("DEL", KEYS.alerts), command_refused("del")),
     ("snapshot", ("PUBLISH", KEYS.versions_channel, "99"), command_refused("publish")),
     ("snapshot", ("GET", STATE), KEY_REFUSED),
     # worker: appends to the stream; cannot trim, delete, read it, or touch the group
@@ -313,6 +315,10 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("admin", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
     ("admin", ("SET", STATE, "x"), command_refused("set")),
     ("admin", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
+    # aggregator: appends alerts, cannot delete or rewrite them
+    ("aggregator", ("DEL", KEYS.alerts), KEY_REFUSED),
+    ("aggregator", ("XTRIM", KEYS.alerts, "MAXLEN", "0"), KEY_REFUSED),
+    ("aggregator", ("XREVRANGE", KEYS.alerts, "+", "-"), KEY_REFUSED),
     # aggregator: cannot read device keys in full, nor change them
     ("aggregator", ("HGETALL", DEVICE_KEYS), command_refused("hgetall")),
     ("aggregator", ("HSET", DEVICE_KEYS, "d", "k"), KEY_REFUSED),

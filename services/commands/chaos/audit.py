@@ -6,12 +6,13 @@ checks exactly what an operator would run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import connect, stream_entries
+from fedasync.services.runtime.redis_conn import as_text, connect, stream_entries
 from fedasync.services.runtime.settings import RedisSettings
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import VerifyReport, records, verify
@@ -24,6 +25,11 @@ class Audit:
     entry_ids: list[str]
     dead_lettered: set[str]
     verify: VerifyReport
+    #: alerts recorded during the run, by rule (a state mismatch or a version regression is a
+    #: finding: Redis moved back in time, or a check raised a false alarm)
+    alerts: Counter[str] = field(default_factory=Counter)
+    #: commands Redis refused a user (ACL LOG): under the ACL, each is a right a service lacks
+    refused: list[str] = field(default_factory=list)
 
 
 async def audit(url: str, keys: Keys) -> Audit:
@@ -34,7 +40,15 @@ async def audit(url: str, keys: Keys) -> Audit:
         dead: Any = await client.xrange(keys.deadletter)
         dead_lettered = {fields[b"stream_id"].decode() for _, fields in dead}
         report = await verify(client, keys, DEFAULT_MAX_MESSAGE_BYTES)
-        return Audit(ledger, entries, dead_lettered, report)
+        raised: Any = await client.xrange(keys.alerts)
+        alerts = Counter(fields[b"rule"].decode() for _, fields in raised)
+        log: Any = await client.acl_log()
+        refused = [  # not failed logins: the readiness probe tries `health` on any Redis
+            f"{as_text(e['username'])}: {as_text(e['object'])} ({as_text(e['reason'])})"
+            for e in log
+            if as_text(e["reason"]) != "auth"
+        ]
+        return Audit(ledger, entries, dead_lettered, report, alerts, refused)
     finally:
         await client.aclose()
 

@@ -1,8 +1,10 @@
-"""`fedasync chaos [--profile fast|long] [--seed N] [--out DIR]`; exit 1 if any check fails."""
+"""`fedasync chaos [--profile NAME] [--seed N] [--out DIR] [--no-acl]`; exit 1 if a check fails."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule")
     parser.add_argument(
         "--out", type=Path, help="run folder (default runs/chaos-PROFILE-seedN-TIME)"
+    )
+    parser.add_argument(
+        "--no-acl",
+        action="store_true",
+        help="Redis without the ACL file, every service as the default user "
+        "(by default each service logs in as its own user, as in the compose file)",
     )
 
 
@@ -34,10 +42,19 @@ def handle(args: argparse.Namespace) -> int:
         run,  # imports the services only when a run is asked for
     )
     from fedasync.services.commands.chaos.report import describe
+    from fedasync.services.commands.chaos.system import AclNeedsRedis7
+    from fedasync.services.runtime.redis_server import RedisNotFound
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("runs") / f"chaos-{args.profile}-seed{args.seed}-{stamp}"
-    summary = run(PROFILES[args.profile], args.seed, out)
+    profile = PROFILES[args.profile]
+    if args.no_acl:
+        profile = dataclasses.replace(profile, acl=False)
+    try:
+        summary = run(profile, args.seed, out)
+    except (RedisNotFound, AclNeedsRedis7) as exc:
+        print(f"fedasync chaos: {exc}", file=sys.stderr)
+        return 2
     print(describe(summary))
     return 0 if summary["ok"] else 1
 

@@ -8,6 +8,9 @@ aggregator is started while the first runs; the first is stopped (SIGSTOP) meanw
 continued, and must then stop by itself, fenced off (exit code 3).
 Children that exit when nobody asked them to (e.g. an aggregator that found Redis gone while
 starting) are restarted too, after a short back-off, and counted: the run reports them.
+
+Each Redis kill is checked (chaos/restarts.py): what Redis held just before the kill, with
+writes paused, must be there just after the restart.
 """
 
 from __future__ import annotations
@@ -23,8 +26,15 @@ from typing import Any
 import redis
 
 from fedasync.services.commands.chaos.proxy import Stall, StallMode
+from fedasync.services.commands.chaos.restarts import RestartCheck, compare, read_marks
 from fedasync.services.commands.chaos.schedule import Fault, FaultKind
-from fedasync.services.commands.chaos.system import AGGREGATOR, SNAPSHOT, System, worker_name
+from fedasync.services.commands.chaos.system import (
+    AGGREGATOR,
+    KEEP_VERSIONS,
+    SNAPSHOT,
+    System,
+    worker_name,
+)
 from fedasync.services.commands.chaos.waits import Interruption
 from fedasync.services.runtime.redis_server import free_port
 
@@ -63,6 +73,8 @@ class Injector:
     #: unexpected exits by service name (restarted)
     crashes: Counter[str] = field(default_factory=Counter)
     events: list[Event] = field(default_factory=list)
+    #: one per Redis kill: what it held before, what it had after the restart
+    restarts: list[RestartCheck] = field(default_factory=list)
     #: (due time, target) of each restart not yet made
     pending: list[tuple[float, str]] = field(default_factory=list)
     _exited_at: dict[str, float] = field(default_factory=dict)
@@ -98,7 +110,7 @@ class Injector:
             self._second_aggregator(fault, now)
             return
         if target == REDIS:
-            self.system.redis.kill()
+            self._kill_redis(now)
         else:
             child = self.system.supervisor.children[target]
             if not child.running():
@@ -159,8 +171,34 @@ class Injector:
                 self.skipped[FaultKind.STALL_REDIS.value] += 1
                 self.events.append(Event(now, "skipped stall_redis", "never happened"))
 
+    def _kill_redis(self, now: float) -> None:
+        """Read what Redis holds (writes stay paused), then SIGKILL it."""
+        check = RestartCheck(now)
+        try:
+            check.before = read_marks(self.system.observer_url, self.system.keys, unpause=False)
+        except (redis.RedisError, OSError) as exc:
+            check.problems.append(f"no reading before the kill: {exc}")
+        self.restarts.append(check)
+        self.system.redis.kill()
+
+    def _check_restart(self) -> None:
+        """Read Redis again after a restart and compare with the reading before the kill."""
+        check = self.restarts[-1] if self.restarts else None
+        if check is None or check.before is None or check.after is not None:
+            return
+        try:
+            check.after = read_marks(self.system.observer_url, self.system.keys, check.before)
+        except (redis.RedisError, OSError) as exc:
+            check.problems.append(f"no reading after the restart: {exc}")
+            return
+        check.problems += compare(check.before, check.after, KEEP_VERSIONS)
+        if check.problems:
+            self.events.append(
+                Event(self.now(), "redis_restart_damaged", "; ".join(check.problems))
+            )
+
     def _pause(self, fault: Fault, now: float) -> None:
-        client = redis.Redis(port=self.system.redis.port, socket_timeout=5.0)
+        client = self.system.observer(socket_timeout=5.0)
         try:
             client.client_pause(int(fault.outage_s * 1000), all=True)
         except redis.RedisError as exc:
@@ -224,6 +262,7 @@ class Injector:
     def _start(self, name: str) -> None:
         if name == REDIS:
             self.system.redis.start()  # replays the AOF; returns once it answers PING
+            self._check_restart()
         else:
             self.system.supervisor.start(self.system.spec(name))
 

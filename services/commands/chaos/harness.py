@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from fedasync.services.commands.chaos.audit import audit
 from fedasync.services.commands.chaos.faults import Injector, wait_until
 from fedasync.services.commands.chaos.probe import wait_drained, wait_served
@@ -66,7 +64,7 @@ def run(
                 system.supervisor.kill(name)
         injector.recover(everything=True)
         services = [AGGREGATOR, SNAPSHOT]
-        client = redis.Redis(port=system.redis.port, socket_timeout=10.0)
+        client = system.observer()
         try:
             drained, backlog = wait_drained(
                 client,
@@ -80,7 +78,7 @@ def run(
         injector.settle()
         system.supervisor.stop_all(groups=[[SNAPSHOT], [AGGREGATOR]])
         say("chaos: services stopped; auditing the ledger")
-        audited = asyncio.run(audit(system.redis.url, system.keys))
+        audited = asyncio.run(audit(system.observer_url, system.keys))
         journals = read_journals(system.journals())
     verdict = check(
         set(journals.acknowledged),

@@ -14,8 +14,9 @@ from typing import Any
 from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, Served
-from fedasync.services.commands.chaos.schedule import Profile
+from fedasync.services.commands.chaos.schedule import FaultKind, Profile
 from fedasync.services.commands.chaos.waits import Waits
+from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.exactly_once import Verdict
 
 #: ids shown per failing category in summary.json (all of them are in the ledger export)
@@ -39,6 +40,8 @@ def build_summary(
 ) -> dict[str, Any]:
     scheduled = {kind.value for kind, count in profile.faults if count > 0}
     outcomes = verdict.outcomes
+    restarts = injector.restarts
+    alarms = {rule: audit.alerts[rule] for rule in (STATE_MISMATCH, VERSION_REGRESSED)}
     checks = {
         "every fault kind injected": all(injector.injected[k] > 0 for k in scheduled),
         "stream drained": drained,
@@ -50,11 +53,18 @@ def build_summary(
         "ledger verify passes": audit.verify.ok,
         "served == committed": served.equal,
         "journals intact": malformed_journal_lines == 0,
+        "state, model and ledger intact after every Redis restart": (
+            len(restarts) == injector.injected[FaultKind.KILL_REDIS.value]
+            and all(check.intact for check in restarts)
+        ),
+        "no move back in time alarmed": not any(alarms.values()),
+        "no command refused by Redis's ACL": not audit.refused,
         "XADD→decision waits within the bound": waits.ok,
     }
     return {
         "profile": profile.name,
         "seed": seed,
+        "acl": profile.acl,
         "out": str(out),
         "duration_s": round(duration_s, 1),
         "faults": dict(sorted(injector.injected.items())),
@@ -102,6 +112,9 @@ def build_summary(
             "last_id": backlog.last_id,
             "delivered_up_to": backlog.delivered_up_to,
         },
+        "redis_restarts": [check.to_dict() for check in restarts],
+        "alerts": dict(sorted(audit.alerts.items())),
+        "acl_refusals": audit.refused[:EXAMPLES],
         "examples": {
             "lost": verdict.lost[:EXAMPLES],
             "duplicated": verdict.duplicated[:EXAMPLES],
@@ -133,6 +146,12 @@ def describe(summary: Mapping[str, Any]) -> str:
     lines = [
         f"chaos run: profile {summary['profile']}, seed {summary['seed']}, "
         f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
+        "Redis "
+        + (
+            "under the ACL file, each service as its own user"
+            if summary["acl"]
+            else "without an ACL (every service as the default user)"
+        ),
         "faults injected: " + _counts(summary["faults"]),
         "faults skipped: " + _counts(summary["faults_skipped"]),
         "unexpected exits (restarted): " + _counts(summary["unexpected_exits"]),
@@ -153,12 +172,36 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"committed version {served['committed_version']} "
         f"sha256 {served['committed_sha256'][:16]}",
         summary["verify"]["text"],
+        *_restarts(summary["redis_restarts"]),
+        "alerts: " + _counts(summary["alerts"]),
+        "commands refused by the ACL: "
+        + ("; ".join(summary["acl_refusals"]) if summary["acl_refusals"] else "none"),
     ]
     lines += [
         f"  [{'PASS' if passed else 'FAIL'}] {name}" for name, passed in summary["checks"].items()
     ]
     lines.append("chaos: " + ("all checks passed" if summary["ok"] else "CHECKS FAILED"))
     return "\n".join(lines)
+
+
+def _restarts(restarts: list[dict[str, Any]]) -> list[str]:
+    """One line per Redis kill: the readings before → after, and what did not survive."""
+    intact = sum(r["intact"] for r in restarts)
+    lines = [f"Redis restarts: {len(restarts)}, intact {intact}"]
+    for r in restarts:
+        figures = ", ".join(
+            f"{name} {r[key][0]}→{r[key][1]}"
+            for name, key in (
+                ("commit", "commit_seq"),
+                ("version", "version"),
+                ("ledger", "ledger"),
+                ("updates", "updates"),
+                ("group delivered", "delivered"),
+            )
+        )
+        verdict = "intact" if r["intact"] else "DAMAGED: " + "; ".join(r["problems"])
+        lines.append(f"  t={r['at']:7.2f} s: {figures}: {verdict}")
+    return lines
 
 
 def _counts(counts: Mapping[str, int]) -> str:

@@ -57,6 +57,8 @@ class Profile:
     #: how long the first aggregator stays stopped once a second one started: above the claim
     #: bound, so what its blocked read took is the running one's to take over
     stopped_s: tuple[float, float] = (4.0, 6.0)
+    #: Redis loads the generated ACL file and every service logs in as its own user
+    acl: bool = True
 
 
 PROFILES: dict[str, Profile] = {
@@ -69,7 +71,7 @@ PROFILES: dict[str, Profile] = {
         faults=(
             (FaultKind.KILL_AGGREGATOR, 3),
             (FaultKind.KILL_WORKER, 5),
-            (FaultKind.KILL_REDIS, 1),
+            (FaultKind.KILL_REDIS, 2),
             (FaultKind.PAUSE_REDIS, 1),
             (FaultKind.RESTART_SNAPSHOT, 1),
             (FaultKind.SECOND_AGGREGATOR, 1),
@@ -85,11 +87,26 @@ PROFILES: dict[str, Profile] = {
         faults=(
             (FaultKind.KILL_AGGREGATOR, 12),
             (FaultKind.KILL_WORKER, 24),
-            (FaultKind.KILL_REDIS, 3),
+            (FaultKind.KILL_REDIS, 6),
             (FaultKind.PAUSE_REDIS, 4),
             (FaultKind.RESTART_SNAPSHOT, 3),
             (FaultKind.SECOND_AGGREGATOR, 4),
             (FaultKind.STALL_REDIS, 8),
+        ),
+    ),
+    # the long profile's Redis kills under the ACL on their own, in a minute
+    "redis": Profile(
+        name="redis",
+        workers=4,
+        warmup_s=3.0,
+        window_s=40.0,
+        min_gap_s=2.0,
+        faults=(
+            (FaultKind.KILL_AGGREGATOR, 2),
+            (FaultKind.KILL_WORKER, 2),
+            (FaultKind.KILL_REDIS, 8),
+            (FaultKind.PAUSE_REDIS, 0),
+            (FaultKind.RESTART_SNAPSHOT, 0),
         ),
     ),
 }
