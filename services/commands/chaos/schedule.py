@@ -107,6 +107,8 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.KILL_REDIS, 8),
             (FaultKind.PAUSE_REDIS, 0),
             (FaultKind.RESTART_SNAPSHOT, 0),
+            (FaultKind.SECOND_AGGREGATOR, 0),
+            (FaultKind.STALL_REDIS, 0),
         ),
     ),
 }
