@@ -2,12 +2,15 @@
 
 A fault proxy (services/commands/chaos/proxy.py) sits between the aggregator and a private Redis.
 A normal run through it records every command the aggregator sends, named by command and key
-(`START` while it starts, `LOOP` while it runs); the list is checked here, so a new command on
-the aggregator's path cannot go untested. Then each command in turn is stalled once for longer
-than the socket timeout:
+(`START` while it starts for the first time, `LOOP` while it runs, `RESTART` while it starts
+again and takes over an abandoned entry); the lists are checked here, so a new command on the
+aggregator's path cannot go untested. Then each command in turn is stalled once for longer than
+the socket timeout:
 
-- `reply`: Redis runs it, the reply is held back until the client gave up (a lost reply);
-- `request`: it reaches Redis only after the client gave up and went on (a late command).
+- `reply`: Redis runs it, the reply is held back until the client gave up (a lost reply), for
+  every command in every phase;
+- `request`: it reaches Redis only after the client gave up and went on (a late command), for
+  every command of the loop and every write of the start.
 
 Each time the test first proves the stall happened, then that the aggregator stayed up and
 decided everything: every update exactly once, nothing left pending, `ledger verify` OK.
@@ -56,14 +59,17 @@ DEADLINE_S = 60.0
 MAX_UPDATES = 400
 DEVICE = "dev-0"
 
-#: what the aggregator sends while it starts (command, key without the prefix); PING is redis-py's
-#: health check on each new connection
+#: what the aggregator sends while it starts for the first time (command, key without the
+#: prefix); PING is redis-py's health check on each new connection
 START = (
     "EVALSHA commit-seq",
+    "EXISTS started-at",
     "EXISTS updates",
     "GET commit-seq",
     "GET policy",
     "GET started-at",
+    "GET state",
+    "GET version",
     "HSETNX policies",
     "INCRBY aggregator-epoch",
     "PING",
@@ -71,12 +77,15 @@ START = (
     "SET genesis",
     "SET policy",
     "SET started-at",
-    "XCLAIM updates",
     "XGROUP CREATE updates",
     "XINFO GROUPS updates",
+    "XLEN ledger",
     "XLEN updates",
     "XPENDING updates",
+    "XREVRANGE ledger",
 )
+#: the writes among them: a late one (after its retry) must change nothing
+START_WRITES = tuple(n for n in START if n.split()[0] in ("SET", "HSETNX", "XGROUP", "EVALSHA"))
 #: what it sends while it runs: reads, device keys, policy, claims, commits, gauges
 LOOP = (
     "EVALSHA commit-seq",
@@ -91,6 +100,27 @@ LOOP = (
     "XLEN updates",
     "XPENDING updates",
     "XREADGROUP updates",
+)
+#: what it sends when it starts again, restoring the last commit and taking over an entry
+RESTART = (
+    "EXISTS started-at",
+    "GET commit-seq",
+    "GET model:*",
+    "GET policy",
+    "GET started-at",
+    "GET state",
+    "GET version",
+    "HSETNX policies",
+    "INCRBY aggregator-epoch",
+    "PING",
+    "SET policy",
+    "SET started-at",
+    "XCLAIM updates",
+    "XGROUP CREATE updates",
+    "XINFO GROUPS updates",
+    "XLEN ledger",
+    "XPENDING updates",
+    "XREVRANGE ledger",
 )
 
 
@@ -194,22 +224,23 @@ async def system(server: RedisServer) -> AsyncIterator[System]:
 
 
 async def exercise(system: System, phase: str | None, target: str, mode: StallMode) -> Stall | None:
-    """Start an aggregator through the proxy, stall `target` once in `phase` (None: no stall),
-    and keep updates coming, each after the previous one's decision, until the stall has
-    happened and a few more were decided; then stop it. Returns the stall."""
+    """Start an aggregator through the proxy, keep updates coming (each after the previous
+    one's decision), stop it; then restart it with an entry a consumer abandoned meanwhile, and
+    let it drain. `target` is stalled once in `phase` (start, loop, restart; None: no stall);
+    updates keep coming until the stall has happened and a few more were decided."""
     stall = None
+    seen = system.proxy.seen
 
     def arm() -> Stall:
         return system.proxy.stall(lambda c: signature(c) == target, STALL_S, mode)
 
-    await system.abandoned_entry("gone-before-start")
     aggregator, client = system.aggregator()
     stopping = asyncio.Event()
     try:
         if phase == "start":
             stall = arm()
         await aggregator.start(initial_state(system.settings))
-        system.proxy.seen.append(Command("-- started --"))
+        seen.append(STARTED)
         if phase == "loop":
             stall = arm()
         running = asyncio.create_task(aggregator.run(stopping))
@@ -218,7 +249,7 @@ async def exercise(system: System, phase: str | None, target: str, mode: StallMo
         for i in range(MAX_UPDATES):
             await system.publish_signed(f"u{i}")
             await asyncio.wait_for(system.wait_decided(f"u{i}"), DEADLINE_S)
-            if stall is None and recorded_all(system.proxy.seen):
+            if (stall is None or phase == "restart") and phases(seen)[1] >= set(LOOP):
                 break
             if stall is not None and stall.fired.is_set():
                 after += 1
@@ -230,16 +261,30 @@ async def exercise(system: System, phase: str | None, target: str, mode: StallMo
     finally:
         stopping.set()
         await client.aclose()
+    seen.append(STOPPED)
+    await system.abandoned_entry("gone-before-restart")
+    aggregator, client = system.aggregator()
+    try:
+        if phase == "restart":
+            stall = arm()
+        await aggregator.start(None)
+        seen.append(RESTARTED)
+        await asyncio.wait_for(aggregator.run(asyncio.Event(), burst=True), DEADLINE_S)
+    finally:
+        await client.aclose()
     return stall
 
 
-def phases(seen: list[Command]) -> tuple[set[str], set[str]]:
-    cut = seen.index(Command("-- started --"))
-    return {signature(c) for c in seen[:cut]}, {signature(c) for c in seen[cut + 1 :]}
+STARTED, STOPPED, RESTARTED = Command("-- started --"), Command("-- stopped --"), Command("--")
 
 
-def recorded_all(seen: list[Command]) -> bool:
-    return phases(seen)[1] >= set(LOOP)
+def phases(seen: list[Command]) -> tuple[set[str], set[str], set[str]]:
+    """What was sent while starting, while running, while restarting."""
+    marks = [seen.index(m) if m in seen else len(seen) for m in (STARTED, STOPPED, RESTARTED)]
+    start = seen[: marks[0]]
+    loop = seen[marks[0] + 1 : marks[1]]
+    restart = seen[marks[1] + 1 : marks[2]]
+    return tuple({signature(c) for c in part} for part in (start, loop, restart))  # type: ignore[return-value]
 
 
 async def check_everything_decided_once(system: System) -> None:
@@ -254,17 +299,19 @@ async def check_everything_decided_once(system: System) -> None:
 
 async def test_every_command_the_aggregator_sends_is_listed(system: System) -> None:
     await exercise(system, None, "", StallMode.REPLY)
-    start, loop = phases(system.proxy.seen)
+    start, loop, restart = phases(system.proxy.seen)
     assert sorted(start) == list(START)
     assert sorted(loop) == list(LOOP)
+    assert sorted(restart) == list(RESTART)
     await check_everything_decided_once(system)
 
 
 @pytest.mark.parametrize(
     ("phase", "target", "mode"),
     stalls("start", START, (StallMode.REPLY,))
-    + stalls("start", tuple(n for n in START if not n.startswith("INCRBY")), (StallMode.REQUEST,))
-    + stalls("loop", LOOP, (StallMode.REPLY, StallMode.REQUEST)),
+    + stalls("start", START_WRITES, (StallMode.REQUEST,))
+    + stalls("loop", LOOP, (StallMode.REPLY, StallMode.REQUEST))
+    + stalls("restart", RESTART, (StallMode.REPLY,)),
 )
 async def test_one_stalled_command_is_survived(
     system: System, phase: str, target: str, mode: StallMode
