@@ -16,16 +16,27 @@ XPENDING (with IDLE) lists them and XCLAIM with the same min-idle-time moves the
 entry some consumer touched since the listing stays where it is. Claiming never decides anything:
 the claimed entries are re-read from this consumer's pending list and decided from the committed
 state like any other, and only the newest epoch's commit can acknowledge them.
+
+So no acknowledged entry waits more than `AggregatorSettings.decision_bound_s` (claim_idle_s +
+claim_interval_s + one batch) after its read for its decision, whatever another aggregator does
+(docs/architecture.md). The periodic claim first checks the epoch: a fenced-off aggregator with
+nothing to commit would otherwise never hear of it, and go on reading, and stranding, entries.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
 from collections import Counter
 from collections.abc import Set
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from fedasync.services.aggregator.commit import Fenced
+from fedasync.services.runtime.redis_conn import retrying
+from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
 #: pending entries listed per XPENDING
@@ -70,3 +81,50 @@ async def current_epoch(redis: aioredis.Redis, keys: Keys) -> int | None:
     """The fencing token in force (None if Redis has none: every commit would be refused)."""
     raw = await redis.get(keys.epoch)
     return None if raw is None else int(raw)
+
+
+class IdleClaims:
+    """The running aggregator's periodic claim: when it is due, and what it took."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._settings = settings
+        self._due = 0.0  # time.monotonic() of the next claim
+
+    def block_ms(self) -> int:
+        """How long a blocking read may wait: never past the next claim (and BLOCK 0 is for
+        ever, so at least 1 ms)."""
+        until_claim = (self._due - time.monotonic()) * 1000
+        return max(1, min(self._settings.aggregator.block_ms, math.ceil(until_claim)))
+
+    async def take(
+        self, epoch: int, exclude: Set[bytes], stopping: asyncio.Event | None
+    ) -> Counter[str]:
+        """If due: raise `Fenced` if `epoch` is no longer the newest, else take over every entry
+        idle for `claim_idle_s` but those in `exclude` (the commit in flight's)."""
+        cfg = self._settings.aggregator
+        now = time.monotonic()
+        if now < self._due:
+            return Counter()
+        self._due = now + cfg.claim_interval_s
+        newest = await retrying(
+            "GET epoch",
+            lambda: current_epoch(self._redis, self._keys),
+            self._settings.redis,
+            stopping,
+        )
+        if newest != epoch:
+            raise Fenced(f"aggregator epoch {epoch} was fenced off by epoch {newest}")
+        return await retrying(
+            "claim idle entries",
+            lambda: claim(
+                self._redis,
+                self._keys,
+                cfg.consumer,
+                min_idle_ms=round(cfg.claim_idle_s * 1000),
+                exclude=exclude,
+            ),
+            self._settings.redis,
+            stopping,
+        )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -30,13 +29,12 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ResponseError
 
-from fedasync.services.aggregator.claims import claim, current_epoch
+from fedasync.services.aggregator.claims import IdleClaims, claim
 from fedasync.services.aggregator.commit import (
     Batch,
     CommitConflict,
     Committer,
     DeadLetter,
-    Fenced,
 )
 from fedasync.services.aggregator.http import Readiness, create_app
 from fedasync.services.aggregator.inspection import StateMismatch, inspect
@@ -45,7 +43,7 @@ from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
 from fedasync.services.runtime.redis_conn import TRANSIENT, best_effort, connect, retrying
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
-from fedasync.services.stores.backlog import read_backlog
+from fedasync.services.stores.backlog import read_backlog, trim_decided
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.policy_store import ensure_policy, read_policy
@@ -103,8 +101,7 @@ class Aggregator:
         self._inflight: asyncio.Task[None] | None = None
         #: the entries the commit in flight acknowledges (never claimed from under it)
         self._inflight_acks: frozenset[bytes] = frozenset()
-        #: when the next claim of idle entries is due (time.monotonic())
-        self._claim_due = 0.0
+        self.claims = IdleClaims(redis, keys, settings)
         self._committed_version = -1
         self._closed_committed = False
         self.metrics = AggregatorMetrics()
@@ -245,7 +242,7 @@ class Aggregator:
             while len(batch.acks) < self.settings.aggregator.batch_max:
                 backlog = self._backlog is not None
                 idle = not (batch.acks or burst or backlog)
-                block = self._block_ms() if idle else None
+                block = self.claims.block_ms() if idle else None
                 entries = await self._read(self._backlog or ">", batch, block)
                 if backlog and not entries:
                     self._backlog = None  # our pending entries are all decided: new ones next
@@ -265,51 +262,18 @@ class Aggregator:
 
     # ------------------------------------------------------------------------------ claims
     async def _claim_idle(self) -> None:
-        """Every `claim_interval_s`: stop if fenced off, then take over entries idle for
-        `claim_idle_s` under any consumer; they are re-read before the next batch.
-
-        So no acknowledged entry waits more than about claim_idle_s + claim_interval_s + one
-        batch for its decision, whatever another aggregator does (docs/architecture.md).
-        """
-        cfg = self.settings.aggregator
-        now = time.monotonic()
-        if now < self._claim_due:
-            return
-        self._claim_due = now + cfg.claim_interval_s
-        epoch = await retrying(
-            "GET epoch",
-            lambda: current_epoch(self.redis, self.keys),
-            self.settings.redis,
-            self._stopping,
-        )
-        if epoch != self.committer.epoch:  # an idle aggregator would otherwise never notice
-            raise Fenced(f"aggregator epoch {self.committer.epoch} was fenced off by {epoch}")
-        taken = await retrying(
-            "claim idle entries",
-            lambda: claim(
-                self.redis,
-                self.keys,
-                cfg.consumer,
-                min_idle_ms=round(cfg.claim_idle_s * 1000),
-                exclude=self._inflight_acks,
-            ),
-            self.settings.redis,
-            self._stopping,
-        )
+        """Take over what sat idle under any consumer (claims.py); re-read it before the next
+        batch. Raises `Fenced` once a newer aggregator started, even with nothing to commit."""
+        taken = await self.claims.take(self.committer.epoch, self._inflight_acks, self._stopping)
         if taken:
             self.metrics.claimed.inc(sum(taken.values()))
             log.warning(
                 "took over %d entries idle for %.1f s or more (%s)",
                 sum(taken.values()),
-                cfg.claim_idle_s,
+                self.settings.aggregator.claim_idle_s,
                 ", ".join(f"{n} from {who}" for who, n in sorted(taken.items())),
             )
             self._reread_pending = True
-
-    def _block_ms(self) -> int:
-        """A blocking read ends in time for the next claim (XREADGROUP BLOCK 0 is for ever)."""
-        until_claim = (self._claim_due - time.monotonic()) * 1000
-        return max(1, min(self.settings.aggregator.block_ms, math.ceil(until_claim)))
 
     # ------------------------------------------------------------------------------ reads
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
@@ -461,21 +425,8 @@ class Aggregator:
         self.metrics.version.set(batch.version)
         await self._stream_gauges()
         if not self.settings.aggregator.keep_payloads and batch.acks:
-            await best_effort("trim", lambda: self._trim(batch.acks[-1]))
-
-    async def _trim(self, last_acked: bytes) -> None:
-        """Drop the payloads of decided entries: below the last one acknowledged, and never
-        past an entry still pending under any consumer (claimed later, it needs its payload).
-
-        Entries delivered after the XPENDING have ids above every acknowledged one, so they
-        are never below the bound either.
-        """
-        summary: Any = await self.redis.xpending(self.keys.updates, AGGREGATOR_GROUP)
-        bound = last_acked
-        oldest = summary.get("min") if summary.get("pending") else None
-        if oldest is not None and _entry_order(oldest) < _entry_order(bound):
-            bound = oldest
-        await self.redis.xtrim(self.keys.updates, minid=bound, approximate=False)
+            # never past an entry pending elsewhere: taken over later, it needs its payload
+            await best_effort("trim", lambda: trim_decided(self.redis, self.keys, batch.acks[-1]))
 
     async def _stream_gauges(self) -> None:
         """Stream length, pending and lag, read at most once a second; best-effort."""
@@ -501,13 +452,6 @@ class Aggregator:
         self._seal(batch)
         await self._finish_commit()
         await self._send(batch)
-
-
-def _entry_order(entry_id: bytes | str) -> tuple[int, int]:
-    """A stream entry id as (milliseconds, sequence), which orders ids as Redis does."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _signer(fields: dict[bytes, bytes] | None) -> str | None:

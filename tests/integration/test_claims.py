@@ -125,7 +125,7 @@ async def test_entries_read_by_a_fenced_aggregator_after_the_takeover_are_decide
     records = await ledger(redis, keys)
     assert [r["update_id"] for r in records] == ["before", *(f"s{i}" for i in range(5))]
     assert [r["outcome"] for r in records] == ["applied"] * 6
-    assert new.metrics.claimed._value.get() == 5
+    assert new.metrics.registry.get_sample_value("fedasync_aggregator_claimed_total") == 5
     # taken over only once idle for claim_idle_s (Redis checks the idle time at XCLAIM)
     assert min(r["at"] for r in records[1:]) - read_at >= new_settings.aggregator.claim_idle_s
     assert await pending_ids(redis, keys) == {}
