@@ -4,6 +4,11 @@ This is the only implementation of FedAsync mixing, FedBuff buffering, stale dro
 The aggregator service, the simulator and `ledger verify` all drive this class, so a setting tuned
 in simulation decides exactly as it will in production. No I/O, no clock, no randomness: the same
 initial state and the same updates give bit-identical weights and decisions in any process.
+
+The model version counts server steps, the moments the weights change: in FedAsync every applied
+update is one (Xie et al. 2019), in FedBuff one step takes K buffered updates (Nguyen et al. 2022).
+So τ = version − base version counts server steps in both, as both papers (and FLSim) count it,
+and every version number names exactly one model.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
 from fedasync.shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
 from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.server_optimizer import OptimizerState, server_step
 from fedasync.shared.update import MAX_ID_LENGTH, Update
 
 _ACCEPTED_DTYPES = (np.dtype("<f4"), np.dtype("<f2"))
@@ -42,7 +48,8 @@ class FedBuffBuffer:
 
 
 class AggregationState:
-    """Model version, weights, dedup memory, FedBuff buffer and history, and decision counters."""
+    """Model version, weights, dedup memory, FedBuff buffer, history and server optimizer, and
+    decision counters."""
 
     def __init__(
         self,
@@ -65,7 +72,11 @@ class AggregationState:
         self.dedup = dedup if dedup is not None else DedupMemory()
         self.counters: dict[str, int] = {o.value: 0 for o in Outcome} | {"server_steps": 0}
         self.buffer = FedBuffBuffer(np.zeros(layout.size, dtype=np.float64))
-        #: FedBuff only: (first version, weights) for each distinct model a base version may name.
+        #: FedBuff's server optimizer (momentum, Adam moments), stepped with the buffer
+        self.optimizer = OptimizerState()
+        #: FedBuff only: (version, weights) of the models a base version may still name, oldest
+        #: first (the lookup also takes the newest model at or before a version, which matters
+        #: only for checkpoints of the build that numbered FedBuff versions per update)
         self.history: list[tuple[int, np.ndarray]] = []
         #: why training ended (e.g. "max_updates"), or None while it runs
         self.closed: str | None = None
@@ -76,6 +87,11 @@ class AggregationState:
         self._scratch_buffer: np.ndarray | None = None
 
     # ----------------------------------------------------------------------------- reading
+    @property
+    def applied(self) -> int:
+        """Updates applied so far: what a budget of updates counts (in FedBuff, K per version)."""
+        return self.counters[Outcome.APPLIED.value]
+
     def snapshot(self) -> ModelSnapshot:
         """The current model as a copy: a device must never hold a reference to server memory."""
         return ModelSnapshot(self.version, self._weights.copy(), self.layout)
@@ -175,11 +191,12 @@ class AggregationState:
         finiteness costs no pass of its own; nothing is committed until it is known.
         """
         x = self._weights
+        flushed_optimizer = self.optimizer
         flush = self.buffer.count > 0
         if flush:  # leftovers of a FedBuff period are applied first, never lost
             if not np.isfinite(new).all():
                 return self._reject_non_finite(update, policy)
-            x = self._flushed(policy)
+            x, flushed_optimizer = self._flushed(policy)
         alpha = policy.alpha(tau, self.version)
         exact: np.ndarray | None = None
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
@@ -209,6 +226,7 @@ class AggregationState:
                 mixed = (x + scale * exact).astype(np.float32)
             delta = bound
         if flush:  # the flushed weights are x, from which `mixed` was formed
+            self.optimizer = flushed_optimizer
             self._clear_buffer()
         self._weights = _frozen(mixed)
         self.history.clear()
@@ -220,8 +238,11 @@ class AggregationState:
     def _buffer(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
         """FedBuff: add s(τ)·(x_new − x_base) to the buffer; step once K are in.
 
-        The update counts as applied (the version rises) when it enters the buffer; the weights
-        change at the server step. A partial buffer is stepped when the mode returns to FedAsync.
+        τ is the number of server steps since the model the device trained from (Nguyen et al.
+        2022, Algorithm 1), for the weight s(τ) and for τ_max alike. The update counts as applied
+        when it enters the buffer; its decision records the version in force, which the K-th
+        update's server step then raises by one: the buffered updates are part of that next
+        version. A partial buffer is stepped when the mode returns to FedAsync.
         """
         if not self.history:
             self.history.append((self.version, self._weights))
@@ -260,16 +281,19 @@ class AggregationState:
         return decision
 
     def _flush_buffer(self, policy: Policy) -> None:
-        """One FedBuff server step: x ← x + η·(Σ s(τ_i)Δ_i)/K, K being the updates buffered."""
+        """One FedBuff server step on Δ̄ = (Σ s(τ_i)Δ_i)/K, K being the updates buffered, with
+        the policy's server optimizer (shared/server_optimizer.py)."""
         if self.buffer.count == 0:
             return
-        self._weights = self._flushed(policy)
+        self._weights, self.optimizer = self._flushed(policy)
         self._clear_buffer()
 
-    def _flushed(self, policy: Policy) -> np.ndarray:
-        """The weights a FedBuff server step would give, computed but not committed."""
-        step = self.buffer.total * (policy.server_lr / self.buffer.count)
-        return _frozen((self._weights.astype(np.float64) + step).astype(np.float32))
+    def _flushed(self, policy: Policy) -> tuple[np.ndarray, OptimizerState]:
+        """The weights and optimizer state a FedBuff server step would give, not committed."""
+        weights, optimizer = server_step(
+            self._weights, self.buffer.total, self.buffer.count, self.optimizer, policy
+        )
+        return _frozen(weights), optimizer
 
     def _clear_buffer(self) -> None:
         self.buffer.total[:] = 0.0
@@ -321,8 +345,8 @@ class AggregationState:
         return self._scratch_buffer
 
     def _base_weights(self, base_version: int) -> np.ndarray | None:
-        for first_version, weights in reversed(self.history):
-            if first_version <= base_version:
+        for version, weights in reversed(self.history):
+            if version <= base_version:
                 found: np.ndarray = weights
                 return found
         return None
@@ -344,8 +368,9 @@ class AggregationState:
         *,
         server_step: bool,
     ) -> Decision:
-        self.version += 1
-        self.dedup.advance(self.version)
+        if server_step:  # the weights changed: a new version (every applied update in FedAsync)
+            self.version += 1
+            self.dedup.advance(self.version)
         self.norms.append(delta_norm)
         return self._decide(
             update,

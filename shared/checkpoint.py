@@ -14,9 +14,14 @@ import numpy as np
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
+from fedasync.shared.server_optimizer import OptimizerState, ServerOptimizer
 from fedasync.shared.wire import WireError, pack, unpack
 
-FORMAT_VERSION = 1
+#: 2 added FedBuff's server optimizer state; a build that cannot step it must not restore it.
+#: Format 1 (no optimizer state) is still read: its FedBuff versions were numbered per update,
+#: and go on one per server step from there (`AggregationState._base_weights` finds their models).
+FORMAT_VERSION = 2
+_READABLE = (1, FORMAT_VERSION)
 _F32 = np.dtype("<f4")
 _F64 = np.dtype("<f8")
 
@@ -54,6 +59,7 @@ def save_state(state: AggregationState, *, include_weights: bool = True) -> byte
             "history": [[first, _bytes(w, _F32)] for first, w in state.history],
             # the poisoning bound's memory; absent from checkpoints written before it existed
             "norms": list(state.norms),
+            "optimizer": _optimizer(state.optimizer),
         }
     )
 
@@ -68,8 +74,8 @@ def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationStat
     except WireError as exc:
         raise CheckpointError(f"not a checkpoint: {exc}") from None
     found = data.get("format") if isinstance(data, dict) else None
-    if found != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint format {found!r}, this build reads {FORMAT_VERSION}")
+    if found not in _READABLE:
+        raise CheckpointError(f"checkpoint format {found!r}, this build reads {_READABLE}")
     try:
         layout = Layout.from_list(data["layout"])
         dedup_data = data["dedup"]
@@ -96,6 +102,8 @@ def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationStat
             state.buffer.total = _array(data["buffer"]["total"], _F64, layout.size).copy()
         state.history = [(int(first), _array(w, _F32, layout.size)) for first, w in data["history"]]
         state.norms.extend(float(n) for n in data.get("norms", ()))
+        if "optimizer" in data:
+            state.optimizer = _restore_optimizer(data["optimizer"], layout.size)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"corrupt checkpoint: {exc!r}") from None
     return state
@@ -108,6 +116,26 @@ def saved_version(raw: bytes) -> int:
         return int(data["version"])
     except (WireError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"not a checkpoint: {exc!r}") from None
+
+
+def _optimizer(optimizer: OptimizerState) -> dict[str, Any]:
+    first, second = optimizer.first, optimizer.second
+    return {
+        "kind": None if optimizer.kind is None else optimizer.kind.value,
+        "steps": optimizer.steps,
+        "first": None if first is None else _bytes(first, _F64),
+        "second": None if second is None else _bytes(second, _F64),
+    }
+
+
+def _restore_optimizer(data: Any, size: int) -> OptimizerState:
+    kind, first, second = data["kind"], data["first"], data["second"]
+    return OptimizerState(
+        None if kind is None else ServerOptimizer(kind),
+        int(data["steps"]),
+        None if first is None else _array(first, _F64, size),
+        None if second is None else _array(second, _F64, size),
+    )
 
 
 def _bytes(array: np.ndarray, dtype: np.dtype[Any]) -> bytes:

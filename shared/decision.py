@@ -46,9 +46,10 @@ class RejectReason(StrEnum):
 class Decision:
     """One terminal decision about one update.
 
-    `version` is the model version after the decision (the new version when applied). `alpha` is the
-    effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff. `server_step` says
-    whether this decision moved the weights (always for FedAsync; on the K-th update for FedBuff).
+    `version` is the model version after the decision; versions count server steps, so it is one
+    higher exactly when `server_step` (every applied FedAsync update; the K-th of a FedBuff buffer,
+    whose other applied updates record the version in force and are part of the next one). `alpha`
+    is the effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff.
     `delta_norm` is how far the update would move the model before α (see
     `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound scaled it
     down. Records written before the bound existed lack both and read back as None and False.

@@ -30,6 +30,7 @@ from fedasync.shared.params import (
     Scope,
     param,
 )
+from fedasync.shared.server_optimizer import ServerOptimizer
 from fedasync.shared.staleness import Decay
 
 
@@ -75,12 +76,32 @@ class Policy:
     hinge_a: float = param(10.0, "a of the hinge rule", Range(0.0, 1000.0, low_open=True))
     hinge_b: int = param(4, "b of the hinge rule", Range(0, TAU_MAX_LIMIT, integer=True))
     tau_max: int = param(
-        10, "updates with τ above this are dropped", Range(0, TAU_MAX_LIMIT, integer=True)
+        10,
+        "updates with τ above this are dropped (τ counts model versions: applied updates in "
+        "FedAsync, server steps in FedBuff)",
+        Range(0, TAU_MAX_LIMIT, integer=True),
     )
     buffer_size: int = param(
         10, "FedBuff's K: deltas buffered per server step", Range(1, 10_000, integer=True)
     )
-    server_lr: float = param(1.0, "FedBuff's server step size", Range(0.0, 10.0, low_open=True))
+    server_optimizer: ServerOptimizer = param(
+        ServerOptimizer.SGD,
+        "how a FedBuff server step applies the buffer's mean delta: plain, with momentum, or "
+        "Adam (FedOpt, Reddi et al. 2021)",
+    )
+    server_lr: float = param(
+        1.0, "FedBuff's server learning rate η", Range(0.0, 10.0, low_open=True)
+    )
+    server_momentum: float = param(
+        0.9, "β of FedBuff's server momentum", Range(0.0, 1.0, high_open=True)
+    )
+    server_beta1: float = param(
+        0.9, "β₁ of FedBuff's server Adam (first moment)", Range(0.0, 1.0, high_open=True)
+    )
+    server_beta2: float = param(
+        0.999, "β₂ of FedBuff's server Adam (second moment)", Range(0.0, 1.0, high_open=True)
+    )
+    server_eps: float = param(1e-8, "ε of FedBuff's server Adam", Range(0.0, 1.0, low_open=True))
     # k < 1 would refuse or shrink most ordinary updates, so the smallest factor is 1
     norm_bound: float | None = param(
         None,
@@ -154,9 +175,9 @@ class Policy:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON/msgpack-safe form (enums as their string values)."""
         out = asdict(self)
-        out["mode"] = self.mode.value
-        out["decay"] = self.decay.value
-        out["norm_action"] = self.norm_action.value
+        for name, value in out.items():
+            if isinstance(value, StrEnum):
+                out[name] = value.value
         return out
 
     @classmethod
@@ -259,14 +280,14 @@ POLICY_RANGES: Mapping[str, Range] = types.MappingProxyType(
 
 #: What naming a mode means, wherever it is named (FEDASYNC_POLICY__MODE, `fedasync up --mode`, a
 #: simulator algorithm's `kind`, `Policy.fedbuff()`): defaults for the fields the user leaves
-#: unset. FedBuff as published weighs each delta by 1/√(1 + τ) (polynomial, γ = 0.5); τ counts
-#: applied updates, so a buffer of K makes τ about K times larger than in FedAsync, hence τ_max 100.
+#: unset. FedBuff as published (Nguyen et al. 2022) weighs each delta by 1/√(1 + τ) (polynomial,
+#: γ = 0.5), τ counting server steps as FedAsync's τ counts its one-update steps; so τ_max keeps
+#: the schema's 10: ten server steps, the 100 applied updates it meant at K = 10 when τ counted
+#: applied updates.
 MODE_PRESETS: Mapping[Mode, Mapping[str, Any]] = types.MappingProxyType(
     {
         Mode.FEDASYNC: types.MappingProxyType({}),
-        Mode.FEDBUFF: types.MappingProxyType(
-            {"decay": Decay.POLYNOMIAL, "gamma": 0.5, "tau_max": 100}
-        ),
+        Mode.FEDBUFF: types.MappingProxyType({"decay": Decay.POLYNOMIAL, "gamma": 0.5}),
     }
 )
 

@@ -31,7 +31,8 @@ class EvalPoint:
     time_s: float
     #: updates applied so far (device results folded into the model)
     updates: int
-    #: model versions: applied updates for FedAsync/FedBuff, rounds for FedAvg
+    #: model versions: server steps (each applied update in FedAsync, each K-update step in
+    #: FedBuff), rounds for FedAvg
     version: int
     loss: float
     score: float

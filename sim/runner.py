@@ -21,8 +21,12 @@ class Simulation:
     results: list[RunResult]
 
 
-def fleet_advice(world: World, tau_max: int | None = None) -> Advice:
-    """Advice from the fleet's latency laws and the rate they sustain with everyone training."""
+def fleet_advice(world: World, tau_max: int | None = None, buffer_size: int = 1) -> Advice:
+    """Advice from the fleet's latency laws and the rate they sustain with everyone training.
+
+    τ counts versions, and a version takes `buffer_size` updates (FedBuff's K; 1 in FedAsync), so
+    the advice is for the version rate: the update rate divided by K.
+    """
     fleet = world.config.fleet
     share = 1.0
     if isinstance(fleet.availability, cfg.IntermittentAvailability):
@@ -30,7 +34,7 @@ def fleet_advice(world: World, tau_max: int | None = None) -> Advice:
         share = on / (on + off)
     latencies = world.new_fleet().latencies
     rate = estimated_rate(latencies, fleet.max_concurrency, share)
-    return advise(latencies, rate, tau_max)
+    return advise(latencies, rate / buffer_size, tau_max)
 
 
 def simulate(
@@ -49,7 +53,10 @@ def simulate(
         if isinstance(algorithm, cfg.FedAvgConfig):
             result = run_sync(world, index, callback)
         else:
-            policy = algorithm.policy(advised_tau_max=advice.recommended_tau_max)
+            own = advice
+            if algorithm.kind == "fedbuff" and algorithm.buffer_size > 1:
+                own = fleet_advice(world, buffer_size=algorithm.buffer_size)
+            policy = algorithm.policy(advised_tau_max=own.recommended_tau_max)
             result = run_async(world, index, policy, callback, on_decision)
         if callback is not None:
             callback(result.end_s, result.recorder.updates_applied)

@@ -340,9 +340,10 @@ class Aggregator:
         if decision.outcome is Outcome.REJECTED:  # invalid content: also a dead letter
             keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
             batch.dead.append(DeadLetter(str(decision.reason), decision.detail, stream_id, keep))
-        if not self.state.closed and self.state.version >= self._max_updates:
+        # applied updates, not versions: a FedBuff version takes K of them
+        if not self.state.closed and self.state.applied >= self._max_updates:
             self.state.close("max_updates")
-            log.info("budget reached: %d updates applied", self.state.version)
+            log.info("budget reached: %d updates applied", self.state.applied)
 
     def _authenticate(
         self, stream_id: bytes, fields: dict[bytes, bytes], raw: bytes

@@ -181,7 +181,10 @@ async def status(request: web.Request) -> web.Response:
             "pending": backlog.pending,
             "lag": backlog.lag,
             "switches_on": sorted(s.decode() for s in switches),
-            "budget_left_updates": None if committed is None else max(max_updates - committed, 0),
+            # applied updates, read from the ledger: a FedBuff version takes K of them
+            "budget_left_updates": None
+            if committed is None
+            else max(max_updates - window.totals["applied"], 0),
             "budget_left_seconds": None
             if started is None
             else max(max_seconds - (time.time() - float(started)), 0.0),

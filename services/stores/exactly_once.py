@@ -14,8 +14,9 @@ is unit-tested on a hand-made history.
 - unexpected: a decision for an update id no publisher ever attempted;
 - indeterminate: attempted but not acknowledged (the worker died mid-XADD, or gave up) and
   decided anyway; legitimate, reported for information;
-- version gaps: each applied decision must raise the version by exactly one, every other
-  decision must leave it where it was;
+- version gaps: each decision that took a server step must raise the version by exactly one,
+  every other decision must leave it where it was. In FedAsync every applied update is a server
+  step; in FedBuff only the K-th of a buffer is (the others record the version in force);
 - redecided: one stream entry with more than one ledger record (an entry decided twice);
 - undecided: a stream entry with no ledger record and no dead letter;
 - wrong entry: when the publisher knows the entry id Redis acknowledged, that entry's ledger
@@ -41,14 +42,18 @@ class Decided:
     outcome: str
     version: int
     stream_id: str
+    #: the decision moved the weights (and so the version); true of every applied FedAsync update
+    server_step: bool = True
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Decided:
+        outcome = str(record["outcome"])
         return cls(
             str(record["update_id"]),
-            str(record["outcome"]),
+            outcome,
             int(record["version"]),
             str(record["stream_id"]),
+            bool(record.get("server_step", outcome == "applied")),
         )
 
 
@@ -111,8 +116,9 @@ def check(
         named.setdefault(record.stream_id, record.update_id)
         if record.outcome in TERMINAL:
             terminal[record.update_id] += 1
-        expected = version + 1 if record.outcome == "applied" else version
-        if record.outcome == "applied" and not verdict.first_version:
+        stepped = record.outcome == "applied" and record.server_step
+        expected = version + 1 if stepped else version
+        if stepped and not verdict.first_version:
             verdict.first_version = record.version
         if record.version != expected:
             verdict.version_gaps.append((index, expected, record.version))

@@ -39,7 +39,12 @@ CHANGED: dict[str, Any] = {
     "hinge_b": 2,
     "tau_max": 7,
     "buffer_size": 4,
+    "server_optimizer": "adam",
     "server_lr": 0.7,
+    "server_momentum": 0.5,
+    "server_beta1": 0.8,
+    "server_beta2": 0.99,
+    "server_eps": 1e-6,
     "norm_bound": 2.5,
     "norm_action": "clip",
     "norm_window": 12,
@@ -178,6 +183,6 @@ def test_unset_fields_of_a_simulation_take_the_mode_preset() -> None:
     """A FedBuff table without γ or τ_max runs FedBuff's, not FedAsync's (γ 0.6, τ_max 10)."""
     cfg: SimConfig = config(algorithms=[{"kind": "fedbuff"}, {"kind": "fedasync"}])
     fedbuff, fedasync = (a.policy(advised_tau_max=10) for a in cfg.algorithms)  # type: ignore[union-attr]
-    assert (fedbuff.gamma, fedbuff.tau_max, fedbuff.decay) == (0.5, 100, Decay.POLYNOMIAL)
+    assert (fedbuff.gamma, fedbuff.tau_max, fedbuff.decay) == (0.5, 10, Decay.POLYNOMIAL)
     assert (fedasync.gamma, fedasync.tau_max) == (0.6, 10)
     assert fedbuff == Policy.fedbuff()

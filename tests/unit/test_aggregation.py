@@ -145,13 +145,59 @@ def test_fedbuff_steps_once_every_k_with_weighted_deltas() -> None:
     np.testing.assert_array_equal(state.weights_view(), [1.0, 1.0])  # buffered only
     d2 = state.apply(make_update("b", 0, np.array([1.0, 5.0], np.float32)), policy)
     assert d2.server_step
-    assert (d1.version, d2.version, d2.tau) == (1, 2, 1)
-    # Δa = (2, 0) with s(0) = 1; Δb = (0, 4) with s(1) = 1/√2; step = 0.5·(Σ)/2
-    s1 = 1 / np.sqrt(2.0)
-    expected = np.array([1.0 + 0.25 * 2.0, 1.0 + 0.25 * 4.0 * s1], np.float32)
+    # the version counts server steps: the buffered update leaves it at 0, the step makes 1
+    assert (d1.version, d2.version, d1.tau, d2.tau) == (0, 1, 0, 0)
+    # Δa = (2, 0), Δb = (0, 4), both s(0) = 1; step = 0.5·(Σ)/2
+    expected = np.array([1.0 + 0.25 * 2.0, 1.0 + 0.25 * 4.0], np.float32)
     np.testing.assert_allclose(state.weights_view(), expected, rtol=1e-6)
-    assert d2.alpha == pytest.approx(0.5 * s1 / 2)
+    assert d2.alpha == pytest.approx(0.5 / 2)
     assert state.counters["server_steps"] == 1
+    assert (state.version, state.applied) == (1, 2)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+@pytest.mark.parametrize("steps", [0, 1, 4, 7])
+def test_fedbuff_tau_counts_server_steps_not_buffered_updates(k: int, steps: int) -> None:
+    """Nguyen et al. 2022: K updates from base version v after s server steps have τ = s, weight
+    1/√(1 + s), and τ_max is compared with s (not with the s·K updates applied meanwhile)."""
+    state = make_state(size=2, value=0.0)
+    policy = Policy.fedbuff(buffer_size=k, tau_max=100)
+    for i in range(steps * k):  # s server steps of K fresh updates each
+        decision = state.apply(make_update(f"warm{i}", state.version, 1.0, size=2), policy)
+        assert decision.tau == 0
+    base = state.version
+    assert (base, state.applied, state.buffer.count) == (steps, steps * k, 0)
+    stale = [make_update(f"late{i}", 0, 2.0, size=2) for i in range(k)]
+    decisions = [state.apply(update, policy) for update in stale]
+    assert [d.tau for d in decisions] == [steps] * k
+    weight = 1.0 / np.sqrt(1.0 + steps)
+    assert [d.alpha for d in decisions] == [pytest.approx(weight / k)] * k
+    assert [d.version for d in decisions] == [steps] * (k - 1) + [steps + 1]
+    assert [d.server_step for d in decisions] == [False] * (k - 1) + [True]
+    # τ_max compares against s: at τ_max = s the same updates pass, at s − 1 they are dropped
+    if steps:
+        strict = make_state(size=2, value=0.0)
+        for i in range(steps * k):
+            strict.apply(make_update(f"warm{i}", strict.version, 1.0, size=2), policy)
+        # dropped first: with K = 1 the applied one would take a step and raise the version
+        beyond = strict.apply(make_update("beyond", 0, size=2), policy.evolve(tau_max=steps - 1))
+        at = strict.apply(make_update("at", 0, size=2), policy.evolve(tau_max=steps))
+        assert (at.outcome, at.tau) == (Outcome.APPLIED, steps)
+        assert (beyond.reason, beyond.tau) == (DropReason.STALE, steps)
+
+
+def test_fedbuff_step_uses_the_weights_the_device_trained_from() -> None:
+    """Each delta is x_i − x_base(i), with the model of the version it names, weighted by
+    1/√(1 + τ) in steps; the step adds η·mean of them."""
+    state = make_state(size=1, value=0.0)
+    policy = Policy.fedbuff(buffer_size=2, server_lr=1.0)
+    state.apply(make_update("a", 0, 4.0, size=1), policy)
+    state.apply(make_update("b", 0, 2.0, size=1), policy)  # x1 = (4 + 2)/2 = 3
+    assert (state.version, state.weights_view()[0]) == (1, 3.0)
+    state.apply(make_update("c", 1, 5.0, size=1), policy)  # Δ = 2 from x1, τ 0
+    state.apply(make_update("d", 0, 1.0, size=1), policy)  # Δ = 1 from x0, τ 1: weight 1/√2
+    expected = np.float32(3.0 + (2.0 + 1.0 / np.sqrt(2.0)) / 2)
+    assert state.weights_view()[0] == expected
 
 
 def test_fedbuff_delta_is_against_the_version_the_device_trained_from() -> None:
@@ -181,12 +227,14 @@ def test_switching_back_to_fedasync_applies_the_leftover_buffer() -> None:
     state.apply(make_update("a", 0, np.array([3.0], np.float32), size=1), buff)
     assert state.weights_view()[0] == 0.0
     fedasync = buff.evolve(mode=Mode.FEDASYNC, alpha0=0.5)
-    state.apply(make_update("b", 1, np.array([3.0], np.float32), size=1), fedasync)
+    assert state.version == 0  # a buffered update is not a server step
+    state.apply(make_update("b", 0, np.array([3.0], np.float32), size=1), fedasync)
     # leftover step: 0 + 1.0·3/1 = 3; then mix: 0.5·3 + 0.5·3 = 3
     assert state.weights_view()[0] == 3.0
     assert state.buffer.count == 0
     assert state.history == []
     assert state.counters["server_steps"] == 2
+    assert state.version == 1  # the leftover step and the mix make one new model
 
 
 def test_fedbuff_history_is_bounded_by_tau_max() -> None:
@@ -246,7 +294,7 @@ def test_a_stale_update_is_dropped_without_reading_its_weights() -> None:
 def test_non_finite_update_with_a_pending_fedbuff_buffer_changes_nothing() -> None:
     state = make_state(size=1, value=0.0)
     state.apply(make_update("a", 0, 2.0, size=1), Policy.fedbuff(buffer_size=3))
-    bad = make_update("b", 1, np.array([np.nan], np.float32), size=1)
+    bad = make_update("b", 0, np.array([np.nan], np.float32), size=1)
     decision = state.apply(bad, Policy())
     assert decision.reason == RejectReason.NON_FINITE
     assert state.buffer.count == 1

@@ -18,6 +18,7 @@ from fedasync.shared.decision import Decision, DropReason, Outcome
 from fedasync.shared.layout import Layout
 from fedasync.shared.params import TAU_MAX_LIMIT, Range
 from fedasync.shared.policy import POLICY_RANGES, Mode, NormAction, Policy
+from fedasync.shared.server_optimizer import ServerOptimizer
 from fedasync.shared.staleness import Decay
 from fedasync.shared.update import Update
 from fedasync.shared.wire import WireError, WireReason, decode_update, encode_update, pack
@@ -44,6 +45,7 @@ def policies(**fixed: st.SearchStrategy[Any]) -> st.SearchStrategy[Policy]:
     params["mode"] = st.sampled_from(Mode)
     params["decay"] = st.sampled_from(Decay)
     params["norm_action"] = st.sampled_from(NormAction)
+    params["server_optimizer"] = st.sampled_from(ServerOptimizer)
     params.update(fixed)
     return st.builds(Policy, **params)
 
@@ -143,14 +145,24 @@ def test_drop_iff_tau_above_tau_max(plan: list[Policy], script: list[Op]) -> Non
 
 
 @given(plan=scenario_policies, script=ops)
-def test_version_increments_exactly_on_applied(plan: list[Policy], script: list[Op]) -> None:
+def test_version_increments_exactly_on_server_steps(plan: list[Policy], script: list[Op]) -> None:
+    """Every applied FedAsync update is a server step; in FedBuff the K-th buffered one is.
+    Each decision records the version after it, and the weights change only with the version."""
     state = fresh_state()
+    steps = 0
     for i, op in enumerate(script):
-        before = state.version
+        before, weights = state.version, state.weights_view()
         decision = step(state, op, i, plan)
-        assert state.version == before + (1 if decision.applied else 0)
+        assert decision.server_step == (state.version == before + 1)
+        assert state.version in (before, before + 1)
+        assert decision.server_step <= decision.applied
+        if decision.applied and plan[op.policy].mode is Mode.FEDASYNC:
+            assert decision.server_step
+        if not decision.server_step:
+            assert state.weights_view() is weights
         assert decision.version == state.version
-    assert state.version == state.counters["applied"]
+        steps += decision.server_step
+    assert state.version == steps
 
 
 @given(plan=scenario_policies, script=ops)

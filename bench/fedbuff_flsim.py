@@ -1,0 +1,374 @@
+"""Our FedBuff against Meta's FLSim 0.1.0 FedBuff: same fleet, data and clients; only the server.
+
+Both sides run in our simulator (sim/asynchronous.py): the same fleet of devices with the same
+latencies, the same data shares, the same local training from the same snapshots, in the same
+order. `ours` decides every update with `AggregationState.apply`; `flsim` hands each update to
+FLSim's own server code instead: its `FedAvgWithLRFedBuffAggregator` (or the Adam one), its
+`AsyncWeight` with `PolynomialStalenessWeight`, its sequence-number staleness and its reducer, as
+its `AsyncTrainer.train_and_update_global_model` does. So a difference in accuracy is a difference
+in the server algorithm and nothing else.
+
+FLSim's settings that make it the paper's FedBuff (Nguyen et al. 2022), as ours is:
+- the reducer sums the K weighted deltas (WEIGHTED_SUM); the paper and our core average them, so
+  FLSim's lr is η/K for SGD and momentum (Adam is scale-free but for ε: same η);
+- its staleness weight is normalised to 1 at `avg_staleness`, 1 by default (a factor √2 on
+  every weight); 0 here, so the weight is exactly 1/√(1 + τ);
+- Adam's weight decay (1e-5 by default) is 0, as in our core;
+- `max_staleness` = our τ_max; both count server steps.
+
+FLSim 0.1.0 supports Python up to 3.10 (on 3.11 its config dataclasses have instance defaults,
+which `dataclasses` refuses); `flsim` restores 3.10's rule for classes it defines before importing
+it (`_allow_instance_defaults`), and changes nothing else. It runs in its own virtualenv, never the
+project's:
+
+    python3 -m venv /tmp/flsim-venv
+    /tmp/flsim-venv/bin/pip install torch==2.13.0
+    /tmp/flsim-venv/bin/pip install flsim==0.1.0 --no-deps
+    /tmp/flsim-venv/bin/pip install hydra-core omegaconf opacus tqdm pandas tensorboard \\
+        scikit-learn -e .
+
+Then (docs/experiments.md, section 6):
+
+    .venv/bin/python bench/fedbuff_flsim.py ours --setup issue --out runs/fedbuff-flsim
+    /tmp/flsim-venv/bin/python bench/fedbuff_flsim.py flsim --setup issue --out runs/fedbuff-flsim
+    .venv/bin/python bench/fedbuff_flsim.py table runs/fedbuff-flsim
+
+`ours --label before`, run with the code of an earlier commit first on PYTHONPATH, gives the
+"before" rows. Each run writes one JSON file; `table` prints mean ± sd over seeds per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: issue: the setup of issue 17 on the presets' fleet, all 100 devices training at once;
+#: issue-c10: the same with at most 10 training at once (τ about a tenth); preset: the
+#: fedbuff-vs-fedasync preset's FedBuff (Dirichlet(0.5) labels, 10,000 updates, τ_max "auto")
+SETUPS = ("issue", "issue-c10", "preset")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+K = 10
+
+#: The setup of issue 17: digits, 100 IID clients, MLP 64→32→10, 2 local epochs (batches of 8,
+#: lr 0.1), FedBuff K = 10 with 1/√(1 + τ), 3,000 local trainings, on the presets' long-tail fleet.
+#: τ_max 1000 (the largest allowed) drops nothing, as FLSim's default max_staleness = ∞.
+ISSUE_SETUP: dict[str, Any] = {
+    "name": "fedbuff-flsim",
+    "task": {"name": "digits", "params": {"hidden": 32}},
+    "training": {"epochs": 2, "lr": 0.1, "batch_size": 8},
+    "data": {"partition": "iid"},
+    "fleet": {"devices": 100, "latency": {"kind": "longtail", "jitter": 0.2}},
+    "budget": {"max_updates": 3000, "max_seconds": 86400},
+    "eval": {"interval_s": 3600},
+    "algorithms": [{"kind": "fedbuff", "name": "fedbuff-k10", "buffer_size": K, "tau_max": 1000}],
+}
+
+#: each arm's server: our policy fields, and FLSim's aggregator and lr for the same step. η and β
+#: of momentum and Adam were picked on seed 0 of `issue` among (η, β) = (0.1, 0.9), (0.3, 0.7),
+#: (0.5, 0.5), (1, 0.3) and η = 0.03, 0.01, 0.003, 0.001 (Adam; FLSim's default lr is 0.001)
+ARMS: dict[str, dict[str, Any]] = {
+    "sgd": {"ours": {"server_lr": 1.0}, "flsim_lr": 1.0 / K},
+    "momentum": {
+        "ours": {"server_optimizer": "momentum", "server_lr": 0.5, "server_momentum": 0.5},
+        "flsim_lr": 0.5 / K,
+        "flsim_momentum": 0.5,
+    },
+    "adam": {"ours": {"server_optimizer": "adam", "server_lr": 0.001}, "flsim_lr": 0.001},
+}
+
+
+def config_for(setup: str, optimizer: str, seed: int) -> Any:
+    """The simulator config of one run: FedBuff only, with the arm's server."""
+    from fedasync.sim.config import build
+    from fedasync.sim.presets import preset_data
+
+    if setup.startswith("issue"):
+        data = json.loads(json.dumps(ISSUE_SETUP))
+        if setup == "issue-c10":
+            data["fleet"]["max_concurrency"] = 10
+    else:
+        data = preset_data("fedbuff-vs-fedasync")
+        data["algorithms"] = [a for a in data["algorithms"] if a["kind"] == "fedbuff"]
+    data["algorithms"][0].update(ARMS[optimizer]["ours"])
+    data["seed"] = seed
+    return build(data)
+
+
+def describe(recorder: Any, weights_score: float, result: Any, seconds: float) -> dict[str, Any]:
+    taus = [d.tau for d in recorder.decisions if d.outcome == "applied" and d.tau is not None]
+    return {
+        "final_accuracy": weights_score,
+        "applied": recorder.updates_applied,
+        "dropped": sum(d.outcome == "dropped" for d in recorder.decisions),
+        "versions": result.version,
+        "median_tau": float(np.median(taus)) if taus else None,
+        "p95_tau": float(np.percentile(taus, 95)) if taus else None,
+        "tau_max": result.settings.get("tau_max"),
+        "wall_s": round(seconds, 1),
+    }
+
+
+def run_ours(setup: str, optimizer: str, seed: int) -> dict[str, Any]:
+    from fedasync.sim.runner import simulate
+
+    config = config_for(setup, optimizer, seed)
+    started = time.perf_counter()
+    simulation = simulate(config)
+    result = simulation.results[0]
+    score = result.recorder.evals[-1].score
+    return describe(result.recorder, score, result, time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------------------------- FLSim side
+def _allow_instance_defaults() -> None:
+    """Python 3.11 refuses a dataclass field whose default is an unhashable instance (another
+    dataclass), which FLSim's configs use; 3.10 and earlier took the instance as a shared default.
+    Give classes made by `dataclass` from here on object's hash, which 3.11's check accepts."""
+    import dataclasses
+
+    original = dataclasses.dataclass
+
+    def hashable(cls: Any = None, /, **options: Any) -> Any:
+        def wrap(klass: type) -> Any:
+            made: Any = original(**options)(klass)
+            if made.__hash__ is None:
+                made.__hash__ = object.__hash__
+            return made
+
+        return wrap if cls is None else wrap(cls)
+
+    dataclasses.dataclass = hashable
+
+
+class FlsimServer:
+    """FLSim's FedBuff server behind the interface our simulator drives (`apply`, `snapshot`)."""
+
+    def __init__(
+        self,
+        weights: np.ndarray,
+        layout: Any,
+        optimizer: str,
+        max_staleness: int,
+        avg_staleness: int = 0,
+    ) -> None:
+        import torch
+        from flsim.interfaces.model import IFLModel
+        from flsim.optimizers.async_aggregators import (
+            FedAdamFedBuffAggregatorConfig,
+            FedAvgWithLRFedBuffAggregatorConfig,
+        )
+        from flsim.utils.async_trainer.async_example_weights import EqualExampleWeightConfig
+        from flsim.utils.async_trainer.async_staleness_weights import (
+            PolynomialStalenessWeightConfig,
+        )
+        from flsim.utils.async_trainer.async_weights import AsyncWeightConfig
+        from hydra.utils import instantiate
+
+        from fedasync.shared.aggregation import ModelSnapshot
+
+        class Flat(torch.nn.Module):
+            def __init__(self, values: np.ndarray) -> None:
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.from_numpy(values.astype(np.float32).copy()))
+
+        class Model(IFLModel):  # type: ignore[misc]  # FLSim's model interface (untyped)
+            def __init__(self, values: np.ndarray) -> None:
+                self.module = Flat(values)
+
+            def fl_get_module(self) -> torch.nn.Module:
+                return self.module
+
+            def fl_forward(self, batch: Any) -> Any:
+                raise NotImplementedError
+
+            def fl_create_training_batch(self, **kwargs: Any) -> Any:
+                raise NotImplementedError
+
+            def fl_cuda(self) -> None:
+                pass
+
+            def get_eval_metrics(self, batch: Any) -> Any:
+                raise NotImplementedError
+
+            def get_num_examples(self, batch: Any) -> int:
+                raise NotImplementedError
+
+        self._torch, self._model_of, self._snapshot_of = torch, Model, ModelSnapshot
+        self.layout = layout
+        self.max_staleness = max_staleness
+        lr = ARMS[optimizer]["flsim_lr"]
+        server: Any
+        if optimizer == "adam":
+            server = FedAdamFedBuffAggregatorConfig(
+                lr=lr, buffer_size=K, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8
+            )
+        else:
+            momentum = ARMS[optimizer].get("flsim_momentum", 0.0)
+            server = FedAvgWithLRFedBuffAggregatorConfig(lr=lr, buffer_size=K, momentum=momentum)
+        self.global_model = Model(weights)
+        self.aggregator = instantiate(server, global_model=self.global_model)
+        self.weight = instantiate(
+            AsyncWeightConfig(
+                staleness_weight=PolynomialStalenessWeightConfig(
+                    exponent=0.5, avg_staleness=avg_staleness
+                ),
+                example_weight=EqualExampleWeightConfig(),
+            )
+        )
+        self.models: dict[int, np.ndarray] = {}
+        self.counters: dict[str, int] = {"applied": 0, "dropped": 0, "server_steps": 0}
+        self.lr = lr
+
+    @property
+    def version(self) -> int:
+        return int(self.aggregator.global_seqnum)
+
+    def weights_view(self) -> np.ndarray:
+        values: np.ndarray = self.global_model.module.w.detach().numpy().copy()
+        return values
+
+    def snapshot(self) -> Any:
+        weights = self.models.setdefault(self.version, self.weights_view())
+        return self._snapshot_of(self.version, weights.copy(), self.layout)
+
+    def apply(self, update: Any, policy: Any) -> Any:
+        """One client's result through FLSim, as AsyncTrainer.train_and_update_global_model."""
+        from fedasync.shared.decision import Decision, DropReason, Outcome
+
+        staleness = self.aggregator.model_staleness(model_seqnum=update.base_version)
+        common = {
+            "update_id": update.update_id,
+            "client_id": update.client_id,
+            "base_version": update.base_version,
+            "policy_version": 0,
+            "tau": staleness,
+        }
+        if staleness > self.max_staleness:
+            self.counters["dropped"] += 1
+            return Decision(
+                Outcome.DROPPED, version=self.version, reason=DropReason.STALE, **common
+            )
+        weight = self.weight.weight(num_examples=update.num_samples, staleness=staleness)
+        before = self.models[update.base_version]
+        delta = self._model_of(before - update.weights)  # FLSim's delta: before − after
+        final = self._model_of(update.weights)
+        self.aggregator.zero_grad()
+        stepped = bool(self.aggregator.on_client_training_end(delta, final, weight))
+        self.counters["applied"] += 1
+        self.counters["server_steps"] += stepped
+        return Decision(
+            Outcome.APPLIED,
+            version=self.version,
+            alpha=self.lr * weight,
+            server_step=stepped,
+            **common,
+        )
+
+
+def run_flsim(setup: str, optimizer: str, seed: int, avg_staleness: int = 0) -> dict[str, Any]:
+    _allow_instance_defaults()
+    from fedasync.sim.asynchronous import AsyncRun
+    from fedasync.sim.runner import fleet_advice
+    from fedasync.sim.world import build_world
+
+    config = config_for(setup, optimizer, seed)
+    world = build_world(config)
+    algorithm = config.algorithms[0]
+    advised = fleet_advice(world, buffer_size=algorithm.buffer_size).recommended_tau_max
+    policy = algorithm.policy(advised_tau_max=advised)
+    started = time.perf_counter()
+    run = AsyncRun("flsim-fedbuff", policy, world)
+    run.state = FlsimServer(  # type: ignore[assignment]  # the simulator's server, FLSim inside
+        world.init_weights.copy(), world.task.layout, optimizer, policy.tau_max, avg_staleness
+    )
+    result = run.run()
+    score = result.recorder.evals[-1].score
+    return describe(result.recorder, score, result, time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------------------------- table
+def table(folder: Path) -> str:
+    rows: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        run = json.loads(path.read_text())
+        key = (run["setup"], run["optimizer"], run["side"], run["label"])
+        rows.setdefault(key, []).append(run)
+    lines = [
+        "| setup | server | implementation | seeds | final accuracy (mean ± sd) | per seed "
+        "| median τ | p95 τ | τ_max | versions |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {"before": 0, "after": 1, "flsim": 2, "flsim-avg1": 3}
+    for key in sorted(
+        rows, key=lambda k: (SETUPS.index(k[0]), OPTIMIZERS.index(k[1]), order.get(k[3], 4))
+    ):
+        runs = sorted(rows[key], key=lambda r: r["seed"])
+        scores = [r["final_accuracy"] for r in runs]
+        sd = statistics.stdev(scores) if len(scores) > 1 else 0.0
+        name = f"ours, {key[3]}"
+        if key[2] == "flsim":
+            name = "FLSim 0.1.0" + (" (its default weight √2/√(1+τ))" if "avg" in key[3] else "")
+        lines.append(
+            f"| {key[0]} | {key[1]} | {name} | {len(runs)} | "
+            f"{statistics.mean(scores):.3f} ± {sd:.3f} | "
+            + ", ".join(f"{s:.3f}" for s in scores)
+            + f" | {_mean(runs, 'median_tau')} | {_mean(runs, 'p95_tau')} | "
+            f"{runs[0]['tau_max']} | {_mean(runs, 'versions')} |"
+        )
+    return "\n".join(lines)
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> str:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return f"{statistics.mean(values):.0f}" if values else "–"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("side", choices=("ours", "flsim", "table"))
+    parser.add_argument("folder_or_none", nargs="?", type=Path, help="table: the runs' folder")
+    parser.add_argument("--setup", choices=SETUPS, default="issue")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, nargs="+", default=["sgd"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--label", default="after", help="ours: 'before' or 'after' the change")
+    parser.add_argument("--out", type=Path, default=Path("runs/fedbuff-flsim"))
+    parser.add_argument(
+        "--avg-staleness",
+        type=int,
+        default=0,
+        help="flsim: normalise its staleness weight to 1 at this τ (FLSim's default is 1: √2·w)",
+    )
+    args = parser.parse_args(argv)
+    if args.side == "table":
+        print(table(args.folder_or_none or args.out))
+        return 0
+    runner: Callable[[str, str, int], dict[str, Any]] = run_ours
+    label = args.label
+    if args.side == "flsim":
+        label = "flsim" if not args.avg_staleness else f"flsim-avg{args.avg_staleness}"
+
+        def runner(setup: str, optimizer: str, seed: int) -> dict[str, Any]:
+            return run_flsim(setup, optimizer, seed, args.avg_staleness)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for optimizer in args.optimizer:
+        for seed in args.seeds:
+            run = runner(args.setup, optimizer, seed)
+            run |= {"setup": args.setup, "optimizer": optimizer, "side": args.side}
+            run |= {"label": label, "seed": seed}
+            path = args.out / f"{args.setup}-{optimizer}-{label}-seed{seed}.json"
+            path.write_text(json.dumps(run, indent=1) + "\n")
+            print(json.dumps(run), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
