@@ -23,13 +23,11 @@ when its decision is durable, and a retried commit writes neither twice.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
@@ -143,7 +141,11 @@ class Batch:
 
 
 class Committer:
-    """Runs the commit script for one aggregator epoch, retrying only on purpose."""
+    """Runs the commit script for one aggregator epoch.
+
+    One attempt per call: the caller retries through the one retry policy
+    (services/runtime/redis_conn.py: `retrying`), which is safe because of the CAS.
+    """
 
     def __init__(
         self,
@@ -152,7 +154,6 @@ class Committer:
         epoch: int,
         seq: int,
         keep_versions: int,
-        attempts: int,
         receipts: int = DEFAULT_RECEIPTS_CAPACITY,
     ) -> None:
         self._redis = redis
@@ -161,11 +162,11 @@ class Committer:
         self.epoch = epoch
         self.seq = seq
         self._keep = keep_versions
-        self._attempts = attempts
         self._receipts = receipts
 
     async def commit(self, batch: Batch, now: float) -> None:
-        """Make `batch` durable; retried after connection errors, safe because of the CAS."""
+        """Make `batch` durable, or find it already in place (a retry whose first reply was
+        lost); raises `Fenced` or `CommitConflict` without writing anything."""
         keys = self._keys
         args: list[bytes | str | int | float] = [
             self.seq,
@@ -202,15 +203,7 @@ class Committer:
             keys.receipts,
             keys.receipts_order,
         ]
-        for attempt in range(1, self._attempts + 2):
-            try:
-                code, value = await self._script(keys=redis_keys, args=args)
-                break
-            except TRANSIENT as exc:
-                if attempt > self._attempts:
-                    raise
-                log.warning("commit %d: %s; retrying (attempt %d)", self.seq + 1, exc, attempt)
-                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+        code, value = await self._script(keys=redis_keys, args=args)
         if code == -1:
             raise Fenced(f"aggregator epoch {self.epoch} was fenced off by epoch {value!r}")
         if code == -2:

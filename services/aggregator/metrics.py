@@ -77,6 +77,11 @@ class AggregatorMetrics:
             registry=r,
         )
         self.commits = Counter("fedasync_aggregator_commits", "Group commits made", registry=r)
+        self.claimed = Counter(
+            "fedasync_aggregator_claimed",
+            "Entries taken over after they sat idle under a consumer (another aggregator's)",
+            registry=r,
+        )
         self.version = Gauge(
             "fedasync_aggregator_model_version", "Latest committed model version", registry=r
         )

@@ -5,6 +5,10 @@ new model and the acknowledgements together (services/aggregator/commit.py). Not
 acknowledged before its decision is durable, and a decision is durable only with the state it
 produced, so a kill -9 at any instant loses nothing and applies nothing twice: on restart the
 last commit is restored and the entries it did not cover are decided again, from that state.
+Entries another consumer holds and does not decide are taken over on a period
+(services/aggregator/claims.py). Every Redis call goes through the one retry policy
+(services/runtime/redis_conn.py); gauges and trimming are best-effort, so no single transient
+error stops the deciding.
 
 Before restoring, the aggregator checks that what Redis holds hangs together (state, version,
 ledger, consumer group: services/aggregator/inspection.py); a Redis that lost writes shows up as
@@ -25,6 +29,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ResponseError
 
+from fedasync.services.aggregator.claims import IdleClaims, claim
 from fedasync.services.aggregator.commit import (
     Batch,
     CommitConflict,
@@ -36,10 +41,10 @@ from fedasync.services.aggregator.http import Readiness, create_app
 from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
-from fedasync.services.runtime.redis_conn import TRANSIENT, connect, retrying
+from fedasync.services.runtime.redis_conn import TRANSIENT, best_effort, connect, retrying
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
-from fedasync.services.stores.backlog import read_backlog
+from fedasync.services.stores.backlog import read_backlog, trim_decided
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
 from fedasync.services.stores.policy_store import ensure_policy, read_policy
@@ -95,6 +100,9 @@ class Aggregator:
         self._policy_read_at = 0.0
         self._stopping: asyncio.Event | None = None
         self._inflight: asyncio.Task[None] | None = None
+        #: the entries the commit in flight acknowledges (never claimed from under it)
+        self._inflight_acks: frozenset[bytes] = frozenset()
+        self.claims = IdleClaims(redis, keys, settings)
         self._committed_version = -1
         self._closed_committed = False
         self.metrics = AggregatorMetrics()
@@ -108,7 +116,14 @@ class Aggregator:
 
     # ------------------------------------------------------------------------------ start-up
     async def start(self, initial: AggregationState | None) -> None:
-        """Fence off older aggregators, restore (or create) the state, take over pending work."""
+        """Fence off older aggregators, restore (or create) the state, take over pending work.
+
+        Retried as a whole on a transient error: each step is safe to repeat (a second INCR
+        only raises the epoch further; the genesis commit is a compare-and-set).
+        """
+        await retrying("start", lambda: self._start(initial), self.settings.redis, self._stopping)
+
+    async def _start(self, initial: AggregationState | None) -> None:
         r, keys, cfg = self.redis, self.keys, self.settings.aggregator
         epoch = int(await r.incr(keys.epoch))  # first: no older aggregator's commit lands now
         found = await inspect(r, keys)
@@ -117,13 +132,7 @@ class Aggregator:
             await self._refuse(problems)
         seq = found.found.commit_seq
         self.committer = Committer(
-            r,
-            keys,
-            epoch,
-            seq,
-            cfg.keep_versions,
-            self.settings.redis.reconnect_attempts,
-            self.settings.receipts.capacity,
+            r, keys, epoch, seq, cfg.keep_versions, receipts=self.settings.receipts.capacity
         )
         try:
             await r.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
@@ -188,22 +197,11 @@ class Aggregator:
         """Entries delivered to an earlier aggregator and never acknowledged become ours.
 
         The earlier one is dead or fenced off (its commits are refused), so no idle time is
-        waited for. XPENDING + XCLAIM JUSTID moves ids only, never payloads.
+        waited for; our own pending entries are re-read from the start anyway.
         """
-        me, start, claimed = self.settings.aggregator.consumer, "-", 0
-        while True:
-            pending: Any = await self.redis.xpending_range(
-                self.keys.updates, AGGREGATOR_GROUP, min=start, max="+", count=1000
-            )
-            theirs = [p["message_id"] for p in pending if p["consumer"].decode() != me]
-            if theirs:
-                await self.redis.xclaim(
-                    self.keys.updates, AGGREGATOR_GROUP, me, 0, theirs, justid=True
-                )
-                claimed += len(theirs)
-            if len(pending) < 1000:
-                return claimed
-            start = "(" + pending[-1]["message_id"].decode()
+        me = self.settings.aggregator.consumer
+        taken = await claim(self.redis, self.keys, me, min_idle_ms=0, others_only=True)
+        return sum(taken.values())
 
     # ------------------------------------------------------------------------------ the loop
     async def run(self, stopping: asyncio.Event, *, burst: bool = False) -> RunResult:
@@ -224,12 +222,14 @@ class Aggregator:
     async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
         while not stopping.is_set():
             if self._inflight is not None and self._inflight.done():
-                await (
-                    self._finish_commit()
-                )  # its failure (fenced, refused) stops us now, idle or not
+                # a commit refused (fenced off) or given up surfaces now, not at the next batch:
+                # an idle aggregator would otherwise carry on reading, and stranding, entries
+                await self._finish_commit()
+            await self._claim_idle()
             if self._reread_pending:
                 # once the commit in flight lands, our pending entries are exactly those never
-                # decided: the ones a lost XREADGROUP reply delivered. Re-read them like a restart.
+                # decided: the ones a lost XREADGROUP reply delivered, or claimed from another
+                # consumer. Re-read them like a restart.
                 await self._finish_commit()
                 self._reread_pending, self._backlog = False, "0"
             await self._refresh_policy()
@@ -245,7 +245,7 @@ class Aggregator:
             while len(batch.acks) < self.settings.aggregator.batch_max:
                 backlog = self._backlog is not None
                 idle = not (batch.acks or burst or backlog)
-                block = self.settings.aggregator.block_ms if idle else None
+                block = self.claims.block_ms() if idle else None
                 entries = await self._read(self._backlog or ">", batch, block)
                 if backlog and not entries:
                     self._backlog = None  # our pending entries are all decided: new ones next
@@ -258,10 +258,27 @@ class Aggregator:
                 await self._finish_commit()  # commits stay in order: one in flight at most
                 # the next batch is read and decided while Redis runs this commit
                 self._inflight = asyncio.create_task(self._send(batch), name="commit")
+                self._inflight_acks = frozenset(batch.acks)
             elif burst and not self._reread_pending:
                 break
         await self._finish_commit()
 
+    # ------------------------------------------------------------------------------ claims
+    async def _claim_idle(self) -> None:
+        """Take over what sat idle under any consumer (claims.py); re-read it before the next
+        batch. Raises `Fenced` once a newer aggregator started, even with nothing to commit."""
+        taken = await self.claims.take(self.committer.epoch, self._inflight_acks, self._stopping)
+        if taken:
+            self.metrics.claimed.inc(sum(taken.values()))
+            log.warning(
+                "took over %d entries idle for %.1f s or more (%s)",
+                sum(taken.values()),
+                self.settings.aggregator.claim_idle_s,
+                ", ".join(f"{n} from {who}" for who, n in sorted(taken.items())),
+            )
+            self._reread_pending = True
+
+    # ------------------------------------------------------------------------------ reads
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
         cfg = self.settings.aggregator
         room = min(cfg.batch_max - len(batch.acks), cfg.read_count)
@@ -399,8 +416,14 @@ class Aggregator:
 
     async def _send(self, batch: Batch) -> None:
         started = time.perf_counter()
+        now = time.time()
         try:
-            await self.committer.commit(batch, now=time.time())
+            # a retry after a lost reply finds its own commit in place and writes nothing (CAS)
+            await retrying(
+                f"commit {self.committer.seq + 1}",
+                lambda: self.committer.commit(batch, now=now),
+                self.settings.redis,
+            )
         except CommitConflict as exc:  # our epoch, yet not our sequence: Redis moved under us
             await self._refuse([Mismatch(Check.COMMIT_SEQ_MOVED, str(exc))])
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
@@ -408,16 +431,18 @@ class Aggregator:
         self.metrics.version.set(batch.version)
         await self._stream_gauges()
         if not self.settings.aggregator.keep_payloads and batch.acks:
-            # everything up to the last acknowledged entry is decided and durable
-            await self.redis.xtrim(self.keys.updates, minid=batch.acks[-1], approximate=False)
+            # never past an entry pending elsewhere: taken over later, it needs its payload
+            await best_effort("trim", lambda: trim_decided(self.redis, self.keys, batch.acks[-1]))
 
     async def _stream_gauges(self) -> None:
-        """Stream length, pending and lag, read at most once a second (one round trip)."""
+        """Stream length, pending and lag, read at most once a second; best-effort."""
         now = time.monotonic()
         if now - self._gauges_at < 1.0:
             return
         self._gauges_at = now
-        backlog = await read_backlog(self.redis, self.keys)
+        backlog = await best_effort("stream gauges", lambda: read_backlog(self.redis, self.keys))
+        if backlog is None:
+            return
         self.metrics.pending.set(backlog.pending)
         self.metrics.lag.set(backlog.lag)
         self.metrics.stream_length.set(backlog.length)
@@ -427,6 +452,7 @@ class Aggregator:
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             await inflight
+        self._inflight_acks = frozenset()
 
     async def _commit(self, batch: Batch) -> None:
         self._seal(batch)

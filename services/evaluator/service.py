@@ -88,6 +88,9 @@ class Follower:
                 log.warning("cannot follow versions (%s); retrying in %.1f s", exc, backoff)
             except (*TRANSIENT, RedisError) as exc:
                 self.metrics.failures.labels("redis").inc()
+                # a record whose reply was lost may be in Redis all the same: read what is
+                # recorded again before asking for a version, or it is scored and recorded twice
+                resumed = False
                 log.warning(
                     "cannot read or record evaluations (%s); retrying in %.1f s", exc, backoff
                 )

@@ -3,8 +3,10 @@
 Binary responses (payloads are msgpack), RESP2 pinned so replies have one shape, a socket timeout
 above the longest blocking read, and no automatic re-send: redis-py would otherwise silently retry
 a command after a connection error, and a commit must only ever be retried on purpose (see
-services/aggregator/commit.py). Reads that are safe to repeat go through `retrying`, which backs
-off, logs every attempt and gives up after a bounded number.
+services/aggregator/commit.py). The one retry policy: actions that are safe to repeat go through
+`retrying`, which backs off, logs every attempt and gives up after a bounded number; actions
+whose failure costs nothing but a figure (gauges, housekeeping) go through `best_effort`, which
+tries once and logs, so they can never stop or hold up the work they describe.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fedasync.services.runtime.settings import RedisSettings
@@ -65,7 +68,9 @@ async def retrying(
 
     Gives up at once when `stopping` is set: a service asked to stop must not sit out a backoff.
     """
-    policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts)
+    # every error after which a command may be repeated, not only redis-py's own two
+    errors: Any = TRANSIENT
+    policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts, errors)
 
     async def failed(error: Exception) -> None:
         if stopping is not None and stopping.is_set():
@@ -73,6 +78,19 @@ async def retrying(
         log.warning("redis %s failed (%s); retrying", what, error)
 
     return await policy.call_with_retry(action, failed)
+
+
+async def best_effort(what: str, action: Callable[[], Awaitable[T]]) -> T | None:
+    """Run `action` once; on any Redis or network error log it and return None.
+
+    For what must never stop a service's work: a gauge read, a trim the next commit repeats.
+    Not for anything whose loss would lose a write someone relies on.
+    """
+    try:
+        return await action()
+    except (RedisError, OSError) as exc:
+        log.warning("redis %s skipped (%s)", what, exc)
+        return None
 
 
 async def get_bytes(redis: aioredis.Redis, key: str) -> bytes | None:

@@ -220,6 +220,19 @@ class AggregatorSettings(Section):
     deadletter_payload_bytes: int = Field(
         65536, ge=0, description="bytes of a refused message kept in the dead-letter stream"
     )
+    claim_interval_s: float = Field(
+        1.0, gt=0, description="how often entries idle under any consumer are taken over, s"
+    )
+    claim_idle_s: float = Field(
+        2.0, gt=0, description="an entry pending this long without a decision is taken over, s"
+    )
+
+    @property
+    def decision_bound_s(self) -> float:
+        """Longest an entry that another consumer holds and does not decide waits for its
+        decision while this aggregator runs (docs/architecture.md): until it is idle long
+        enough, one claim period, one batch (plus the commit's round trip)."""
+        return self.claim_idle_s + self.claim_interval_s + self.batch_ms / 1000
 
 
 class SnapshotSettings(Section):

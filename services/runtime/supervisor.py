@@ -160,6 +160,15 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             return None
 
+    def rename(self, name: str, new_name: str) -> Child:
+        """Keep a running child under another name, so a new one can start under its own (the
+        chaos harness's second aggregator); its log file stays where it was."""
+        if new_name in self.children:
+            raise ValueError(f"{new_name} is already a child")
+        child = self.children.pop(name)
+        self.children[new_name] = child
+        return child
+
     def restart(self, name: str, sig: int = signal.SIGKILL) -> Child:
         """Kill (by default with SIGKILL) and start again with the same spec and log file."""
         self.kill(name, sig)

@@ -67,3 +67,25 @@ async def count_after(
         if count >= cap:
             break
     return count
+
+
+async def trim_decided(redis: aioredis.Redis, keys: Keys, last_acked: bytes) -> None:
+    """Drop the payloads of decided entries (`keep_payloads` off): below the last one
+    acknowledged, and never past the oldest entry still pending under any consumer.
+
+    Redis's MINID trims pending entries too, and one taken over later would have no payload
+    (Redis 7 even drops it from the pending list at XCLAIM: no decision at all). Entries
+    delivered after the XPENDING have ids above every acknowledged one: never below the bound.
+    """
+    summary: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
+    bound = last_acked
+    oldest = summary.get("min") if summary.get("pending") else None
+    if oldest is not None and _entry_order(oldest) < _entry_order(bound):
+        bound = oldest
+    await redis.xtrim(keys.updates, minid=bound, approximate=False)
+
+
+def _entry_order(entry_id: bytes | str) -> tuple[int, int]:
+    """A stream entry id as (milliseconds, sequence), which orders ids as Redis does."""
+    ms, _, seq = as_text(entry_id).partition("-")
+    return int(ms), int(seq or 0)

@@ -73,9 +73,15 @@ def _decode(raw: bytes | str) -> Policy:
 
 
 async def ensure_policy(redis: aioredis.Redis, keys: Keys, initial: Policy) -> Policy:
-    """The policy in force, installing `initial` if there is none yet."""
-    if await redis.set(keys.policy, _encode(initial), nx=True):
-        await redis.hsetnx(keys.policies, str(initial.version), _encode(initial))
+    """The policy in force, installing `initial` if there is none yet.
+
+    The history record goes first, so a version is never in force without it: should this be
+    cut short (a reply lost after the SET ran) and repeated, HSETNX and SET NX both find their
+    value in place and change nothing. The other order left the history without version 0 for
+    good, and `ledger verify` without the policy of the first decisions.
+    """
+    await redis.hsetnx(keys.policies, str(initial.version), _encode(initial))
+    await redis.set(keys.policy, _encode(initial), nx=True)
     return await read_policy(redis, keys)
 
 

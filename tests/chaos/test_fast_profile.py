@@ -3,8 +3,10 @@
 `pytest -m chaos` selects it (and `-m "not chaos"` leaves it out). One run of about 40 s, with
 Redis under the generated ACL file and each service logged in as its own user: the aggregator
 killed 3 times, workers 5 times, Redis killed twice and paused once, the snapshot service
-restarted once; then the total-queue check on what the workers' journals say was acknowledged,
-and after each Redis restart the check that state, model, ledger and group came back whole.
+restarted once, two of the aggregator's commands stalled at its Redis proxy and a second
+aggregator started while the first ran; then the total-queue check on what the workers' journals
+say was acknowledged, after each Redis restart the check that state, model, ledger and group came
+back whole, and the longest wait from XADD to decision against the bound.
 """
 
 from __future__ import annotations
@@ -104,3 +106,15 @@ def test_summary_and_logs_are_written(summary: dict[str, Any]) -> None:
     logs = {p.name for p in (out / "logs").iterdir()}
     assert {"aggregator.log", "snapshot.log", "worker-0.log"} <= logs
     assert summary["ok"]
+
+
+def test_no_update_waited_longer_than_the_bound(summary: dict[str, Any]) -> None:
+    """From XADD to decision, within the decision bound plus the faults overlapping the wait;
+    a second aggregator excuses only its start (chaos/waits.py)."""
+    assert summary["faults"].get(FaultKind.SECOND_AGGREGATOR.value, 0) >= 1
+    assert summary["waits"]["longest_s"] > 0
+    assert summary["waits"]["over_bound"] == 0, summary["examples"]["waits_over_bound"]
+
+
+def test_a_superseded_aggregator_stops_by_itself_fenced_off(summary: dict[str, Any]) -> None:
+    assert not [name for name in summary["unexpected_exits"] if "superseded" in name]

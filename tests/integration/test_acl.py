@@ -374,7 +374,7 @@ async def test_only_the_aggregator_can_run_the_commit_script(
     clients: dict[str, aioredis.Redis],
 ) -> None:
     def committer(user: str) -> Committer:
-        return Committer(clients[user], KEYS, epoch=1, seq=0, keep_versions=2, attempts=0)
+        return Committer(clients[user], KEYS, epoch=1, seq=0, keep_versions=2)
 
     for user in ("snapshot", "evaluator", "worker", "admin", "health"):
         with pytest.raises(NoPermissionError) as refused:

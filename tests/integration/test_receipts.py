@@ -82,7 +82,7 @@ async def test_a_retried_commit_writes_its_receipts_once(
     await redis.incr(keys.epoch)
     record = pack({"update_id": "u", "client_id": "c0", "outcome": "applied"})
     batch = Batch(b"state", 0, b"", ledger=[LedgerEntry(record, update_digest("c0", "u"))])
-    committer = Committer(redis, keys, epoch=1, seq=0, keep_versions=2, attempts=0)
+    committer = Committer(redis, keys, epoch=1, seq=0, keep_versions=2)
     await committer.commit(batch, now=1.0)
     committer.seq = 0  # as if the reply of the first had been lost
     await committer.commit(batch, now=1.0)

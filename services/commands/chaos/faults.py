@@ -2,7 +2,10 @@
 
 A kill is a SIGKILL (no cleanup runs), followed after a short outage by a start with the same
 settings; Redis comes back from its append-only file on the same port and directory. A pause is
-`CLIENT PAUSE <ms> ALL`: Redis holds every client's commands while their sockets time out.
+`CLIENT PAUSE <ms> ALL`: Redis holds every client's commands while their sockets time out. A
+stall holds one of the aggregator's commands at its Redis proxy (chaos/proxy.py). A second
+aggregator is started while the first runs; the first is stopped (SIGSTOP) meanwhile and later
+continued, and must then stop by itself, fenced off (exit code 3).
 Children that exit when nobody asked them to (e.g. an aggregator that found Redis gone while
 starting) are restarted too, after a short back-off, and counted: the run reports them.
 
@@ -12,7 +15,9 @@ writes paused, must be there just after the restart.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,6 +25,7 @@ from typing import Any
 
 import redis
 
+from fedasync.services.commands.chaos.proxy import Stall, StallMode
 from fedasync.services.commands.chaos.restarts import RestartCheck, compare, read_marks
 from fedasync.services.commands.chaos.schedule import Fault, FaultKind
 from fedasync.services.commands.chaos.system import (
@@ -29,10 +35,18 @@ from fedasync.services.commands.chaos.system import (
     System,
     worker_name,
 )
+from fedasync.services.commands.chaos.waits import Interruption
+from fedasync.services.runtime.redis_server import free_port
 
 #: least time between a child's unexpected exit and its restart, seconds (a supervisor's back-off)
 RESTART_BACKOFF_S = 0.5
 REDIS = "redis"
+PROXY = "redis-proxy"
+#: how an aggregator fenced off by a newer one exits (services/runtime/entry.py)
+FENCED_EXIT = 3
+#: how long a continued superseded aggregator may take to find itself fenced off and stop (it
+#: does at its next claim, within a second or two; generous for a loaded machine)
+FENCED_WITHIN_S = 30.0
 
 
 @dataclass(slots=True)
@@ -64,6 +78,12 @@ class Injector:
     #: (due time, target) of each restart not yet made
     pending: list[tuple[float, str]] = field(default_factory=list)
     _exited_at: dict[str, float] = field(default_factory=dict)
+    #: how each injected fault may delay decisions (chaos/waits.py)
+    interruptions: list[Interruption] = field(default_factory=list)
+    #: first aggregators a second one superseded, and (due time, name) of those still stopped
+    superseded: list[str] = field(default_factory=list)
+    stopped: list[tuple[float, str]] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
     #: the injector's clock starts with the fault phase: a fault's `at` counts from here
     started: float = field(default_factory=time.monotonic)
 
@@ -80,6 +100,15 @@ class Injector:
         if fault.kind is FaultKind.PAUSE_REDIS:
             self._pause(fault, now)
             return
+        if fault.kind is FaultKind.STALL_REDIS:
+            self.stalls.append(
+                self.system.proxy.stall(fault.command, fault.outage_s, StallMode(fault.mode))
+            )
+            self._injected(fault, now)
+            return
+        if fault.kind is FaultKind.SECOND_AGGREGATOR:
+            self._second_aggregator(fault, now)
+            return
         if target == REDIS:
             self._kill_redis(now)
         else:
@@ -93,8 +122,54 @@ class Injector:
                 self.events.append(Event(now, "hung_on_stop", target))
                 self.system.supervisor.kill(target)
         self.pending.append((now + fault.outage_s, target))
+        self._injected(fault, now)
+
+    def _injected(self, fault: Fault, now: float) -> None:
         self.injected[fault.kind.value] += 1
         self.events.append(Event(now, fault.kind.value, fault.describe()))
+        interruption = Interruption.of(fault.kind.value, time.time(), fault.outage_s)
+        if interruption is not None:
+            self.interruptions.append(interruption)
+
+    def _second_aggregator(self, fault: Fault, now: float) -> None:
+        """Start a second aggregator while the first runs. The first is stopped first, so that
+        a read it has blocked in Redis takes entries after the second one's takeover at start;
+        the running one must take them over (docs/architecture.md, the decision bound)."""
+        supervisor = self.system.supervisor
+        first = supervisor.children.get(AGGREGATOR)
+        if first is None or not first.running():
+            self._skip(fault, now, f"{AGGREGATOR} was not running")
+            return
+        name = f"{AGGREGATOR}-superseded-{len(self.superseded) + 1}"
+        supervisor.rename(AGGREGATOR, name)
+        first.process.send_signal(signal.SIGSTOP)
+        self.system.aggregator_port = free_port()  # the first still holds its metrics port
+        supervisor.start(self.system.aggregator_spec())
+        self.superseded.append(name)
+        self.stopped.append((now + fault.outage_s, name))
+        self._injected(fault, now)
+
+    def settle(self) -> None:
+        """After the run: a superseded aggregator must have stopped by itself, fenced off; a
+        stall that never happened is counted as skipped, not injected."""
+        now = self.now()
+        for name in self.superseded:
+            child = self.system.supervisor.children[name]
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(timeout=FENCED_WITHIN_S)
+            if child.running():
+                self.system.supervisor.kill(name)
+                self.crashes[name] += 1
+                self.events.append(Event(now, "not fenced", f"{name} was still running"))
+            elif child.process.returncode != FENCED_EXIT:
+                self.crashes[name] += 1
+                code = child.process.returncode
+                self.events.append(Event(now, "crashed", f"{name} exited with {code}, not 3"))
+        for stall in self.stalls:
+            if not stall.hits:
+                self.injected[FaultKind.STALL_REDIS.value] -= 1
+                self.skipped[FaultKind.STALL_REDIS.value] += 1
+                self.events.append(Event(now, "skipped stall_redis", "never happened"))
 
     def _kill_redis(self, now: float) -> None:
         """Read what Redis holds (writes stay paused), then SIGKILL it."""
@@ -131,8 +206,7 @@ class Injector:
             return
         finally:
             client.close()
-        self.injected[fault.kind.value] += 1
-        self.events.append(Event(now, fault.kind.value, fault.describe()))
+        self._injected(fault, now)
 
     def _skip(self, fault: Fault, now: float, why: str) -> None:
         self.skipped[fault.kind.value] += 1
@@ -146,6 +220,8 @@ class Injector:
             FaultKind.KILL_REDIS: REDIS,
             FaultKind.PAUSE_REDIS: REDIS,
             FaultKind.RESTART_SNAPSHOT: SNAPSHOT,
+            FaultKind.SECOND_AGGREGATOR: AGGREGATOR,
+            FaultKind.STALL_REDIS: PROXY,
         }[fault.kind]
 
     # ----------------------------------------------------------------------------- recovery
@@ -157,6 +233,11 @@ class Injector:
             self.pending.remove(entry)
             self._start(entry[1])
             self.events.append(Event(now, "restarted", entry[1]))
+        for entry in [(at, name) for at, name in self.stopped if everything or at <= now]:
+            self.stopped.remove(entry)
+            with contextlib.suppress(ProcessLookupError):
+                self.system.supervisor.children[entry[1]].process.send_signal(signal.SIGCONT)
+            self.events.append(Event(now, "continued", f"{entry[1]} (to find itself fenced)"))
 
     def restart_exited(self, names: list[str]) -> None:
         """Children of `names` that exited unasked: count them and start them after a back-off."""
@@ -186,7 +267,12 @@ class Injector:
             self.system.supervisor.start(self.system.spec(name))
 
     def next_due(self) -> float | None:
-        return min((at for at, _ in self.pending), default=None)
+        return min((at for at, _ in [*self.pending, *self.stopped]), default=None)
+
+    @property
+    def recovering(self) -> bool:
+        """Something is down or stopped on purpose, due to come back."""
+        return bool(self.pending or self.stopped)
 
 
 def wait_until(deadline: float) -> None:

@@ -27,7 +27,13 @@ from fedasync.services.commands.chaos.faults import Injector, wait_until
 from fedasync.services.commands.chaos.probe import wait_drained, wait_served
 from fedasync.services.commands.chaos.report import build_summary, write_summary
 from fedasync.services.commands.chaos.schedule import Fault, Profile, build_schedule
-from fedasync.services.commands.chaos.system import AGGREGATOR, SNAPSHOT, System
+from fedasync.services.commands.chaos.system import (
+    AGGREGATOR,
+    AGGREGATOR_SETTINGS,
+    SNAPSHOT,
+    System,
+)
+from fedasync.services.commands.chaos.waits import measure
 from fedasync.services.stores.exactly_once import Decided, check
 from fedasync.services.worker.journal import read_journals
 
@@ -69,6 +75,7 @@ def run(
             served = wait_served(client, system.keys, system.snapshot_url, SERVED_TIMEOUT_S)
         finally:
             client.close()
+        injector.settle()
         system.supervisor.stop_all(groups=[[SNAPSHOT], [AGGREGATOR]])
         say("chaos: services stopped; auditing the ledger")
         audited = asyncio.run(audit(system.observer_url, system.keys))
@@ -80,6 +87,7 @@ def run(
         audited.entry_ids,
         audited.dead_lettered,
     )
+    waits = measure(audited.records, AGGREGATOR_SETTINGS.decision_bound_s, injector.interruptions)
     summary = build_summary(
         profile=profile,
         seed=seed,
@@ -91,6 +99,7 @@ def run(
         served=served,
         audit=audited,
         verdict=verdict,
+        waits=waits,
         malformed_journal_lines=journals.malformed,
     )
     write_summary(out, summary)
@@ -103,7 +112,7 @@ def _inject(
     """The fault phase: each fault at its instant, restarts when due, crashes restarted."""
     names = [AGGREGATOR, SNAPSHOT, *system.workers]
     queue = list(schedule)
-    while queue or injector.pending:
+    while queue or injector.recovering:
         injector.recover()
         injector.restart_exited(names)
         now = injector.now()

@@ -15,6 +15,7 @@ from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, Served
 from fedasync.services.commands.chaos.schedule import FaultKind, Profile
+from fedasync.services.commands.chaos.waits import Waits
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.exactly_once import Verdict
 
@@ -34,6 +35,7 @@ def build_summary(
     served: Served,
     audit: Audit,
     verdict: Verdict,
+    waits: Waits,
     malformed_journal_lines: int,
 ) -> dict[str, Any]:
     scheduled = {kind.value for kind, count in profile.faults if count > 0}
@@ -57,6 +59,7 @@ def build_summary(
         ),
         "no move back in time alarmed": not any(alarms.values()),
         "no command refused by Redis's ACL": not audit.refused,
+        "XADD→decision waits within the bound": waits.ok,
     }
     return {
         "profile": profile.name,
@@ -85,6 +88,12 @@ def build_summary(
         "entries_undecided": len(verdict.undecided),
         "version_gaps": len(verdict.version_gaps),
         "versions": {"first": verdict.first_version, "last": verdict.last_version},
+        "waits": {
+            "longest_s": round(waits.longest_s, 3),
+            "longest_entry": waits.longest_entry,
+            "bound_s": waits.bound_s,
+            "over_bound": len(waits.over),
+        },
         "verify": {
             "ok": audit.verify.ok,
             "replayed": audit.verify.replayed,
@@ -114,6 +123,7 @@ def build_summary(
             "version_gaps": verdict.version_gaps[:EXAMPLES],
             "entries_decided_twice": verdict.redecided[:EXAMPLES],
             "entries_undecided": verdict.undecided[:EXAMPLES],
+            "waits_over_bound": waits.over[:EXAMPLES],
         },
         "checks": checks,
         "ok": all(checks.values()),
@@ -132,6 +142,7 @@ def describe(summary: Mapping[str, Any]) -> str:
     u = summary["updates"]
     served = summary["served"]
     versions = summary["versions"]
+    waits = summary["waits"]
     lines = [
         f"chaos run: profile {summary['profile']}, seed {summary['seed']}, "
         f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
@@ -154,6 +165,9 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"undecided {summary['entries_undecided']}",
         f"versions {versions['first']}..{versions['last']}, "
         f"{summary['version_gaps']} breaks in the sequence",
+        f"longest XADD→decision wait {waits['longest_s']:.2f} s (entry {waits['longest_entry']}); "
+        f"bound {waits['bound_s']:.2f} s plus the faults overlapping a wait; "
+        f"{waits['over_bound']} over",
         f"served version {served['version']} sha256 {served['sha256'][:16]}, "
         f"committed version {served['committed_version']} "
         f"sha256 {served['committed_sha256'][:16]}",

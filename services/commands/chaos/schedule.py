@@ -12,6 +12,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from fedasync.services.commands.chaos.proxy import StallMode
+
 
 class FaultKind(StrEnum):
     KILL_WORKER = "kill_worker"  # kill -9 one worker, restart it after a short outage
@@ -19,6 +21,18 @@ class FaultKind(StrEnum):
     KILL_REDIS = "kill_redis"  # kill -9 redis-server, restart it from its AOF (same port, dir)
     PAUSE_REDIS = "pause_redis"  # CLIENT PAUSE: clients' sockets time out, commands queue
     RESTART_SNAPSHOT = "restart_snapshot"  # SIGTERM the snapshot service, start it again later
+    #: start a second aggregator while the first runs; the first is stopped (SIGSTOP) meanwhile,
+    #: so its blocked read strands entries under it, then continued: it finds itself fenced off
+    SECOND_AGGREGATOR = "second_aggregator"
+    #: one command of the aggregator's held at the Redis proxy, longer than its socket timeout
+    STALL_REDIS = "stall_redis"
+
+
+#: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
+#: happens within moments (services/commands/chaos/proxy.py names them)
+STALLED_COMMANDS = ("XREADGROUP", "EVALSHA", "GET", "XPENDING", "EXISTS", "XINFO GROUPS", "XLEN")
+#: how a stall holds the command: its reply lost, or the command itself late
+STALL_MODES = tuple(mode.value for mode in StallMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +52,11 @@ class Profile:
     outage_s: tuple[float, float] = (0.1, 0.6)
     #: how long CLIENT PAUSE lasts; above the services' socket timeout so they really time out
     pause_ms: tuple[int, int] = (2500, 3500)
+    #: how long a stalled command is held; above the aggregator's socket timeout
+    stall_ms: tuple[int, int] = (1500, 3000)
+    #: how long the first aggregator stays stopped once a second one started: above the claim
+    #: bound, so what its blocked read took is the running one's to take over
+    stopped_s: tuple[float, float] = (4.0, 6.0)
     #: Redis loads the generated ACL file and every service logs in as its own user
     acl: bool = True
 
@@ -55,6 +74,8 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.KILL_REDIS, 2),
             (FaultKind.PAUSE_REDIS, 1),
             (FaultKind.RESTART_SNAPSHOT, 1),
+            (FaultKind.SECOND_AGGREGATOR, 1),
+            (FaultKind.STALL_REDIS, 2),
         ),
     ),
     "long": Profile(
@@ -69,6 +90,8 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.KILL_REDIS, 6),
             (FaultKind.PAUSE_REDIS, 4),
             (FaultKind.RESTART_SNAPSHOT, 3),
+            (FaultKind.SECOND_AGGREGATOR, 4),
+            (FaultKind.STALL_REDIS, 8),
         ),
     ),
     # the long profile's Redis kills under the ACL on their own, in a minute
@@ -84,6 +107,8 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.KILL_REDIS, 8),
             (FaultKind.PAUSE_REDIS, 0),
             (FaultKind.RESTART_SNAPSHOT, 0),
+            (FaultKind.SECOND_AGGREGATOR, 0),
+            (FaultKind.STALL_REDIS, 0),
         ),
     ),
 }
@@ -97,11 +122,18 @@ class Fault:
     kind: FaultKind
     #: the worker index for KILL_WORKER, else 0
     target: int = 0
-    #: seconds down before the restart (kills, snapshot stop); the pause length for PAUSE_REDIS
+    #: seconds down before the restart (kills, snapshot stop); the pause length for PAUSE_REDIS,
+    #: the stall's for STALL_REDIS, how long the first aggregator stays stopped for
+    #: SECOND_AGGREGATOR
     outage_s: float = 0.0
+    #: STALL_REDIS: the command held, and how ("reply" or "request")
+    command: str = ""
+    mode: str = ""
 
     def describe(self) -> str:
         who = f" worker-{self.target}" if self.kind is FaultKind.KILL_WORKER else ""
+        if self.kind is FaultKind.STALL_REDIS:
+            who = f" {self.command} ({self.mode})"
         return f"{self.kind.value}{who} ({self.outage_s:.2f} s)"
 
 
@@ -123,9 +155,16 @@ def build_schedule(profile: Profile, seed: int) -> list[Fault]:
     for i, (kind, draw) in enumerate(zip(kinds, draws, strict=True)):
         at = profile.warmup_s + float(draw) + i * profile.min_gap_s
         target = int(rng.integers(profile.workers)) if kind is FaultKind.KILL_WORKER else 0
+        command = mode = ""
         if kind is FaultKind.PAUSE_REDIS:
             outage = float(rng.integers(profile.pause_ms[0], profile.pause_ms[1] + 1)) / 1000
+        elif kind is FaultKind.STALL_REDIS:
+            outage = float(rng.integers(profile.stall_ms[0], profile.stall_ms[1] + 1)) / 1000
+            command = str(rng.choice(STALLED_COMMANDS))
+            mode = str(rng.choice(STALL_MODES))
+        elif kind is FaultKind.SECOND_AGGREGATOR:
+            outage = float(rng.uniform(*profile.stopped_s))
         else:
             outage = float(rng.uniform(*profile.outage_s))
-        faults.append(Fault(round(at, 3), kind, target, round(outage, 3)))
+        faults.append(Fault(round(at, 3), kind, target, round(outage, 3), command, mode))
     return faults

@@ -4,7 +4,8 @@ Every setting a child gets is written here, from a clean environment (no `FEDASY
 the caller leaks in), so a run depends only on the profile and the seed. Socket timeouts are
 short (1 s) so that a Redis pause of a few seconds really makes the workers' and the aggregator's
 commands time out and go through their retry paths; budgets are out of reach so training never
-closes during a run.
+closes during a run. The aggregator talks to Redis through a proxy (chaos/proxy.py) that can stall
+any one of its commands.
 
 Under the ACL (the profiles' default), Redis loads the file `fedasync acl` makes
 (services/stores/acl.py) with fresh passwords, and every service logs in as its own user, as in
@@ -21,8 +22,10 @@ from types import TracebackType
 
 import redis
 
+from fedasync.services.commands.chaos.proxy import ProxyThread
 from fedasync.services.commands.chaos.schedule import Profile
 from fedasync.services.runtime.redis_server import RedisServer, free_port, server_version
+from fedasync.services.runtime.settings import AggregatorSettings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.acl import acl_file, users
 from fedasync.services.stores.keys import Keys
@@ -36,6 +39,9 @@ SOCKET_TIMEOUT_S = "1.0"
 KEEP_VERSIONS = 20
 #: the harness's own Redis user under the ACL: every right, used by no service
 OBSERVER = "observer"
+#: the aggregator's settings that differ from the defaults; its claims run on the defaults, so
+#: the run checks the bound a deployment gets (`AggregatorSettings.decision_bound_s`)
+AGGREGATOR_SETTINGS = AggregatorSettings(batch_ms=20, block_ms=200)
 
 
 class AclNeedsRedis7(RuntimeError):
@@ -62,6 +68,8 @@ class System:
             self.passwords[OBSERVER] = secrets.token_urlsafe(24)
             extra = ("--aclfile", str(self._write_acl(out / "redis")))
         self.redis = RedisServer(out / "redis", extra_args=extra)
+        self.proxy = ProxyThread("127.0.0.1", self.redis.port)
+        self.proxy_port = free_port()
         if self.acl and server_version(self.redis.binary) < (7,):
             raise AclNeedsRedis7(
                 f"the ACL file needs Redis 7 or later (selectors), {self.redis.binary} is "
@@ -89,11 +97,13 @@ class System:
         path.chmod(0o600)
         return path
 
-    def url_of(self, user: str) -> str:
-        """The Redis URL `user` logs in with (without the ACL: the default user's)."""
+    def url_of(self, user: str, port: int | None = None) -> str:
+        """The Redis URL `user` logs in with (without the ACL: the default user's), to Redis or
+        to another `port` (the proxy)."""
+        port = port or self.redis.port
         if not self.acl:
-            return self.redis.url
-        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.redis.port}/0"
+            return f"redis://127.0.0.1:{port}/0"
+        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{port}/0"
 
     @property
     def observer_url(self) -> str:
@@ -119,7 +129,7 @@ class System:
             "FEDASYNC_AGGREGATOR__KEEP_PAYLOADS": "true",  # `ledger verify` replays them
             "FEDASYNC_AGGREGATOR__KEEP_VERSIONS": str(KEEP_VERSIONS),
             # every service validates that the socket timeout exceeds the aggregator's block
-            "FEDASYNC_AGGREGATOR__BLOCK_MS": "200",
+            "FEDASYNC_AGGREGATOR__BLOCK_MS": str(AGGREGATOR_SETTINGS.block_ms),
         }
 
     def aggregator_spec(self) -> ServiceSpec:
@@ -128,9 +138,9 @@ class System:
             AGGREGATOR,
             "fedasync.services.aggregator",
             {
-                "FEDASYNC_REDIS__URL": self.url_of("aggregator"),
+                "FEDASYNC_REDIS__URL": self.url_of("aggregator", self.proxy_port),
                 "FEDASYNC_AGGREGATOR__PORT": str(port),
-                "FEDASYNC_AGGREGATOR__BATCH_MS": "20",
+                "FEDASYNC_AGGREGATOR__BATCH_MS": str(AGGREGATOR_SETTINGS.batch_ms),
             },
             ready_url=f"http://127.0.0.1:{port}/readyz",
         )
@@ -172,8 +182,10 @@ class System:
 
     # ---------------------------------------------------------------------------- lifecycle
     def start(self, timeout: float = 60.0) -> None:
-        """Redis, then the aggregator and the snapshot service (each ready), then the workers."""
+        """Redis (and the aggregator's proxy to it), then the aggregator and the snapshot service
+        (each ready), then the workers."""
         self.redis.start()
+        self.proxy.start(self.proxy_port)
         self.supervisor.start(self.aggregator_spec())
         self.supervisor.wait_ready(AGGREGATOR, timeout)
         self.supervisor.start(self.snapshot_spec())
@@ -184,6 +196,7 @@ class System:
     def stop(self) -> None:
         """Every child (workers first), then Redis. Safe to call twice."""
         self.supervisor.stop_all(groups=[self.workers, [SNAPSHOT], [AGGREGATOR]])
+        self.proxy.stop()
         self.redis.stop()
 
     def __enter__(self) -> System:
