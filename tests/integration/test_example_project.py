@@ -81,3 +81,67 @@ def test_the_example_trains_in_up_by_its_import_path(
     assert summary["updates"]["applied"] == 80
     assert summary["updates"]["rejected"] == 0
     assert summary["final"]["accuracy"] > CHANCE, summary["final"]
+
+
+def test_the_example_device_gets_a_receipt_equal_to_the_ledger_for_every_update(
+    example_installed: None, tmp_path: Path
+) -> None:
+    """The README's flow: `fedasync up --secure`, a key from `fedasync devices add`, and the
+    example's device script publishing through ingest; each of its N receipts is the ledger's
+    decision about that update id, field for field."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDASYNC_")}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "fedasync.services.commands.cli", "up", "--no-live", "--secure",
+         "--out", str(out), "--task", "custom_model.task:make", "--devices", "1",
+         "--profile", "none", "--max-updates", "60"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert up.stdout is not None
+        urls: dict[str, str] = {}
+        for line in up.stdout:  # the header: where everything is
+            words = line.split()
+            if words[:1] in (["snapshot"], ["ingest"]):
+                urls[words[0]] = words[1].split("/v1/")[0]
+            if words[:1] == ["redis"]:
+                urls["redis"] = "redis://" + next(w for w in words if w.startswith("127.0.0.1:"))
+            if "device processes started" in line:
+                break
+        assert set(urls) == {"snapshot", "ingest", "redis"}, urls
+        added = subprocess.run(
+            [sys.executable, "-m", "fedasync.services.commands.cli", "devices", "add", "phone-1"],
+            env=env | {"FEDASYNC_REDIS__URL": urls["redis"] + "/0"},
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        receipts = tmp_path / "receipts.jsonl"
+        device = subprocess.run(
+            [sys.executable, "-m", "custom_model.device", "--snapshot", urls["snapshot"],
+             "--ingest", urls["ingest"], "--client-id", "phone-1", "--key", added.stdout.strip(),
+             "--updates", "4", "--share", "3", "--receipts", str(receipts)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert device.returncode == 0, device.stderr
+        remaining, _ = up.communicate(timeout=600)
+        assert up.returncode == 0, remaining
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, 9)
+            up.wait()
+        if up.stdout is not None:
+            up.stdout.close()
+    rows = [json.loads(line) for line in receipts.read_text().splitlines()]
+    assert len(rows) == 4
+    assert all("outcome" in row for row in rows), rows  # every receipt holds a decision
+    ledger = {}
+    for line in (out / "ledger.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["client_id"] == "phone-1":
+            ledger[record["update_id"]] = record
+    assert sorted(ledger) == sorted(row["update_id"] for row in rows)
+    for row in rows:
+        record = ledger[row["update_id"]]
+        for field, value in row.items():
+            if field != "base_version" or "base_version" in record:
+                assert record[field] == value, (field, record, row)
