@@ -126,6 +126,18 @@ def test_the_profiles_hold_what_the_issue_asks_for() -> None:
         for counts in (fast, long)
         for kind in (FaultKind.KILL_REDIS, FaultKind.PAUSE_REDIS, FaultKind.RESTART_SNAPSHOT)
     )
+    # issue 12, item 5: the audit's faults (a stall through a proxy, a second aggregator, slow
+    # HTTP clients) are in the long profile, and each at least once in the fast one
+    for kind in (FaultKind.STALL_REDIS, FaultKind.SECOND_AGGREGATOR, FaultKind.SLOW_CLIENTS):
+        assert long[kind] >= 3, kind
+        assert fast[kind] >= 1, kind
+
+
+def test_a_burst_of_slow_clients_outlasts_the_services_header_timeout() -> None:
+    """Otherwise "every slow client cut off" would be a check that could not fail."""
+    header_timeout = 10.0  # FEDASYNC_HTTP__HEADER_TIMEOUT_S's default
+    for profile in PROFILES.values():
+        assert profile.slow_s[0] > header_timeout + 2, profile.name
 
 
 def test_faults_that_do_not_fit_the_window_are_refused() -> None:

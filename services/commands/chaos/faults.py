@@ -28,6 +28,7 @@ import redis
 from fedasync.services.commands.chaos.proxy import Stall, StallMode
 from fedasync.services.commands.chaos.restarts import RestartCheck, compare, read_marks
 from fedasync.services.commands.chaos.schedule import Fault, FaultKind
+from fedasync.services.commands.chaos.slow_clients import SlowClients
 from fedasync.services.commands.chaos.system import (
     AGGREGATOR,
     KEEP_VERSIONS,
@@ -84,6 +85,9 @@ class Injector:
     superseded: list[str] = field(default_factory=list)
     stopped: list[tuple[float, str]] = field(default_factory=list)
     stalls: list[Stall] = field(default_factory=list)
+    bursts: list[SlowClients] = field(default_factory=list)
+    #: slow clients a burst opens (the profile's)
+    slow_clients: int = 100
     #: the injector's clock starts with the fault phase: a fault's `at` counts from here
     started: float = field(default_factory=time.monotonic)
 
@@ -108,6 +112,12 @@ class Injector:
             return
         if fault.kind is FaultKind.SECOND_AGGREGATOR:
             self._second_aggregator(fault, now)
+            return
+        if fault.kind is FaultKind.SLOW_CLIENTS:
+            port = self.system.snapshot_port
+            burst = SlowClients("127.0.0.1", port, self.slow_clients, fault.outage_s)
+            self.bursts.append(burst.start())
+            self._injected(fault, now)
             return
         if target == REDIS:
             self._kill_redis(now)
@@ -165,6 +175,16 @@ class Injector:
                 self.crashes[name] += 1
                 code = child.process.returncode
                 self.events.append(Event(now, "crashed", f"{name} exited with {code}, not 3"))
+        for burst in self.bursts:
+            burst.join(timeout=60)
+            self.events.append(
+                Event(
+                    now,
+                    "slow_clients",
+                    f"{burst.opened} opened, {burst.closed_by_server} closed by the server "
+                    f"within the burst's {burst.seconds:.1f} s",
+                )
+            )
         for stall in self.stalls:
             if not stall.hits:
                 self.injected[FaultKind.STALL_REDIS.value] -= 1

@@ -54,7 +54,7 @@ def run(
     with System(out, profile) as system:
         say(f"chaos: starting Redis and services (logs in {out / 'logs'})")
         system.start()
-        injector = Injector(system)
+        injector = Injector(system, slow_clients=profile.slow_clients)
         say(f"chaos: {len(schedule)} faults over {profile.window_s:.0f} s")
         _inject(system, injector, schedule, say)
 

@@ -60,6 +60,9 @@ def build_summary(
         "no move back in time alarmed": not any(alarms.values()),
         "no command refused by Redis's ACL": not audit.refused,
         "XADD→decision waits within the bound": waits.ok,
+        "slow clients cut off by the snapshot service": all(
+            b.opened > 0 and b.closed_by_server == b.opened for b in injector.bursts
+        ),
     }
     return {
         "profile": profile.name,
@@ -70,6 +73,10 @@ def build_summary(
         "faults": dict(sorted(injector.injected.items())),
         "faults_skipped": dict(sorted(injector.skipped.items())),
         "unexpected_exits": dict(sorted(injector.crashes.items())),
+        "slow_clients": [
+            {"opened": b.opened, "closed_by_server": b.closed_by_server, "seconds": b.seconds}
+            for b in injector.bursts
+        ],
         "updates": {
             "attempted": verdict.attempted,
             "published": verdict.acknowledged,
@@ -173,6 +180,15 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"sha256 {served['committed_sha256'][:16]}",
         summary["verify"]["text"],
         *_restarts(summary["redis_restarts"]),
+        "slow clients against the snapshot service: "
+        + (
+            "; ".join(
+                f"{b['opened']} opened, {b['closed_by_server']} closed by the server within "
+                f"{b['seconds']:.1f} s"
+                for b in summary["slow_clients"]
+            )
+            or "none"
+        ),
         "alerts: " + _counts(summary["alerts"]),
         "commands refused by the ACL: "
         + ("; ".join(summary["acl_refusals"]) if summary["acl_refusals"] else "none"),

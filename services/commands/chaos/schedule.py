@@ -26,6 +26,8 @@ class FaultKind(StrEnum):
     SECOND_AGGREGATOR = "second_aggregator"
     #: one command of the aggregator's held at the Redis proxy, longer than its socket timeout
     STALL_REDIS = "stall_redis"
+    #: a burst of slow HTTP clients (slowloris) against the snapshot service, for a while
+    SLOW_CLIENTS = "slow_clients"
 
 
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
@@ -57,6 +59,11 @@ class Profile:
     #: how long the first aggregator stays stopped once a second one started: above the claim
     #: bound, so what its blocked read took is the running one's to take over
     stopped_s: tuple[float, float] = (4.0, 6.0)
+    #: how many slow clients a burst opens, and how long it trickles
+    slow_clients: int = 100
+    #: above the services' header timeout (FEDASYNC_HTTP__HEADER_TIMEOUT_S, 10 s): the service
+    #: must cut every one of them off before the burst ends
+    slow_s: tuple[float, float] = (14.0, 18.0)
     #: Redis loads the generated ACL file and every service logs in as its own user
     acl: bool = True
 
@@ -76,6 +83,7 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.RESTART_SNAPSHOT, 1),
             (FaultKind.SECOND_AGGREGATOR, 1),
             (FaultKind.STALL_REDIS, 2),
+            (FaultKind.SLOW_CLIENTS, 1),
         ),
     ),
     "long": Profile(
@@ -92,6 +100,7 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.RESTART_SNAPSHOT, 3),
             (FaultKind.SECOND_AGGREGATOR, 4),
             (FaultKind.STALL_REDIS, 8),
+            (FaultKind.SLOW_CLIENTS, 3),
         ),
     ),
     # the long profile's Redis kills under the ACL on their own, in a minute
@@ -109,6 +118,7 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.RESTART_SNAPSHOT, 0),
             (FaultKind.SECOND_AGGREGATOR, 0),
             (FaultKind.STALL_REDIS, 0),
+            (FaultKind.SLOW_CLIENTS, 0),
         ),
     ),
 }
@@ -164,6 +174,8 @@ def build_schedule(profile: Profile, seed: int) -> list[Fault]:
             mode = str(rng.choice(STALL_MODES))
         elif kind is FaultKind.SECOND_AGGREGATOR:
             outage = float(rng.uniform(*profile.stopped_s))
+        elif kind is FaultKind.SLOW_CLIENTS:
+            outage = float(rng.uniform(*profile.slow_s))
         else:
             outage = float(rng.uniform(*profile.outage_s))
         faults.append(Fault(round(at, 3), kind, target, round(outage, 3), command, mode))
