@@ -6,7 +6,7 @@ from aiohttp import web
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_service import livez
-from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 
 METRICS = web.AppKey("metrics", AggregatorMetrics)
 READY = web.AppKey("ready", list)  # [bool]: set once the state is restored
@@ -16,6 +16,7 @@ def create_app(metrics: AggregatorMetrics, ready: list[bool]) -> web.Application
     app = web.Application()
     app[METRICS] = metrics
     app[READY] = ready
+    app[REGISTRY] = metrics.registry
 
     async def readyz(request: web.Request) -> web.Response:
         if not request.app[READY][0]:
