@@ -69,6 +69,7 @@ from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.exactly_once import Decided, check
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
+from fedasync.services.stores.policy_store import policy_log as read_policy_log
 from fedasync.shared import stream_entry
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.update import Update
@@ -514,17 +515,10 @@ async def policy_log(settings: Settings, t0: float) -> list[dict[str, Any]]:
     keys = Keys(settings.redis.key_prefix)
     redis = connect(settings.redis)
     try:
-        entries: Any = await redis.xrange(keys.policy_log)
+        entries = await read_policy_log(redis, keys)
     finally:
         await redis.aclose()
-    return [
-        {
-            "t": round(float(fields[b"at"]) - t0, 3),
-            "who": fields[b"who"].decode(),
-            "why": fields[b"why"].decode(),
-        }
-        for _, fields in entries
-    ]
+    return [{"t": round(e["at"] - t0, 3), "who": e["who"], "why": e["why"]} for e in entries]
 
 
 class CpuClock:
@@ -584,7 +578,10 @@ def configure(plan: Plan, redis_url: str, ports: dict[str, int]) -> Settings:
             "cooldown_s": 1.0,
             "rate_high": plan.rate_high,
             "rate_low": plan.rate_low,
+            "open_reads": True,  # the load reads /v1/status without the token
         },
+        # every device holds a connection (a long-poll) to the snapshot service
+        http={"max_connections": max(1024, plan.devices + 200)},
         log={"level": "INFO"},
     )
 

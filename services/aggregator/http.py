@@ -8,7 +8,7 @@ from aiohttp import web
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_service import livez
-from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 
 
 @dataclass(slots=True)
@@ -27,6 +27,7 @@ def create_app(metrics: AggregatorMetrics, ready: Readiness) -> web.Application:
     app = web.Application()
     app[METRICS] = metrics
     app[READY] = ready
+    app[REGISTRY] = metrics.registry
 
     async def readyz(request: web.Request) -> web.Response:
         readiness = request.app[READY]

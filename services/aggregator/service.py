@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import redis.asyncio as aioredis
-from aiohttp import web
 from redis.exceptions import ResponseError
 
 from fedasync.services.aggregator.claims import IdleClaims, claim
@@ -40,6 +39,7 @@ from fedasync.services.aggregator.commit import (
 from fedasync.services.aggregator.http import Readiness, create_app
 from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.metrics import AggregatorMetrics
+from fedasync.services.runtime.http_service import listening
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
 from fedasync.services.runtime.redis_conn import TRANSIENT, best_effort, connect, retrying
 from fedasync.services.runtime.settings import Settings
@@ -479,30 +479,36 @@ async def run(
     handle_signals: bool = True,
     burst: bool = False,
     stopping: asyncio.Event | None = None,
+    started: asyncio.Future[int] | None = None,
 ) -> RunResult:
-    """Run one aggregator until stopped; tests pass their own client and use burst mode."""
+    """Run one aggregator until stopped; tests pass their own client and use burst mode.
+
+    `started` receives the bound port of the metrics server (when it has one)."""
     stopping = stopping or asyncio.Event()
     client = redis if redis is not None else connect(settings.redis)
     aggregator = Aggregator(settings, client, Keys(settings.redis.key_prefix))
-    runner = None
     cfg = settings.aggregator
     try:
         with stop_on_signals(stopping, handle_signals):
-            if cfg.port is not None and not burst:
-                runner = web.AppRunner(create_app(aggregator.metrics, aggregator.ready))
-                await runner.setup()
-                await web.TCPSite(runner, cfg.host, cfg.port).start()
-                log.info("metrics on http://%s:%d/metrics", cfg.host, runner.addresses[0][1])
-            try:
-                await aggregator.start(initial)
-                return await aggregator.run(stopping, burst=burst)
-            except StateMismatch:
-                if runner is not None:
-                    await _linger(stopping)
-                raise
+            async with contextlib.AsyncExitStack() as http:
+                listening_http = False
+                if cfg.port is not None and not burst:
+                    app = create_app(aggregator.metrics, aggregator.ready)
+                    port = await http.enter_async_context(
+                        listening("aggregator metrics", app, cfg.host, cfg.port, settings.http)
+                    )
+                    listening_http = True
+                    log.info("metrics on http://%s:%d/metrics", cfg.host, port)
+                    if started is not None:
+                        started.set_result(port)
+                try:
+                    await aggregator.start(initial)
+                    return await aggregator.run(stopping, burst=burst)
+                except StateMismatch:
+                    if listening_http:
+                        await _linger(stopping)
+                    raise
     finally:
-        if runner is not None:
-            await runner.cleanup()
         if redis is None:
             await client.aclose()
 

@@ -8,7 +8,9 @@ up by the aggregator at its next batch boundary, so the ledger shows which decis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -17,6 +19,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from fedasync.services.control.auth import refusal
 from fedasync.services.control.metrics import ControlMetrics
@@ -26,15 +29,20 @@ from fedasync.services.control.switchboard import AlreadyInState, set_switch
 from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
-from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.keys import Keys
-from fedasync.services.stores.policy_store import PolicyConflict, change_policy, read_policy
+from fedasync.services.stores.policy_store import (
+    NoPolicy,
+    PolicyConflict,
+    change_policy,
+    read_policy,
+)
 from fedasync.shared.params import ParamError
-from fedasync.shared.policy import POLICY_RANGES
+from fedasync.shared.policy import POLICY_RANGES, Policy
 from fedasync.shared.switches import SWITCHES
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -44,20 +52,51 @@ WINDOW = web.AppKey("window", LedgerWindow)
 METRICS = web.AppKey("metrics", ControlMetrics)
 BACKGROUND = web.AppKey("background", Background)
 
+#: the policy fields that set a budget (their change is checked against what is used up)
+BUDGET_FIELDS = frozenset({"max_updates", "max_seconds"})
+
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-_NOT_JSON = object()
+class BadBody(Exception):
+    """A request body that is not what the route takes: answered with `status` and `message`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 async def _json_body(request: web.Request) -> Any:
-    """The parsed body, or `_NOT_JSON` for anything that is not UTF-8 JSON (a 400, not a 500)."""
+    """The parsed body; BadBody for anything but identity-encoded UTF-8 JSON of bounded depth.
+
+    Nested deeper than the parser's recursion limit (json raises RecursionError) is a 400 like any
+    other malformed body, and a compressed body is refused unread: nothing is ever inflated.
+    """
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise BadBody(415, f"Content-Encoding {encoding!r} is not accepted; send the body as is")
     try:
         return await request.json()
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
-        return _NOT_JSON
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError alike
+        raise BadBody(
+            400, "the body must be JSON (UTF-8), nested at most a few hundred deep"
+        ) from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: Any) -> str:
+    """Free text from a request (a reason, an operator's name) as storable UTF-8: a lone
+    surrogate (JSON `"\\ud800"`, or a header byte that is not UTF-8) becomes U+FFFD."""
+    return _SURROGATE.sub("\ufffd", str(value))
+
+
+def _operator(request: web.Request) -> str:
+    return _text(request.headers.get("X-Fedasync-Operator", "operator"))
 
 
 async def get_policy(request: web.Request) -> web.Response:
@@ -74,9 +113,10 @@ async def patch_policy(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=True)
     if denied is not None:
         return denied
-    body = await _json_body(request)
-    if body is _NOT_JSON:
-        return _error(400, "the body must be JSON (UTF-8)")
+    try:
+        body = await _json_body(request)
+    except BadBody as exc:
+        return _error(exc.status, exc.message)
     changes = body.get("changes") if isinstance(body, dict) else None
     why = body.get("why", "") if isinstance(body, dict) else ""
     if not isinstance(changes, dict) or not changes or not isinstance(why, str):
@@ -87,13 +127,55 @@ async def patch_policy(request: web.Request) -> web.Response:
         new = current.evolve(**changes)
     except ParamError as exc:
         return _error(422, str(exc), field=exc.param, allowed=exc.allowed)
-    who = request.headers.get("X-Fedasync-Operator", "operator")
+    if BUDGET_FIELDS & set(changes):
+        exceeded = await budget_refusal(request, new)
+        if exceeded is not None:
+            return exceeded
     try:
-        await change_policy(redis, keys, new, who=who, why=why, at=time.time())
+        await change_policy(
+            redis, keys, new, who=_operator(request), why=_text(why), at=time.time()
+        )
     except PolicyConflict as exc:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
     return web.json_response({"policy": new.to_dict()})
+
+
+async def budget_refusal(request: web.Request, new: Policy) -> web.Response | None:
+    """409 for a budget change that cannot take effect as asked: training has ended (an end is
+    final, a budget never reopens it), or the new budget is already used up (it would end
+    training at once). None if the budget may change."""
+    redis, keys = request.app[REDIS], request.app[KEYS]
+    done: Any = await redis.hgetall(keys.done)
+    if done:
+        ended = {k.decode(): v.decode() for k, v in done.items()}
+        return _error(
+            409,
+            f"training ended ({ended.get('reason', '?')} at version {ended.get('version', '?')}); "
+            "a budget cannot reopen it",
+            training_done=ended,
+        )
+    max_updates, max_seconds = request.app[SETTINGS].budget.limits(new)
+    version = await get_bytes(redis, keys.version)
+    applied = int(version) if version is not None else 0
+    if applied >= max_updates:
+        return _error(
+            409,
+            f"max_updates {max_updates} is already used up: {applied} updates applied",
+            field="max_updates",
+            used=applied,
+        )
+    started = await get_bytes(redis, keys.started)
+    elapsed = 0.0 if started is None else time.time() - float(started)
+    if elapsed >= max_seconds:
+        return _error(
+            409,
+            f"max_seconds {max_seconds:g} is already used up: {elapsed:.0f} s since training "
+            "started",
+            field="max_seconds",
+            used=elapsed,
+        )
+    return None
 
 
 async def get_switches(request: web.Request) -> web.Response:
@@ -118,13 +200,14 @@ async def flip_switch(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in SWITCHES:
         return _error(404, f"unknown switch {name!r}", known=sorted(SWITCHES))
-    body = await _json_body(request)
-    if body is _NOT_JSON:
-        return _error(400, "the body must be JSON (UTF-8)")
+    try:
+        body = await _json_body(request)
+    except BadBody as exc:
+        return _error(exc.status, exc.message)
     if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
         return _error(400, 'expected {"on": true|false, "reason": "..."}')
-    reason = str(body.get("reason", ""))
-    who = request.headers.get("X-Fedasync-Operator", "operator")
+    reason = _text(body.get("reason", ""))
+    who = _operator(request)
     try:
         new = await set_switch(
             request.app[REDIS], request.app[KEYS], name, body["on"], reason=reason, who=who
@@ -207,9 +290,19 @@ async def dashboard(request: web.Request) -> web.Response:
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
-    policy = await read_policy(request.app[REDIS], request.app[KEYS])
-    metrics.policy_version.set(policy.version)
+    with contextlib.suppress(NoPolicy):  # none yet: the gauge stays as it is
+        policy = await read_policy(request.app[REDIS], request.app[KEYS])
+        metrics.policy_version.set(policy.version)
     return metrics_response(metrics.registry)
+
+
+@web.middleware
+async def no_policy_yet(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Before the aggregator's first start there is no policy to show or change: 503, not 500."""
+    try:
+        return await handler(request)
+    except NoPolicy as exc:
+        return _error(503, str(exc))
 
 
 async def evaluation_curve(request: web.Request) -> web.Response:
@@ -251,13 +344,14 @@ async def _rules(app: web.Application) -> AsyncIterator[None]:
 def create_app(
     settings: Settings, redis: aioredis.Redis, *, run_rules: bool = True
 ) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[no_policy_yet])
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[KEYS] = Keys(settings.redis.key_prefix)
     control = settings.control
     app[WINDOW] = LedgerWindow(redis, app[KEYS], control.window_s, control.fairness_decisions)
     app[METRICS] = ControlMetrics()
+    app[REGISTRY] = app[METRICS].registry
     app[BACKGROUND] = Background()
     app.add_routes(
         [

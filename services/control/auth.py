@@ -1,4 +1,6 @@
-"""Bearer-token checks: every write needs the token; reads as configured. Constant-time compare."""
+"""Bearer-token checks: every write needs the token, and so does every read unless reads are
+explicitly open (FEDASYNC_CONTROL__OPEN_READS=true: status and alerts name clients). Constant-time
+compare."""
 
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ def refusal(request: web.Request, settings: ControlSettings, write: bool) -> web
         )
     if settings.token is None:
         return web.json_response(
-            {"error": "writes are disabled: no token is configured"}, status=403
+            {"error": "no token is configured: requests that need one are refused"}, status=403
         )
-    given = header.removeprefix("Bearer ").encode()
-    if not hmac.compare_digest(given, settings.token.encode()):
+    given = header.removeprefix("Bearer ")
+    # a non-ASCII header (any byte aiohttp could not decode) is simply not the token
+    if not given.isascii() or not hmac.compare_digest(given.encode(), settings.token.encode()):
         return web.json_response({"error": "invalid token"}, status=403)
     return None

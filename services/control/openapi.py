@@ -46,8 +46,13 @@ def spec() -> dict[str, Any]:
     policy = _policy_schema()
     changes = {k: v for k, v in policy["properties"].items() if k in CHANGEABLE}
     errors = {
-        "401": _json(_ERROR, "no bearer token"),
-        "403": _json(_ERROR, "wrong token, or writes disabled"),
+        "401": _json(_ERROR, "no bearer token (writes; reads unless reads are open)"),
+        "403": _json(_ERROR, "wrong token, or no token configured"),
+        "503": _json(_ERROR, "no policy yet: the aggregator has not started"),
+    }
+    body_errors = {
+        "400": _json(_ERROR, "not JSON of the expected shape (or nested too deep)"),
+        "415": _json(_ERROR, "a Content-Encoding: bodies are taken as sent, never inflated"),
     }
     return {
         "openapi": "3.1.0",
@@ -92,8 +97,12 @@ def spec() -> dict[str, Any]:
                         "200": _json(
                             {"type": "object", "properties": {"policy": policy}}, "the new policy"
                         ),
-                        "400": _json(_ERROR, "not a changes object"),
-                        "409": _json(_ERROR, "the policy changed meanwhile; read and retry"),
+                        **body_errors,
+                        "409": _json(
+                            _ERROR,
+                            "the policy changed meanwhile (read and retry), or a budget already "
+                            "used up, or a budget change after training ended",
+                        ),
                         "422": _json(_ERROR, "a value outside its range: field and allowed"),
                         **errors,
                     },
@@ -134,7 +143,7 @@ def spec() -> dict[str, Any]:
                     },
                     "responses": {
                         "200": _json({"type": "object"}, "the switch and the new policy"),
-                        "400": _json(_ERROR, "not an on/off body"),
+                        **body_errors,
                         "404": _json(_ERROR, "no such switch"),
                         "409": _json(_ERROR, "already in that state, or the policy changed"),
                         **errors,

@@ -17,5 +17,6 @@ _serve = http_service("control service", create_app, lambda s: (s.control.host, 
 async def run(settings: Settings, **options: Any) -> None:
     """Serve until stopped (options as `fedasync.services.runtime.http_service.ServiceRun`)."""
     if settings.control.token is None:
-        log.warning("no FEDASYNC_CONTROL__TOKEN: every write will be refused")
+        also = "" if settings.control.open_reads else " and every read (reads are not open)"
+        log.warning("no FEDASYNC_CONTROL__TOKEN: every write%s will be refused", also)
     await _serve(settings, **options)

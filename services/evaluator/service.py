@@ -25,7 +25,7 @@ from fedasync.learning.task import Task
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.runtime.http_service import http_service, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
-from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
@@ -179,6 +179,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     follower = Follower(settings, redis, metrics)
     background = Background()
     app[METRICS] = metrics
+    app[REGISTRY] = metrics.registry
     app[FOLLOWER] = follower
     app[BACKGROUND] = background
 

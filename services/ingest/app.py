@@ -2,12 +2,13 @@
 GET /v1/updates/{update_id} tells a device the decision about one of its own updates
 (services/ingest/receipts.py).
 
-The order of checks of a POST spends as little as possible on a request that will be refused:
-media type and declared length first (a body over the limit is never read), then the signature
-headers and the device's key (an unknown device's body is never read), then the body (capped while
-reading, for chunked uploads), its MAC and signing time, the device's rate, the strict wire decoder
-and the client id inside the message. Only then is it added to the stream, idempotently
-(services/ingest/store.py), and 202 is answered once Redis has acknowledged the XADD.
+The order of checks spends as little as possible on a request that will be refused: media type,
+encoding (a compressed body is refused, never inflated) and declared length first (a body over
+the limit is never read), then the signature headers and the device's key (an unknown device's
+body is never read), then the body (capped while reading, for chunked uploads), its MAC and
+signing time, the device's rate, the strict wire decoder and the client id inside the message.
+Only then is it added to the stream, idempotently (services/ingest/store.py), and 202 is answered
+once Redis has acknowledged the XADD.
 
 Every refusal is one `Refusal` (services/ingest/refusal.py): a status, a stable reason, a JSON
 body, a log line and a count.
@@ -35,7 +36,7 @@ from fedasync.services.ingest.refusal import (
 )
 from fedasync.services.ingest.store import IngestStore, UpdateIdReused
 from fedasync.services.runtime.http_service import livez, redis_readiness
-from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
@@ -90,6 +91,18 @@ class Ingest:
             response.force_close()  # the body is never read: the connection cannot be reused
         return response
 
+    def check_encoding(self, request: web.Request) -> None:
+        """A compressed body is refused unread: inflating it would cost memory before its
+        signature (over the bytes as sent) could be checked, and a small body can inflate to a
+        huge one. Update messages are float arrays, which hardly compress anyway."""
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise Refusal(
+                415,
+                "content_encoding",
+                f"Content-Encoding {encoding[:64]!r} is not accepted: send the message as is",
+            )
+
     def check_length(self, request: web.Request) -> None:
         limit = self.settings.ingest.max_body_bytes
         length = request.content_length
@@ -108,6 +121,7 @@ class Ingest:
                 "unsupported_media_type",
                 f"Content-Type must be {CONTENT_TYPE}, got {request.content_type!r}",
             )
+        self.check_encoding(request)
         self.check_length(request)
         proof = request_proof(request)
         key = await device_key(self.keys_cache, proof)
@@ -166,11 +180,14 @@ INGEST = web.AppKey("ingest", Ingest)
 
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
-    """The ingest app; `lingering_time=0`: a refused body is not drained, the connection closes."""
+    """The ingest app; `lingering_time=0`: a refused body is not drained, the connection closes;
+    `auto_decompress=False`: aiohttp never inflates a body (a compressed one is refused, 415)."""
     app = web.Application(
-        client_max_size=settings.ingest.max_body_bytes, handler_args={"lingering_time": 0}
+        client_max_size=settings.ingest.max_body_bytes,
+        handler_args={"lingering_time": 0, "auto_decompress": False},
     )
     ingest = app[INGEST] = Ingest(settings, redis)
+    app[REGISTRY] = ingest.metrics.registry
 
     async def post_update(request: web.Request) -> web.Response:
         try:
@@ -194,6 +211,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         device sends it."""
         try:
             await ingest.check_not_paused()
+            ingest.check_encoding(request)
             ingest.check_length(request)
         except Refusal as refusal:
             return ingest.refuse(request, refusal)

@@ -1,5 +1,11 @@
 """Run an aiohttp app as a service: bind, serve until stopped, clean up; one shape for all.
 
+Every service listens through `listening`, behind the connection guard (runtime/http_guard.py:
+deadlines for request heads and bodies, a bound on open connections), and no service inflates a
+compressed request body (`auto_decompress=False`): nothing is ever decompressed, so no small body
+can grow into a large one in memory. A body a handler leaves unread is not drained either
+(`lingering_time=0`): the connection closes after the answer.
+
 Also the health answers every HTTP service gives (`/livez`, and `/readyz` built on a Redis PING),
 so a load balancer or a compose healthcheck reads them the same way everywhere.
 """
@@ -7,18 +13,58 @@ so a load balancer or a compose healthcheck reads them the same way everywhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from fedasync.services.runtime.http_guard import Guard, GuardCollector
 from fedasync.services.runtime.lifecycle import Background, stop_on_signals
+from fedasync.services.runtime.prometheus import REGISTRY
 from fedasync.services.runtime.redis_conn import TRANSIENT, connect
-from fedasync.services.runtime.settings import RedisSettings, Settings
+from fedasync.services.runtime.settings import HttpSettings, RedisSettings, Settings
 
 log = logging.getLogger(__name__)
+
+#: aiohttp's request handler options for every service (an app's own handler_args win)
+HANDLER_ARGS: dict[str, Any] = {"auto_decompress": False, "lingering_time": 0}
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    name: str, app: web.Application, host: str, port: int, limits: HttpSettings
+) -> AsyncIterator[int]:
+    """Serve `app` on (host, port) behind the guard until the block ends; yields the bound port.
+
+    The guard's figures join the app's metrics registry (`prometheus.REGISTRY`) if it has one.
+    """
+    guard = Guard(limits, name)
+    runner = web.AppRunner(app, access_log=None, **HANDLER_ARGS)
+    guard.watch_app(app)
+    registry = app.get(REGISTRY)
+    collector = GuardCollector(guard)
+    if registry is not None:
+        registry.register(collector)
+    listener: asyncio.Server | None = None
+    try:
+        await runner.setup()
+        assert runner.server is not None
+        guard.watch_server(runner.server)
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_server(
+            guard.protocol_factory(runner.server), host, port, reuse_address=True, backlog=128
+        )
+        yield listener.sockets[0].getsockname()[1]
+    finally:
+        if listener is not None:
+            listener.close()  # no new connections; those open are drained by the runner
+        await runner.cleanup()
+        guard.close_all_timers()
+        if registry is not None:
+            registry.unregister(collector)
 
 
 async def serve(
@@ -27,6 +73,7 @@ async def serve(
     redis_settings: RedisSettings,
     host: str,
     port: int,
+    limits: HttpSettings,
     *,
     redis: aioredis.Redis | None = None,
     handle_signals: bool = True,
@@ -36,18 +83,14 @@ async def serve(
     """Serve until `stopping` is set; `started` receives the bound port (0 picks a free one)."""
     stopping = stopping or asyncio.Event()
     client = redis if redis is not None else connect(redis_settings)
-    runner = web.AppRunner(make_app(client), access_log=None)
     try:
         with stop_on_signals(stopping, handle_signals):
-            await runner.setup()
-            await web.TCPSite(runner, host, port).start()
-            bound = runner.addresses[0][1]
-            log.info("%s on http://%s:%d", name, host, bound)
-            if started is not None:
-                started.set_result(bound)
-            await stopping.wait()
+            async with listening(name, make_app(client), host, port, limits) as bound:
+                log.info("%s on http://%s:%d", name, host, bound)
+                if started is not None:
+                    started.set_result(bound)
+                await stopping.wait()
     finally:
-        await runner.cleanup()
         if redis is None:
             await client.aclose()
 
@@ -88,6 +131,7 @@ def http_service(
             settings.redis,
             host,
             port,
+            settings.http,
             redis=redis,
             handle_signals=handle_signals,
             stopping=stopping,

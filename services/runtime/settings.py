@@ -269,9 +269,16 @@ class ControlSettings(Section):
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8082, ge=0, le=65535, description="port; 0 picks a free one")
     token: str | None = Field(
-        None, min_length=16, description="bearer token for every write; unset: writes refused"
+        None,
+        min_length=16,
+        description="bearer token for every write (and for reads unless open_reads); "
+        "unset: writes refused",
     )
-    open_reads: bool = Field(True, description="reads need no token (false: reads need it too)")
+    open_reads: bool = Field(
+        False,
+        description="true: anyone may read status, policy, alerts (client ids among them); "
+        "false: reads need the token too",
+    )
     rules_interval_s: float = Field(1.0, gt=0, description="how often the automatic rules run")
     window_s: float = Field(30.0, gt=0, description="window of the rate and drop-share figures")
     rate_high: float = Field(200.0, gt=0, description="updates/s that turn raise-gamma on")
@@ -289,6 +296,14 @@ class ControlSettings(Section):
     disabled_rules: list[str] = Field(
         default_factory=list, description="rules not to run: update-rate, lag, drops, fairness"
     )
+
+    @field_validator("token")
+    @classmethod
+    def _token_fits_a_header(cls, token: str | None) -> str | None:
+        """It travels in an `Authorization` header: printable ASCII without spaces."""
+        if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+            raise ValueError("the token must be printable ASCII without spaces")
+        return token
 
     @field_validator("disabled_rules")
     @classmethod
@@ -410,6 +425,28 @@ class ReceiptsSettings(Section):
     )
 
 
+class HttpSettings(Section):
+    """Limits every HTTP service (snapshot, ingest, control, the aggregator's metrics port) puts
+    on its clients, so slow or hostile ones cannot hold its connections (docs/security.md)."""
+
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request head must be complete this many seconds after the connection "
+        "opened or answered its previous request; also closes idle keep-alive connections",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="longest pause while a request body arrives or a response is taken, seconds",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        description="open connections per service; beyond it a new one gets 503 and is closed",
+    )
+
+
 class LogSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     json_format: bool = Field(False, description="one JSON object per line instead of text")
@@ -439,6 +476,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     ingest: IngestSettings = IngestSettings()
     receipts: ReceiptsSettings = ReceiptsSettings()
+    http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")

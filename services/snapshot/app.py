@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
-from fedasync.services.runtime.prometheus import metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
@@ -130,7 +132,25 @@ def _etags(header: str) -> set[str]:
 
 def _error(status: int, message: str, route: str, request: web.Request) -> web.Response:
     request.app[METRICS].requests.labels(route, str(status)).inc()
+    if status == 400:  # bad input: counted above, and a line naming it
+        log.info("400 for %s: %s", request.path_qs[:200], message)
     return web.json_response({"error": message}, status=status)
+
+
+#: a version as a URL spells it: ASCII decimal digits, no sign, no leading zero (but "0"), no `_`
+#: separators, at most 19 digits. One spelling per version, so an immutable, cached-for-ever
+#: answer has one URL (int() would also take "-0", "+0", "0_0" and non-ASCII digits).
+_VERSION = re.compile(r"0|[1-9][0-9]{0,18}")
+_MAX_VERSION = 2**63 - 1
+NOT_A_VERSION = 'a version is decimal digits (0-9) without sign or leading zeros, or "latest"'
+
+
+def parse_version(text: str) -> int | None:
+    """The version `text` spells canonically, or None."""
+    if _VERSION.fullmatch(text) is None:
+        return None
+    version = int(text)
+    return version if version <= _MAX_VERSION else None
 
 
 async def latest(request: web.Request) -> web.StreamResponse:
@@ -138,11 +158,15 @@ async def latest(request: web.Request) -> web.StreamResponse:
     cache, settings = request.app[CACHE], request.app[SETTINGS]
     newer_than = request.query.get("newer_than")
     if newer_than is not None:
+        than = -1 if newer_than == "-1" else parse_version(newer_than)
         try:
-            than = int(newer_than)
             wait = float(request.query.get("wait", settings.snapshot.long_poll_max_s))
         except ValueError:
-            return _error(400, "newer_than must be an int and wait a number", "latest", request)
+            wait = math.nan
+        if than is None or not math.isfinite(wait):
+            return _error(
+                400, "newer_than must be a version or -1, and wait a number", "latest", request
+            )
         wait = max(0.0, min(wait, settings.snapshot.long_poll_max_s))
         try:
             served = await cache.wait_newer(than, wait)
@@ -163,7 +187,10 @@ async def latest(request: web.Request) -> web.StreamResponse:
 
 async def by_version(request: web.Request) -> web.StreamResponse:
     """A specific version: immutable, cacheable for ever; 404 once it is no longer kept."""
-    served = await _lookup(request, "version")
+    version = parse_version(request.match_info["version"])
+    if version is None:
+        return _error(400, NOT_A_VERSION, "version", request)
+    served = await _lookup(request, version, "version")
     if served is None:
         return _error(404, "version not kept", "version", request)
     return _send(request, served, "version", immutable=True)
@@ -173,7 +200,13 @@ async def meta(request: web.Request) -> web.StreamResponse:
     """JSON metadata (version, layout, sha256, size, created) without the weights."""
     cache = request.app[CACHE]
     name = request.match_info["version"]
-    served = cache.latest if name == "latest" else await _lookup(request, "meta")
+    if name == "latest":
+        served = cache.latest
+    else:
+        version = parse_version(name)
+        if version is None:
+            return _error(400, NOT_A_VERSION, "meta", request)
+        served = await _lookup(request, version, "meta")
     if served is None:
         return _error(404, "version not kept", "meta", request)
     request.app[METRICS].requests.labels("meta", "200").inc()
@@ -181,11 +214,7 @@ async def meta(request: web.Request) -> web.StreamResponse:
     return web.json_response(body, headers={VERSION_HEADER: str(served.version)})
 
 
-async def _lookup(request: web.Request, route: str) -> Served | None:
-    try:
-        version = int(request.match_info["version"])
-    except ValueError:
-        return None
+async def _lookup(request: web.Request, version: int, route: str) -> Served | None:
     cache = request.app[CACHE]
     served = cache.get(version)
     if served is None and cache.frozen is not None:
@@ -313,6 +342,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     app[KEYS] = Keys(settings.redis.key_prefix)
     app[CACHE] = ModelCache(settings.snapshot.cache_versions, settings.snapshot.max_waiters)
     app[METRICS] = SnapshotMetrics()
+    app[REGISTRY] = app[METRICS].registry
     app[METRICS].waiters.set_function(lambda: app[CACHE].waiters)
     app.add_routes(
         [

@@ -155,31 +155,30 @@ def users(prefix: str) -> tuple[User, ...]:
         ),
         User(
             "control",
-            "policy changes, switches, alerts, status: writes the policy records only",
+            "policy changes, switches, alerts, status: appends to the policy history, never "
+            "rewrites it",
             Grant(
-                (
-                    *ping,
-                    "get",
-                    "hget",
-                    "hgetall",
-                    "hkeys",
-                    "hset",
-                    "hdel",
-                    "xadd",
-                    "xrange",
-                    "xrevrange",
-                    "xlen",
-                    # the policy compare-and-set script; it runs GET, SET, HSET, XADD, and for a
-                    # switch flip HGET, HSET, HDEL on the switches hash (granted above)
-                    "evalsha",
-                    "script|load",
-                    "set",
-                ),
-                keys=(k.policy, k.policies, k.policy_log, k.switches, k.alerts),
+                (*ping, "get", "hgetall", "xrange", "xrevrange", "xlen"),
                 read=(k.version, k.done, k.started, k.ledger, k.deadletter, k.evaluations),
             ),
-            # the backlog figures only: never the update payloads
-            (Grant(("exists", "xlen", "xinfo|groups"), read=(k.updates,)),),
+            (
+                # the policy compare-and-set script (services/stores/policy_store.py); it runs
+                # GET SET on the policy in force, HSETNX on policies, RPUSH on the log, and for a
+                # switch flip HGET HSET HDEL on the switches hash: each granted below, no more
+                Grant(
+                    ("evalsha", "script|load"),
+                    keys=(k.policy, k.policies, k.policy_log, k.switches),
+                ),
+                Grant(("get", "set"), keys=(k.policy,)),
+                # the history: add a version, never overwrite one (HSETNX); append to the log,
+                # never trim or rewrite it (RPUSH: no XADD, whose MAXLEN trims)
+                Grant(("hsetnx",), write=(k.policies,)),
+                Grant(("rpush",), write=(k.policy_log,)),
+                Grant(("hget", "hgetall", "hkeys", "hset", "hdel"), keys=(k.switches,)),
+                Grant(("xadd", "xrevrange"), keys=(k.alerts,)),
+                # the backlog figures only: never the update payloads
+                Grant(("exists", "xlen", "xinfo|groups"), read=(k.updates,)),
+            ),
         ),
         User(
             "evaluator",

@@ -100,7 +100,8 @@ class Keys:
 
     @property
     def policies(self) -> str:
-        """Hash: policy version → JSON, every version ever in force (for ledger replay)."""
+        """Hash, append-only (HSETNX): policy version → JSON, every version ever in force (for
+        ledger replay)."""
         return self._k("policies")
 
     @property
@@ -120,7 +121,8 @@ class Keys:
 
     @property
     def policy_log(self) -> str:
-        """Stream: who changed the policy, when and why."""
+        """List, append-only (RPUSH): one JSON entry per policy change: version, policy, who,
+        when (`at`) and why."""
         return self._k("policy-log")
 
     @property

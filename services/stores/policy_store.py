@@ -2,7 +2,13 @@
 
 The current policy is one JSON value; every version ever in force is also kept by number, so a
 ledger replay can use the exact policy each decision names. Changes go through `change_policy`,
-a compare-and-set on the version, with who, when and why appended to a log stream.
+a compare-and-set on the version, with who, when and why appended to the policy log.
+
+The history is append-only by construction, not by convention: versions are added with HSETNX
+(never overwritten) and the log is a list appended with RPUSH (no command that may append to it
+can also remove from it, unlike XADD, whose MAXLEN option trims a stream). So the control
+service's Redis user, which holds only those two commands on these keys (services/stores/acl.py),
+cannot delete or rewrite the history even with its password in the wrong hands.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from fedasync.services.stores.keys import Keys
 from fedasync.shared.policy import Policy
 
 # KEYS: policy, policies, policy log[, switches]
-# ARGV: version in force, new policy, new version, who, why, at[, switch, its record as read
+# ARGV: version in force, new policy, new version, log entry[, switch, its record as read
 #       ('' if none), its new record ('' to delete it)]
-# Returns 1 done, 0 the policy version moved on, -1 the switch's record changed since it was read.
+# Returns 1 done, 0 the policy version moved on, -1 the switch's record changed since it was read,
+# -2 the new version is already in the history (nothing is overwritten).
 # With the switches hash the flip is one step: a policy changed by a switch always has the record
 # that restores it, and a crash can never leave one without the other.
 _CHANGE_SCRIPT = """
@@ -28,18 +35,19 @@ if current and cjson.decode(current)['version'] ~= tonumber(ARGV[1]) then
   return 0
 end
 local switched = #KEYS == 4
-if switched and (redis.call('HGET', KEYS[4], ARGV[7]) or '') ~= ARGV[8] then
+if switched and (redis.call('HGET', KEYS[4], ARGV[5]) or '') ~= ARGV[6] then
   return -1
 end
+if redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[2]) == 0 then
+  return -2
+end
 redis.call('SET', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[2])
-redis.call('XADD', KEYS[3], '*', 'version', ARGV[3], 'policy', ARGV[2],
-           'who', ARGV[4], 'why', ARGV[5], 'at', ARGV[6])
+redis.call('RPUSH', KEYS[3], ARGV[4])
 if switched then
-  if ARGV[9] == '' then
-    redis.call('HDEL', KEYS[4], ARGV[7])
+  if ARGV[7] == '' then
+    redis.call('HDEL', KEYS[4], ARGV[5])
   else
-    redis.call('HSET', KEYS[4], ARGV[7], ARGV[9])
+    redis.call('HSET', KEYS[4], ARGV[5], ARGV[7])
   end
 end
 return 1
@@ -57,6 +65,10 @@ class SwitchChange:
     name: str
     before: bytes | str | None
     after: str | None
+
+
+class NoPolicy(LookupError):
+    """No policy is in Redis yet: the aggregator installs the first one when it first starts."""
 
 
 class PolicyConflict(RuntimeError):
@@ -88,7 +100,7 @@ async def ensure_policy(redis: aioredis.Redis, keys: Keys, initial: Policy) -> P
 async def read_policy(redis: aioredis.Redis, keys: Keys) -> Policy:
     raw = await redis.get(keys.policy)
     if raw is None:
-        raise LookupError(f"no policy at {keys.policy}")
+        raise NoPolicy(f"no policy at {keys.policy}: the aggregator has not started yet")
     return _decode(raw)
 
 
@@ -114,13 +126,12 @@ async def change_policy(
     `switch`'s record, atomically: nothing is written unless both are as they were read."""
     script = redis.register_script(_CHANGE_SCRIPT)
     names = [keys.policy, keys.policies, keys.policy_log]
+    entry = {"version": new.version, "policy": new.to_dict(), "who": who, "why": why, "at": at}
     args: list[bytes | str | int] = [
         new.version - 1,
         _encode(new),
         str(new.version),
-        who,
-        why,
-        repr(at),
+        json.dumps(entry, sort_keys=True),
     ]
     if switch is not None:
         names.append(keys.switches)
@@ -131,6 +142,17 @@ async def change_policy(
     if done == -1:
         assert switch is not None
         raise PolicyConflict(f"switch {switch.name} changed since it was read")
+    if done == -2:
+        raise PolicyConflict(
+            f"policy version {new.version} is already in the history but not in force: "
+            "the records disagree; nothing was changed"
+        )
+
+
+async def policy_log(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Every policy change, oldest first: version, policy, who, why, at (seconds)."""
+    raw: Any = await redis.lrange(keys.policy_log, 0, -1)
+    return [json.loads(item) for item in raw]
 
 
 class PolicyCache:

@@ -51,6 +51,7 @@ from fedasync.services.stores.acl import acl_file, users
 from fedasync.services.stores.device_keys import add_device, list_devices
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
+from fedasync.services.stores.policy_store import PolicyConflict
 from fedasync.services.worker.service import run as run_worker
 from fedasync.shared import stream_entry
 from fedasync.shared.policy import Policy
@@ -234,11 +235,11 @@ async def test_every_service_runs_as_its_own_user_and_training_works(
             after = reply[0][1][-1][0].decode()
             record = evaluations.EvaluationRecord.from_json(reply[0][1][-1][1][b"e"])
         control_url = f"http://127.0.0.1:{await ports['control']}"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{control_url}/v1/status") as response:
+            async with session.get(f"{control_url}/v1/status", headers=auth) as response:
                 assert response.status == 200
                 status = await response.json()
-            auth = {"Authorization": f"Bearer {TOKEN}"}
             body = {"changes": {"alpha0": 0.5}, "why": "acl test"}
             async with session.patch(f"{control_url}/v1/policy", json=body, headers=auth) as r:
                 assert r.status == 200, await r.text()
@@ -288,6 +289,8 @@ async def test_redis_refuses_to_start_on_the_unrendered_template(tmp_path: Path)
 # (user, command, pattern of the refusal): each user can do none of these.
 STATE, UPDATES, DEVICE_KEYS = KEYS.state, KEYS.updates, KEYS.device_keys
 RECEIPTS, LEDGER = KEYS.receipts, KEYS.ledger
+
+POLICIES, POLICY_LOG = KEYS.policies, KEYS.policy_log
 REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     # ingest: adds entries through its script; cannot trim, delete, read or overwrite
     ("ingest", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
@@ -335,6 +338,22 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("control", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
     ("control", ("SET", STATE, "x"), KEY_REFUSED),
     ("control", ("HGET", DEVICE_KEYS, "d"), KEY_REFUSED),
+    # control: the policy history only grows; it cannot delete or rewrite a word of it
+    ("control", ("DEL", POLICIES), command_refused("del")),
+    ("control", ("DEL", POLICY_LOG), command_refused("del")),
+    ("control", ("UNLINK", POLICY_LOG), command_refused("unlink")),
+    ("control", ("RENAME", POLICY_LOG, "elsewhere"), command_refused("rename")),
+    ("control", ("EXPIRE", POLICIES, "1"), command_refused("expire")),
+    ("control", ("HSET", POLICIES, "0", "{}"), KEY_REFUSED),  # HSET only on the switches
+    ("control", ("HDEL", POLICIES, "0"), KEY_REFUSED),
+    ("control", ("SET", POLICIES, "x"), KEY_REFUSED),  # SET only on the policy in force
+    ("control", ("SET", POLICY_LOG, "x"), KEY_REFUSED),
+    ("control", ("XADD", POLICY_LOG, "MAXLEN", "0", "*", "a", "b"), KEY_REFUSED),
+    ("control", ("LTRIM", POLICY_LOG, "1", "0"), command_refused("ltrim")),
+    ("control", ("LSET", POLICY_LOG, "0", "x"), command_refused("lset")),
+    ("control", ("LPOP", POLICY_LOG), command_refused("lpop")),
+    ("control", ("LREM", POLICY_LOG, "0", "x"), command_refused("lrem")),
+    ("control", ("EVAL", "return 1", "0"), command_refused("eval")),
     # admin: writes device keys but never reads one back; audits read-only
     ("admin", ("HGET", DEVICE_KEYS, "d"), KEY_REFUSED),
     ("admin", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
@@ -401,6 +420,41 @@ async def test_the_control_user_flips_a_switch_in_one_script(
     assert (on.version, off.version) == (1, 2)
     assert await clients[OBSERVER].hgetall(KEYS.switches) == {}
     assert await clients["admin"].acl_log() == []
+
+
+async def test_the_control_user_cannot_rewrite_the_policy_history_through_a_script(
+    clients: dict[str, aioredis.Redis],
+) -> None:
+    """Its scripts run with its rights: appending works, rewriting is refused command by command,
+    and the history is exactly what the changes appended."""
+    control, observer = clients["control"], clients[OBSERVER]
+    await observer.set(KEYS.policy, json.dumps(Policy().to_dict(), sort_keys=True))
+    await observer.hsetnx(POLICIES, "0", json.dumps(Policy().to_dict(), sort_keys=True))
+    await set_switch(control, KEYS, "raise-gamma", True, reason="r", who="ops")
+    await set_switch(control, KEYS, "raise-gamma", False, reason="r", who="ops")
+    history = (await observer.hgetall(POLICIES), await observer.lrange(POLICY_LOG, 0, -1))
+    assert sorted(history[0]) == [b"0", b"1", b"2"]
+    assert [json.loads(e)["version"] for e in history[1]] == [1, 2]
+    rewrites = [
+        ("redis.call('HSET', KEYS[1], '1', 'forged')", [POLICIES]),
+        ("redis.call('HDEL', KEYS[1], '1')", [POLICIES]),
+        ("redis.call('DEL', KEYS[1])", [POLICY_LOG]),
+        ("redis.call('LTRIM', KEYS[1], 1, 0)", [POLICY_LOG]),
+        ("redis.call('LSET', KEYS[1], 0, 'forged')", [POLICY_LOG]),
+        ("redis.call('SET', KEYS[1], 'forged')", [POLICY_LOG]),
+    ]
+    for body, keys in rewrites:
+        script = control.register_script(f"return {body}")
+        with pytest.raises(ResponseError) as refused:
+            await script(keys=keys)
+        assert re.fullmatch(script_refused(), str(refused.value)), (body, str(refused.value))
+    assert (await observer.hgetall(POLICIES), await observer.lrange(POLICY_LOG, 0, -1)) == history
+    # a version already in the history is never overwritten, not even through the change script
+    await observer.hsetnx(POLICIES, "3", "planted")
+    with pytest.raises(PolicyConflict, match="already in the history"):
+        await set_switch(control, KEYS, "raise-gamma", True, reason="r", who="ops")
+    assert await observer.hget(POLICIES, "3") == b"planted"
+    assert await observer.lrange(POLICY_LOG, 0, -1) == history[1]
 
 
 async def test_a_script_runs_with_its_callers_rights(clients: dict[str, aioredis.Redis]) -> None:

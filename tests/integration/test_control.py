@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +20,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.policy_store import policy_log
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -27,9 +31,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest_asyncio.fixture
 async def client(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[TestClient]:
-    settings = settings.model_copy(
-        update={"control": settings.control.model_copy(update={"token": TOKEN})}
-    )
+    # reads open (an explicit choice; the default needs the token): these tests read anonymously
+    control = settings.control.model_copy(update={"token": TOKEN, "open_reads": True})
+    settings = settings.model_copy(update={"control": control})
     await run_aggregator(
         settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
     )
@@ -52,8 +56,8 @@ async def test_operator_patch_changes_alpha_of_the_next_decisions(
     await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
     [entry] = await ledger(redis, keys)
     assert (entry["policy_version"], entry["alpha"]) == (1, 0.25)
-    log = await redis.xrange(keys.policy_log)
-    assert [(f[b"who"], f[b"why"]) for _, f in log] == [(b"alice", b"calmer")]
+    log = await policy_log(redis, keys)
+    assert [(e["who"], e["why"], e["version"]) for e in log] == [("alice", "calmer", 1)]
     status = await (await client.get("/v1/status")).json()
     assert (status["version"], status["policy_version"], status["decisions"]) == (1, 1, 1)
     recent = status["recent"]
@@ -124,7 +128,7 @@ async def test_switch_on_changes_the_policy_and_off_restores_it(
     policy = (await off.json())["policy"]
     assert (policy["gamma"], policy["version"]) == (0.6, 2)
     keys = Keys(settings.redis.key_prefix)
-    whys = [f[b"why"].decode() for _, f in await redis.xrange(keys.policy_log)]
+    whys = [e["why"] for e in await policy_log(redis, keys)]
     assert whys == ["switch raise-gamma on: rate spike", "switch raise-gamma off: "]
     assert (await client.post("/v1/switches/nope", json={"on": True}, headers=AUTH)).status == 404
     assert (await client.post("/v1/switches/lower-alpha", json={"on": True})).status == 401
@@ -192,3 +196,160 @@ async def test_status_and_curve_show_the_evaluators_records(
     assert [r["version"] for r in curve] == [5, 9]  # the newest two, oldest first
     assert curve[1]["per_class"] == {"0": 0.8, "1": 0.4}
     assert (await client.get("/v1/evaluations", params={"count": "x"})).status == 400
+
+
+# ------------------------------------------------------------------- hostile input (issue 12)
+async def raw_request(client: TestClient, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """One request as exact bytes (headers an HTTP client library would refuse to send)."""
+    server = client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(head + f"Content-Length: {len(body)}\r\n".encode() + b"\r\n" + body)
+        reply = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+#: every route that checks the bearer token (reads need it unless reads are open)
+TOKEN_ROUTES = [
+    ("GET", "/v1/policy"),
+    ("GET", "/v1/status"),
+    ("GET", "/v1/switches"),
+    ("GET", "/v1/alerts"),
+    ("GET", "/v1/evaluations"),
+    ("PATCH", "/v1/policy"),
+    ("POST", "/v1/switches/raise-gamma"),
+]
+
+
+@pytest_asyncio.fixture
+async def closed_reads(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[TestClient]:
+    """The control service as configured by default (reads need the token), with a token."""
+    settings = settings.model_copy(
+        update={"control": settings.control.model_copy(update={"token": TOKEN})}
+    )
+    for i in range(3):
+        await publish(redis, Keys(settings.redis.key_prefix), make_update(f"r{i}", base=0))
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize(("method", "path"), TOKEN_ROUTES)
+@pytest.mark.parametrize("token", [b"\xc3\x28\xff\xfe", "é-not-the-token".encode()])
+async def test_a_non_ascii_bearer_token_is_refused_not_a_500(
+    closed_reads: TestClient, method: str, path: str, token: bytes
+) -> None:
+    head = f"{method} {path} HTTP/1.1\r\nHost: control\r\nConnection: close\r\n".encode()
+    head += b"Authorization: Bearer " + token + b"\r\nContent-Type: application/json\r\n"
+    status, body = await raw_request(closed_reads, head, b'{"on": true}')
+    assert status == 403, body
+    assert json.loads(body) == {"error": "invalid token"}
+
+
+def nested(depth: int) -> bytes:
+    return b'{"changes": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b', "on": true}'
+
+
+@pytest.mark.parametrize("path", ["/v1/policy", "/v1/switches/raise-gamma"])
+@pytest.mark.parametrize("body", [b"[" * 1000 + b"]" * 1000, nested(1000)], ids=["list", "map"])
+async def test_json_nested_1000_deep_is_a_400(client: TestClient, path: str, body: bytes) -> None:
+    method = client.patch if path == "/v1/policy" else client.post
+    response = await method(path, data=body, headers=AUTH | {"Content-Type": "application/json"})
+    assert response.status == 400
+    assert "JSON" in (await response.json())["error"]
+    policy = await (await client.get("/v1/policy")).json()
+    assert policy["policy"]["version"] == 0  # nothing changed
+
+
+async def test_a_compressed_body_is_refused_not_inflated(client: TestClient) -> None:
+    body = gzip.compress(json.dumps({"changes": {"alpha0": 0.5}}).encode())
+    headers = AUTH | {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    response = await client.patch("/v1/policy", data=body, headers=headers)
+    assert response.status == 415
+    assert "Content-Encoding" in (await response.json())["error"]
+
+
+async def test_text_that_is_not_unicode_is_stored_with_replacement_characters(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """A lone surrogate in JSON (`"\\ud800"`) or an operator header that is not UTF-8 could not
+    be written to Redis (a 500 before); they are stored with U+FFFD in their place."""
+    head = b"PATCH /v1/policy HTTP/1.1\r\nHost: control\r\nConnection: close\r\n"
+    head += f"Authorization: Bearer {TOKEN}\r\n".encode() + b"X-Fedasync-Operator: op\xff\r\n"
+    status, answer = await raw_request(
+        client, head, b'{"changes": {"alpha0": 0.5}, "why": "half \\ud800 a pair"}'
+    )
+    assert status == 200, answer
+    [entry] = await policy_log(redis, Keys(settings.redis.key_prefix))
+    assert (entry["who"], entry["why"]) == ("op\ufffd", "half \ufffd a pair")
+    head = b"POST /v1/switches/raise-gamma HTTP/1.1\r\nHost: control\r\nConnection: close\r\n"
+    head += f"Authorization: Bearer {TOKEN}\r\n".encode()
+    status, answer = await raw_request(client, head, b'{"on": true, "reason": "\\udfff"}')
+    assert status == 200, answer
+
+
+async def test_anonymous_reads_are_refused_by_default_so_no_client_id_is_shown(
+    closed_reads: TestClient,
+) -> None:
+    for method, path in TOKEN_ROUTES:
+        if method == "GET":
+            anonymous = await closed_reads.get(path)
+            assert anonymous.status == 401, path
+            assert "c0" not in await anonymous.text()
+    status = await (await closed_reads.get("/v1/status", headers=AUTH)).json()
+    assert [row["client"] for row in status["recent"]["clients"]] == ["c0"]
+    # health, metrics and the dashboard's page stay open (none of them names a client)
+    for path in ("/livez", "/readyz", "/metrics", "/"):
+        assert (await closed_reads.get(path)).status == 200, path
+
+
+# ----------------------------------------------------------------------- budgets (issue 12)
+async def test_a_budget_already_used_up_is_refused_with_409(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """`max_seconds: 1e-9` would close training at once (and nothing could reopen it): 409, and
+    the policy is unchanged. A budget still ahead is taken."""
+    tiny = await client.patch("/v1/policy", json={"changes": {"max_seconds": 1e-9}}, headers=AUTH)
+    assert tiny.status == 409
+    assert (await tiny.json())["field"] == "max_seconds"
+    keys = Keys(settings.redis.key_prefix)
+    await publish(redis, keys, make_update("one", base=0))
+    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    used = await client.patch("/v1/policy", json={"changes": {"max_updates": 1}}, headers=AUTH)
+    assert used.status == 409
+    assert (await used.json())["used"] == 1
+    policy = await (await client.get("/v1/policy")).json()
+    assert policy["policy"]["version"] == 0
+    assert (await client.get("/v1/status")).status == 200
+    ahead = await client.patch("/v1/policy", json={"changes": {"max_updates": 5}}, headers=AUTH)
+    assert ahead.status == 200
+
+
+async def test_an_ended_training_stays_ended_and_says_so(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """After a budget ended training, lifting it (null) or raising it is refused with 409: an
+    end is final (docs/operations.md). Other policy changes are still taken."""
+    keys = Keys(settings.redis.key_prefix)
+    response = await client.patch("/v1/policy", json={"changes": {"max_updates": 2}}, headers=AUTH)
+    assert response.status == 200
+    for i in range(3):
+        await publish(redis, keys, make_update(f"e{i}", base=min(i, 2)))
+    result = await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    assert result.closed == "max_updates"
+    for changes in ({"max_updates": None}, {"max_updates": 100}, {"max_seconds": None}):
+        lifted = await client.patch("/v1/policy", json={"changes": changes}, headers=AUTH)
+        assert lifted.status == 409, changes
+        answer = await lifted.json()
+        assert answer["training_done"]["reason"] == "max_updates"
+        assert "cannot reopen" in answer["error"]
+    other = await client.patch("/v1/policy", json={"changes": {"alpha0": 0.5}}, headers=AUTH)
+    assert other.status == 200
+    await publish(redis, keys, make_update("late", base=2))
+    result = await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    assert (result.version, result.closed) == (2, "max_updates")

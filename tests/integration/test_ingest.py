@@ -7,8 +7,10 @@ reading, idempotent retries (also concurrent ones), the rate limit, and health e
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -168,6 +170,42 @@ async def test_an_oversized_content_length_is_refused_before_the_body_is_sent(
     assert head.startswith(b"HTTP/1.1 413 ")
     assert json.loads(payload)["reason"] == "too_large"
     assert refusals(client, "too_large") == 1.0
+    assert await stream_length(redis, settings) == 0
+
+
+async def test_a_gzip_bomb_is_refused_unread_and_never_inflated(
+    client: TestClient[Any, Any], device_key: bytes, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """Issue 12: a 61 KB body inflated to 60 MiB before its 401. A compressed body is refused
+    (415) before a byte of it is read, whoever signed it, and nothing is ever inflated."""
+    inflated = 64 * 2**20
+    bomb = gzip.compress(bytes(inflated), compresslevel=9)  # about 64 KB on the wire
+    headers = signed_headers(device_key, "dev-a", now_ms(), bomb) | {"Content-Encoding": "gzip"}
+    # the head alone, the body never sent: the refusal comes anyway, then the connection closes
+    server = client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        head = f"POST {PATH} HTTP/1.1\r\nHost: ingest\r\nContent-Length: {len(bomb)}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        writer.write(head.encode() + b"\r\n")
+        reply = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    status, _, payload = reply.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 415 ")
+    assert json.loads(payload)["reason"] == "content_encoding"
+    # the whole bomb sent: refused the same way, and the memory this process allocated while
+    # it was handled stays a small multiple of what was sent, never near what it inflates to
+    tracemalloc.start()
+    try:
+        response = await client.post(PATH, data=bomb, headers=headers)
+        answer = await response.json()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (response.status, answer["reason"]) == (415, "content_encoding")
+    assert peak < 16 * len(bomb) < inflated // 8, peak
+    assert refusals(client, "content_encoding") == 2.0
     assert await stream_length(redis, settings) == 0
 
 

@@ -25,7 +25,7 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import Keys
-from fedasync.services.stores.policy_store import read_policy
+from fedasync.services.stores.policy_store import policy_log, read_policy
 from fedasync.shared.rules import ActionKind
 from tests.integration.helpers import initial_state, make_update, publish
 
@@ -80,8 +80,8 @@ async def test_a_rate_spike_raises_gamma_and_calm_restores_it(
     assert off.kind is ActionKind.SWITCH_OFF
     policy = await read_policy(redis, keys)
     assert (policy.gamma, policy.version) == (0.6, 2)
-    log = [f[b"who"] for _, f in await redis.xrange(keys.policy_log)]
-    assert log == [b"rule:update-rate", b"rule:update-rate"]
+    log = [e["who"] for e in await policy_log(redis, keys)]
+    assert log == ["rule:update-rate", "rule:update-rate"]
     text = generate_latest(rules.metrics.registry).decode()
     assert 'fedasync_control_rule_actions_total{action="switch_on",rule="update-rate"} 1.0' in text
     assert 'fedasync_control_policy_changes_total{source="rule"} 2.0' in text
@@ -128,8 +128,13 @@ async def test_an_always_dropped_client_raises_a_fairness_alert(
     assert [(a.rule, a.client) for a in actions if a.kind is ActionKind.ALERT] == [
         ("fairness", "slow")
     ]
-    async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as client:
-        alerts = await (await client.get("/v1/alerts")).json()
+    token = "rules-test-operator-token"
+    control = settings.control.model_copy(update={"token": token})
+    app = create_app(settings.model_copy(update={"control": control}), redis, run_rules=False)
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/v1/alerts")).status == 401  # alerts name clients: not open
+        auth = {"Authorization": f"Bearer {token}"}
+        alerts = await (await client.get("/v1/alerts", headers=auth)).json()
     assert alerts[0]["client"] == "slow"
     assert "0 of its last 10" in alerts[0]["message"]
 

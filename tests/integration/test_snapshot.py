@@ -11,6 +11,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from safetensors.numpy import load as load_safetensors
+from yarl import URL
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.runtime.settings import Settings
@@ -96,6 +97,36 @@ async def test_evicted_and_unknown_versions_are_404(
     assert (await evicted.json())["error"]
     assert (await client.get("/v1/models/999")).status == 404
     assert (await client.get("/v1/models/0")).status == 200  # the initial model is kept
+
+
+#: spellings of version 0 that int() accepts (or a number that is no version), as they go
+#: on the wire (percent-encoded): each is one more URL for an immutable, cached-for-ever answer
+NOT_CANONICAL = [
+    "-0",
+    "+0",
+    "0_0",
+    "00",
+    "%D9%A0",  # ARABIC-INDIC DIGIT ZERO
+    "%EF%BC%90",  # FULLWIDTH DIGIT ZERO
+    "%200",  # " 0"
+    "0%0A",  # "0" and a line feed
+    "1" * 20,  # longer than any version
+    "9223372036854775808",  # 2**63
+]
+
+
+@pytest.mark.parametrize("spelling", NOT_CANONICAL)
+async def test_a_version_has_one_spelling(client: TestClient, spelling: str) -> None:
+    for path in (f"/v1/models/{spelling}", f"/v1/models/{spelling}/meta"):
+        response = await client.get(URL(path, encoded=True))
+        assert response.status == 400, (path, response.status)
+        assert "decimal digits" in (await response.json())["error"]
+    polled = await client.get(URL(f"/v1/models/latest?newer_than={spelling}&wait=0", encoded=True))
+    assert polled.status == 400
+    assert (await client.get("/v1/models/0")).status == 200  # the one spelling
+    assert (await client.get("/v1/models/0/meta")).status == 200
+    text = await (await client.get("/metrics")).text()
+    assert 'fedasync_snapshot_requests_total{route="version",status="400"} 1.0' in text
 
 
 async def test_metadata_and_safetensors(client: TestClient) -> None:

@@ -17,6 +17,7 @@ from fedasync.services.stores.policy_store import (
     SwitchChange,
     change_policy,
     ensure_policy,
+    policy_log,
     read_policy,
 )
 from fedasync.shared.switches import switch_off
@@ -29,7 +30,7 @@ async def snapshot(redis: aioredis.Redis, keys: Keys) -> tuple[Any, ...]:
     return (
         await redis.get(keys.policy),
         await redis.hgetall(keys.policies),
-        await redis.xlen(keys.policy_log),
+        await redis.llen(keys.policy_log),
         await redis.hgetall(keys.switches),
     )
 
@@ -79,10 +80,10 @@ async def test_a_flip_writes_the_policy_its_log_and_the_record_together(
     on = await set_switch(redis, keys, "raise-gamma", True, reason="spike", who="ops")
     record = json.loads(await redis.hget(keys.switches, "raise-gamma"))
     assert (record["who"], record["reason"], record["saved"]) == ("ops", "spike", {"gamma": 0.6})
-    [(_, entry)] = await redis.xrange(keys.policy_log)
-    assert (entry[b"version"], entry[b"who"]) == (str(on.version).encode(), b"ops")
-    assert float(entry[b"at"]) == record["at"]  # one flip, one instant
+    [entry] = await policy_log(redis, keys)
+    assert (entry["version"], entry["who"], entry["policy"]) == (on.version, "ops", on.to_dict())
+    assert entry["at"] == record["at"]  # one flip, one instant
     off = await set_switch(redis, keys, "raise-gamma", False, reason="calm", who="ops")
     assert (off.gamma, off.version) == (0.6, 2)
     assert await redis.hgetall(keys.switches) == {}
-    assert await redis.xlen(keys.policy_log) == 2
+    assert await redis.llen(keys.policy_log) == 2
