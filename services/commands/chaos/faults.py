@@ -242,6 +242,7 @@ class Injector:
             FaultKind.RESTART_SNAPSHOT: SNAPSHOT,
             FaultKind.SECOND_AGGREGATOR: AGGREGATOR,
             FaultKind.STALL_REDIS: PROXY,
+            FaultKind.SLOW_CLIENTS: SNAPSHOT,
         }[fault.kind]
 
     # ----------------------------------------------------------------------------- recovery
