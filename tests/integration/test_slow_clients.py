@@ -264,10 +264,12 @@ async def test_a_client_that_takes_none_of_its_answers_is_cut_off(
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
         reader, writer = await asyncio.open_connection(sock=sock)
-        with logged(lambda line: "took none of" in line) as cut_off:
-            writer.write(request_head("GET", "/metrics") * 5000)  # megabytes of answers
-            await asyncio.wait_for(cut_off.wait(), DEADLINE_S)
-        with pytest.raises(ConnectionResetError):  # aborted: what it never took is dropped
-            await drain(reader)
-        writer.close()
+        try:
+            with logged(lambda line: "took none of" in line) as cut_off:
+                writer.write(request_head("GET", "/metrics") * 5000)  # megabytes of answers
+                await asyncio.wait_for(cut_off.wait(), DEADLINE_S)
+            with pytest.raises(ConnectionResetError):  # aborted: what it never took is dropped
+                await drain(reader)
+        finally:
+            writer.transport.abort()  # whatever happened, the service's writes end here
         assert closed(await metrics(port), "send_timeout") == 1
