@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -147,11 +148,15 @@ class ScriptedSnapshots:
     def __init__(self, bodies: dict[int, bytes]) -> None:
         self.bodies = bodies
         self.asked: list[int] = []
+        #: set once a long-poll asked for versions newer than the key: the follower is done with
+        #: everything up to it (scored and recorded, or passed over)
+        self.asked_after: defaultdict[int, asyncio.Event] = defaultdict(asyncio.Event)
         self.closing = asyncio.Event()
 
     async def latest(self, request: web.Request) -> web.Response:
         than = int(request.query["newer_than"])
         self.asked.append(than)
+        self.asked_after[than].set()
         newer = sorted(v for v in self.bodies if v > than)
         if not newer:
             with contextlib.suppress(TimeoutError):
@@ -199,6 +204,9 @@ async def test_a_bad_model_is_counted_and_passed_over_and_the_evaluator_goes_on(
         # version 3 scored means versions 1 and 2 did not end the follower
         _, record = await next_record(redis, keys, "0-0")
         assert record.version == 3
+        # the record is in Redis before the follower has taken the reply in: wait until it asks
+        # for what comes after 3, so its own state says 3 as well
+        await asyncio.wait_for(snapshots.asked_after[3].wait(), 20)
         metrics = await (await client.get("/metrics")).text()
         readiness = await client.get("/readyz")
         assert readiness.status == 200
