@@ -47,7 +47,7 @@ from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
 from fedasync.services.stores.backlog import read_backlog, trim_decided
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
-from fedasync.services.stores.policy_store import ensure_policy, read_policy
+from fedasync.services.stores.policy_store import check_policy_log, ensure_policy, read_policy
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
 from fedasync.shared.checkpoint import save_state
@@ -139,6 +139,7 @@ class Aggregator:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        await check_policy_log(r, keys)
         self.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
         if seq == 0:
             self.state = initial if initial is not None else self._initial_state()

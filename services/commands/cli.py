@@ -19,6 +19,7 @@ from fedasync.services.commands.acl_cli import register as register_acl
 from fedasync.services.commands.chaos.cli import register as register_chaos
 from fedasync.services.commands.devices_cli import register as register_devices
 from fedasync.services.commands.flags import add_flags, given, policy_flags
+from fedasync.services.commands.migrate_cli import register as register_migrate
 from fedasync.services.commands.redis_target import CommandError
 from fedasync.services.commands.up.options import add_arguments as add_up_arguments
 from fedasync.services.runtime.settings import (
@@ -212,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_devices(commands)
     register_chaos(commands)
     register_acl(commands)
+    register_migrate(commands)
     return parser
 
 

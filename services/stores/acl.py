@@ -142,7 +142,12 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.receipts_order,
                 ),
             ),
-            (device_keys, alert),
+            (
+                device_keys,
+                alert,
+                # start-up: is the policy log still in an earlier release's format?
+                Grant(("type",), read=(k.policy_log,)),
+            ),
             (k.versions_channel,),
         ),
         User(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.policy import Policy
@@ -75,6 +76,68 @@ class PolicyConflict(RuntimeError):
     """The policy changed since it was read; read it again and retry."""
 
 
+class OldPolicyLog(RuntimeError):
+    """The policy log is still the stream an earlier fedasync wrote (before it became a list).
+
+    Every policy change would fail on it (WRONGTYPE), so nothing runs until `fedasync migrate`
+    has converted it; the services' own Redis users may not rewrite the history, the admin may.
+    """
+
+
+async def check_policy_log(redis: aioredis.Redis, keys: Keys) -> None:
+    """Refuse to start on a policy log in the earlier format (see `OldPolicyLog`)."""
+    kind: Any = await redis.type(keys.policy_log)
+    if (kind.decode() if isinstance(kind, bytes) else kind) == "stream":
+        raise OldPolicyLog(
+            f"{keys.policy_log} is a stream written by an earlier fedasync: run "
+            "`fedasync migrate` once as the admin Redis user (docs/operations.md, Upgrading), "
+            "then start again"
+        )
+
+
+def log_entry(version: int, policy: Policy, who: str, why: str, at: float) -> str:
+    """One record of the policy log, as `change_policy` appends it and `policy_log` reads it."""
+    entry = {"version": version, "policy": policy.to_dict(), "who": who, "why": why, "at": at}
+    return json.dumps(entry, sort_keys=True)
+
+
+async def migrate_policy_log(redis: aioredis.Redis, keys: Keys) -> int | None:
+    """Convert a policy log kept as a stream (fields version, policy, who, why, at) into the
+    list `policy_log` reads, same records in the same order; None if there was nothing to do.
+
+    WATCH makes it all or nothing: a change appended meanwhile (by a control service of the old
+    release still running) aborts the conversion, which then starts again from the new stream.
+    """
+    while True:
+        async with redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(keys.policy_log)
+                kind: Any = await pipe.type(keys.policy_log)
+                if (kind.decode() if isinstance(kind, bytes) else kind) != "stream":
+                    return None
+                rows: Any = await pipe.xrange(keys.policy_log)
+                records = [_old_log_entry(fields) for _, fields in rows]
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.delete(keys.policy_log)
+                if records:
+                    pipe.rpush(keys.policy_log, *records)
+                await pipe.execute()
+                return len(records)
+            except WatchError:
+                continue
+
+
+def _old_log_entry(fields: dict[bytes, bytes]) -> str:
+    text = {k.decode(): v.decode() for k, v in fields.items()}
+    return log_entry(
+        int(text["version"]),
+        _decode(text["policy"]),
+        text["who"],
+        text["why"],
+        float(text["at"]),
+    )
+
+
 def _encode(policy: Policy) -> str:
     return json.dumps(policy.to_dict(), sort_keys=True)
 
@@ -126,12 +189,11 @@ async def change_policy(
     `switch`'s record, atomically: nothing is written unless both are as they were read."""
     script = redis.register_script(_CHANGE_SCRIPT)
     names = [keys.policy, keys.policies, keys.policy_log]
-    entry = {"version": new.version, "policy": new.to_dict(), "who": who, "why": why, "at": at}
     args: list[bytes | str | int] = [
         new.version - 1,
         _encode(new),
         str(new.version),
-        json.dumps(entry, sort_keys=True),
+        log_entry(new.version, new, who, why, at),
     ]
     if switch is not None:
         names.append(keys.switches)
