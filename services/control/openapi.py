@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedasync.services.runtime.openapi_parts import json_response as _json
+from fedasync.services.runtime.openapi_parts import operational_paths
 from fedasync.shared.policy import CHANGEABLE, SCHEMA
 from fedasync.shared.switches import SWITCHES
 
@@ -16,10 +18,6 @@ _ERROR = {
     },
     "required": ["error"],
 }
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _policy_schema() -> dict[str, Any]:
@@ -184,32 +182,6 @@ def spec() -> dict[str, Any]:
                     "responses": {"200": {"description": "text/html"}},
                 }
             },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics: rule actions, policy changes, policy version",
-                    "responses": {"200": {"description": "text/plain; version=0.0.4"}},
-                }
-            },
-            "/livez": {
-                "get": {
-                    "summary": "Liveness: the process answers",
-                    "responses": {"200": _json({"type": "object"}, "alive")},
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: Redis answers",
-                    "responses": {
-                        "200": _json({"type": "object"}, "ready"),
-                        "503": _json({"type": "object"}, "Redis unreachable"),
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
-                }
-            },
+            **operational_paths("rule actions, policy changes, policy version"),
         },
     }

@@ -12,6 +12,8 @@ from fedasync.services.ingest.protocol import (
     SIGNATURE_HEADER,
     TIME_HEADER,
 )
+from fedasync.services.runtime.openapi_parts import json_response as _json
+from fedasync.services.runtime.openapi_parts import operational_paths
 
 _ERROR = {
     "type": "object",
@@ -42,10 +44,6 @@ _SIGNATURE_HEADERS = [
         "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     },
 ]
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _receipt_schema() -> dict[str, Any]:
@@ -139,32 +137,6 @@ def spec() -> dict[str, Any]:
                     },
                 }
             },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics: accepted, refusals by reason, receipts",
-                    "responses": {"200": {"description": "text/plain; version=0.0.4"}},
-                }
-            },
-            "/livez": {
-                "get": {
-                    "summary": "Liveness: the process answers",
-                    "responses": {"200": _json({"type": "object"}, "alive")},
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: Redis answers",
-                    "responses": {
-                        "200": _json({"type": "object"}, "ready"),
-                        "503": _json({"type": "object"}, "Redis unreachable"),
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
-                }
-            },
+            **operational_paths("accepted, refusals by reason, receipts"),
         },
     }
