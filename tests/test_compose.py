@@ -30,7 +30,7 @@ from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
 from fedasync.services.snapshot.app import SnapshotMetrics
-from fedasync.services.stores.acl import DEFAULT_USER_LINE, HEALTH_USER, acl_file, users
+from fedasync.services.stores.acl import DEFAULT_USER_LINE, HEALTH_USER, acl_file, all_users
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -379,9 +379,9 @@ def render_acl(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProce
 @pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
 def test_redis_entrypoint_fills_in_each_password_from_the_environment(tmp_path: Path) -> None:
     passwords = {
-        u.name: f"{u.name}-Pw.~_{i:02d}-0123456789" for i, u in enumerate(users("fedasync"))
+        u.name: f"{u.name}-Pw.~_{i:02d}-0123456789" for i, u in enumerate(all_users("fedasync"))
     }
-    env = {u.password_variable: passwords[u.name] for u in users("fedasync")}
+    env = {u.password_variable: passwords[u.name] for u in all_users("fedasync")}
     result = render_acl(tmp_path, env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"started: redis-server --aclfile {tmp_path / 'users.acl'}\n"
@@ -403,7 +403,7 @@ def test_redis_entrypoint_fills_in_each_password_from_the_environment(tmp_path: 
 def test_redis_entrypoint_refuses_to_start_without_a_usable_password(
     tmp_path: Path, value: str | None, complaint: str
 ) -> None:
-    env = {u.password_variable: f"{u.name}-password-0123456789" for u in users("fedasync")}
+    env = {u.password_variable: f"{u.name}-password-0123456789" for u in all_users("fedasync")}
     if value is None:
         del env["REDIS_PASSWORD_WORKER"]
     else:

@@ -31,7 +31,7 @@ from fedasync.client.receipts import Receipt
 from fedasync.client.retry import Pause, RetryPolicy
 from fedasync.client.transport import RedisRetry, Transport
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.settings import RedisSettings
+from fedasync.services.runtime.settings import Durability, RedisSettings
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import check_client_id, parse_key
 
@@ -55,6 +55,8 @@ class DeviceClient:
     `stopping`: once set, a wait between retries ends with `Abandoned` instead of sleeping on.
     `sleep` replaces those waits (tests). `session`: an aiohttp session to use (the caller
     closes it); by default the client opens its own, with `timeout_s` per request.
+    `durability`: publishing straight to Redis in durable mode (`RedisSettings.durability`), an
+    update counts as published only once WAIT says that many replicas hold it.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class DeviceClient:
         session: aiohttp.ClientSession | None = None,
         stopping: asyncio.Event | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        durability: Durability | None = None,
     ) -> None:
         check_client_id(client_id)
         self.client_id = client_id
@@ -83,6 +86,7 @@ class DeviceClient:
         self._owns_redis = isinstance(redis, str)
         self._redis = connect(RedisSettings(url=redis)) if isinstance(redis, str) else redis
         self._keys = Keys(key_prefix)
+        self._durability = durability or Durability()
         self._policy = retry or RetryPolicy()
         self._timeout_s = timeout_s
         self._dtype = dtype
@@ -191,7 +195,13 @@ class DeviceClient:
         if self._redis is None:
             raise ClientError("publishing needs ingest_url and key, or redis")
         return await publishing.to_redis(
-            self._redis, self._keys, self._key, self.client_id, update, self._redis_retry
+            self._redis,
+            self._keys,
+            self._key,
+            self.client_id,
+            update,
+            self._redis_retry,
+            self._durability,
         )
 
     async def publish(

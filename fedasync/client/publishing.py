@@ -22,7 +22,8 @@ from fedasync.client.errors import Refused, UnexpectedAnswer
 from fedasync.client.retry import retryable
 from fedasync.client.transport import Answer, RedisRetry, Request, Transport, now_ms
 from fedasync.services.ingest.protocol import PATH, signed_headers
-from fedasync.services.runtime.redis_conn import as_text
+from fedasync.services.runtime.redis_conn import as_text, replicated
+from fedasync.services.runtime.settings import Durability
 from fedasync.services.stores.keys import Keys
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import sign
@@ -106,14 +107,17 @@ async def to_redis(
     client_id: str,
     update: PreparedUpdate,
     retry: RedisRetry,
+    durability: Durability | None = None,
 ) -> Published:
     """XADD the entry (signed if there is a key), retried with the same bytes on connection
-    errors; never trims the stream (no MAXLEN)."""
+    errors; never trims the stream (no MAXLEN). In durable mode the XADD counts only once the
+    replicas hold it; short of them it is retried like a lost connection: the entry added
+    again, which the aggregator's dedup memory records as a duplicate, never applies twice."""
     proof = None if key is None else sign(key, client_id, now_ms(), update.body)
     fields = stream_entry.build(update.body, proof)
 
-    async def xadd() -> Any:
-        return await redis.xadd(keys.updates, fields)  # type: ignore[arg-type]
+    async def xadd(client: aioredis.Redis) -> Any:
+        return await client.xadd(keys.updates, fields)  # type: ignore[arg-type]
 
-    entry_id = await retry("publish", xadd)
+    entry_id = await retry("publish", lambda: replicated(redis, durability or Durability(), xadd))
     return Published(update.update_id, as_text(entry_id))

@@ -13,6 +13,15 @@ Two guards run before anything is written:
 Redis runs a script without interleaving other commands; since the guards come first and the
 writes after them cannot fail on valid arguments, no partial commit is ever visible.
 
+Announcing: a commit that makes a new version sets `{p}:announced` to it and publishes it on the
+versions channel, which is how the snapshot service learns of it. In durable mode
+(`FEDASYNC_REDIS__DURABLE_REPLICAS` = N) the commit announces nothing: `Committer.commit` returns
+only once WAIT says N replicas hold it (services/runtime/redis_conn.py, `replicated`), and then
+`announce` runs the small ANNOUNCE_SCRIPT. So no device is ever offered a version that a failover
+could take back (docs/architecture.md, "Past one machine"). A retried commit that finds itself in
+place writes its sequence number again, the same value, so that the WAIT after it covers the first
+attempt's writes.
+
 Receipts: each ledger entry names its update (`update_digest(client id, update id)`); the first
 decision about an update is indexed in `{p}:receipts` (field → ledger entry id, HSETNX: a later
 duplicate never hides it) and its field appended to `{p}:receipts-order`. Beyond `capacity`
@@ -25,10 +34,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY
+from fedasync.services.runtime.redis_conn import replicated
+from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY, Durability
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
 log = logging.getLogger(__name__)
@@ -37,13 +48,18 @@ COMMIT_SCRIPT = """
 local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
+local announced_key = KEYS[12]
 local expected = tonumber(ARGV[1])
 local epoch = ARGV[2]
 if redis.call('GET', epoch_key) ~= epoch then
   return {-1, redis.call('GET', epoch_key) or ''}
 end
 local seq = tonumber(redis.call('GET', seq_key) or '0')
-if seq == expected + 1 then return {0, seq} end
+if seq == expected + 1 then
+  -- already in place: write the same sequence again, so a WAIT after it covers the first write
+  redis.call('SET', seq_key, seq)
+  return {0, seq}
+end
 if seq ~= expected then return {-2, seq} end
 
 local state, version, model = ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -51,6 +67,7 @@ local keep, group, channel, model_prefix = tonumber(ARGV[6]), ARGV[7], ARGV[8], 
 local done_reason, now = ARGV[10], ARGV[11]
 local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local capacity = tonumber(ARGV[15])
+local announce = ARGV[16] == '1'
 
 redis.call('SET', state_key, state)
 if model ~= '' then
@@ -65,7 +82,7 @@ if model ~= '' then
   end
   redis.call('SET', version_key, version)
 end
-local i = 16
+local i = 17
 for _ = 1, n_ledger do
   local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
   if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
@@ -98,8 +115,21 @@ if done_reason ~= '' and redis.call('EXISTS', done_key) == 0 then
   redis.call('HSET', done_key, 'reason', done_reason, 'version', version, 'at', now)
 end
 redis.call('SET', seq_key, expected + 1)
-if model ~= '' then redis.call('PUBLISH', channel, version) end
+if model ~= '' and announce then
+  redis.call('SET', announced_key, version)
+  redis.call('PUBLISH', channel, version)
+end
 return {1, expected + 1}
+"""
+
+#: durable mode's announcement, once the commit is on the replicas: the announced version only
+#: grows (an older aggregator's late announcement never takes it back)
+ANNOUNCE_SCRIPT = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local version = tonumber(ARGV[1])
+if version > current then redis.call('SET', KEYS[1], version) end
+redis.call('PUBLISH', ARGV[2], math.max(version, current))
+return current
 """
 
 
@@ -145,6 +175,7 @@ class Committer:
 
     One attempt per call: the caller retries through the one retry policy
     (services/runtime/redis_conn.py: `retrying`), which is safe because of the CAS.
+    `durability`: durable mode (`RedisSettings.durability`); None: off.
     """
 
     def __init__(
@@ -155,18 +186,44 @@ class Committer:
         seq: int,
         keep_versions: int,
         receipts: int = DEFAULT_RECEIPTS_CAPACITY,
+        durability: Durability | None = None,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._script = redis.register_script(COMMIT_SCRIPT)
+        self._announce = redis.register_script(ANNOUNCE_SCRIPT)
         self.epoch = epoch
         self.seq = seq
         self._keep = keep_versions
         self._receipts = receipts
+        self._durability = durability or Durability()
+
+    @property
+    def durable(self) -> bool:
+        """Commits wait for the replicas, and are announced after (`announce`)."""
+        return self._durability.replicas > 0
 
     async def commit(self, batch: Batch, now: float) -> None:
         """Make `batch` durable, or find it already in place (a retry whose first reply was
-        lost); raises `Fenced` or `CommitConflict` without writing anything."""
+        lost); raises `Fenced` or `CommitConflict` without writing anything. In durable mode it
+        returns once the replicas hold the commit (else `NotReplicated`, transient: the retry
+        finds it in place and waits again), and the caller announces the version (`announce`).
+        """
+        code = await replicated(
+            self._redis, self._durability, lambda client: self._run(batch, now, client)
+        )
+        if code == 0:
+            log.info("commit %d was already in place (a retried commit)", self.seq + 1)
+        self.seq += 1
+
+    async def announce(self, version: int) -> None:
+        """Durable mode: offer `version` to the snapshot services (its commit is on the
+        replicas). Idempotent: the announced version never goes down."""
+        await self._announce(
+            keys=[self._keys.announced], args=[version, self._keys.versions_channel]
+        )
+
+    async def _run(self, batch: Batch, now: float, client: aioredis.Redis) -> int:
         keys = self._keys
         args: list[bytes | str | int | float] = [
             self.seq,
@@ -184,6 +241,7 @@ class Committer:
             len(batch.dead),
             len(batch.acks),
             self._receipts,
+            "0" if self.durable else "1",
         ]
         for entry in batch.ledger:
             args += [entry.record, entry.receipt]
@@ -202,12 +260,12 @@ class Committer:
             keys.done,
             keys.receipts,
             keys.receipts_order,
+            keys.announced,
         ]
-        code, value = await self._script(keys=redis_keys, args=args)
+        reply: Any = await self._script(keys=redis_keys, args=args, client=client)
+        code, value = reply
         if code == -1:
             raise Fenced(f"aggregator epoch {self.epoch} was fenced off by epoch {value!r}")
         if code == -2:
             raise CommitConflict(f"commit sequence is {value}, expected {self.seq}")
-        if code == 0:
-            log.info("commit %d was already in place (a retried commit)", self.seq + 1)
-        self.seq += 1
+        return int(code)

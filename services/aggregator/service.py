@@ -41,7 +41,13 @@ from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_service import listening
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
-from fedasync.services.runtime.redis_conn import TRANSIENT, best_effort, connect, retrying
+from fedasync.services.runtime.redis_conn import (
+    TRANSIENT,
+    best_effort,
+    connect,
+    replicated,
+    retrying,
+)
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
 from fedasync.services.stores.backlog import read_backlog, trim_decided
@@ -125,14 +131,24 @@ class Aggregator:
 
     async def _start(self, initial: AggregationState | None) -> None:
         r, keys, cfg = self.redis, self.keys, self.settings.aggregator
-        epoch = int(await r.incr(keys.epoch))  # first: no older aggregator's commit lands now
+        # first: no older aggregator's commit lands now. In durable mode, once the replicas hold
+        # the raised epoch they hold all that is read below too: nothing restored from this
+        # primary (and announced again below) can be lost to a failover
+        durability = self.settings.redis.durability
+        epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch)))
         found = await inspect(r, keys)
         problems = mismatches(found.found)
         if problems:
             await self._refuse(problems)
         seq = found.found.commit_seq
         self.committer = Committer(
-            r, keys, epoch, seq, cfg.keep_versions, receipts=self.settings.receipts.capacity
+            r,
+            keys,
+            epoch,
+            seq,
+            cfg.keep_versions,
+            receipts=self.settings.receipts.capacity,
+            durability=self.settings.redis.durability,
         )
         try:
             await r.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
@@ -150,6 +166,9 @@ class Aggregator:
             self.state = found.restore()
             self._committed_version = self.state.version
             self._closed_committed = self.state.closed is not None
+            # the version restored is offered again: an announcement lost with a primary (durable
+            # mode announces after its commit) or never made (data of an earlier release)
+            await self.committer.announce(self.state.version)
         # only once the first commit is acknowledged, and on its own (no transaction): a Redis
         # that later loses its commits but keeps its plain writes shows it beside commit 0
         await r.set(keys.started, repr(time.time()), nx=True)
@@ -427,6 +446,13 @@ class Aggregator:
             )
         except CommitConflict as exc:  # our epoch, yet not our sequence: Redis moved under us
             await self._refuse([Mismatch(Check.COMMIT_SEQ_MOVED, str(exc))])
+        if self.committer.durable and batch.model:
+            # the replicas hold the commit: only now may devices see its version
+            await retrying(
+                f"announce {batch.version}",
+                lambda: self.committer.announce(batch.version),
+                self.settings.redis,
+            )
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.commits.inc()
         self.metrics.version.set(batch.version)

@@ -2,7 +2,8 @@
 
 Without options each user carries a `${REDIS_PASSWORD_<USER>}` placeholder (docker/redis/users.acl
 is this output for the default prefix); `--passwords-from-env` fills them in from those variables;
-`--new-passwords` prints fresh random passwords as `.env` lines for Docker Compose.
+`--new-passwords` prints fresh random passwords as `.env` lines for Docker Compose. `--sentinel`
+prints the `user` lines of a Sentinel's configuration file instead (docker/redis/sentinel.conf).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ def register(commands: Any) -> None:
     """Add the `acl` subcommand to the `fedasync` parser."""
     acl = commands.add_parser("acl", help="print the Redis ACL file (least-privilege users)")
     acl.add_argument("--prefix", help="key prefix (default: FEDASYNC_REDIS__KEY_PREFIX)")
+    acl.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="the Sentinels' users (for sentinel.conf) instead of the data servers' ACL file",
+    )
     source = acl.add_mutually_exclusive_group()
     source.add_argument(
         "--passwords-from-env",
@@ -35,13 +41,27 @@ def register(commands: Any) -> None:
 
 
 def _acl(args: argparse.Namespace) -> int:
-    from fedasync.services.stores.acl import acl_file, passwords_from_env, users
+    from fedasync.services.stores.acl import (
+        acl_file,
+        all_users,
+        passwords_from_env,
+        passwords_of,
+        sentinel_acl,
+        sentinel_users,
+    )
 
     prefix = args.prefix if args.prefix is not None else load_settings().redis.key_prefix
     try:
         if args.new_passwords:
-            for user in users(prefix):
+            # the Sentinels' discovery user too (the `sentinel` user is the same on both sides)
+            names = {u.name: u for u in (*all_users(prefix), *sentinel_users())}
+            for user in names.values():
                 print(f"{user.password_variable}={secrets.token_hex(24)}")
+            return 0
+        if args.sentinel:
+            among = sentinel_users()
+            given = passwords_of(among, os.environ) if args.passwords_from_env else None
+            print(sentinel_acl(given), end="")
             return 0
         passwords = passwords_from_env(prefix, os.environ) if args.passwords_from_env else None
         print(acl_file(prefix, passwords), end="")

@@ -8,7 +8,7 @@ the limit is never read), then the signature headers and the device's key (an un
 body is never read), then the body (capped while reading, for chunked uploads), its MAC and
 signing time, the device's rate, the strict wire decoder and the client id inside the message.
 Only then is it added to the stream, idempotently (services/ingest/store.py), and 202 is answered
-once Redis has acknowledged the XADD.
+once Redis has acknowledged the XADD (in durable mode: once WAIT says the replicas hold it).
 
 Every refusal is one `Refusal` (services/ingest/refusal.py): a status, a stable reason, a JSON
 body, a log line and a count.
@@ -68,7 +68,9 @@ class Ingest:
         self.settings = settings
         self.redis = redis
         self.keys_cache = KeyCache(redis, keys, settings.auth.key_refresh_s)
-        self.store = IngestStore(redis, keys, settings.ingest.idempotency_ttl_s)
+        self.store = IngestStore(
+            redis, keys, settings.ingest.idempotency_ttl_s, durability=settings.redis.durability
+        )
         self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
         self.policy = PolicyCache(redis, keys, settings.ingest.policy_refresh_s)
         self.metrics = IngestMetrics()

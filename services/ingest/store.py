@@ -5,6 +5,11 @@ the marker (entry id + body digest, with a TTL) in the same atomic step, so two 
 retries cannot both add an entry, and a crash cannot leave an entry without its marker. A retry
 with the same body gets the first entry id; the same update id with a *different* body is a
 conflict, never silently dropped. Never trims the stream (no MAXLEN).
+
+Durable mode (`FEDASYNC_REDIS__DURABLE_REPLICAS`): the script and a WAIT run on one connection
+(services/runtime/redis_conn.py, `replicated`), so the device hears 202 only once the replicas
+hold its entry; short of them it hears 503 and retries. A retry that finds the marker sets it
+again (same value, same expiry): that write makes its WAIT cover the first attempt's XADD.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from fedasync.services.runtime.redis_conn import replicated
+from fedasync.services.runtime.settings import Durability
 from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import Proof
@@ -24,7 +31,10 @@ local existing = redis.call('GET', KEYS[1])
 if existing then
   local sep = string.find(existing, ' ', 1, true)
   local id = string.sub(existing, 1, sep - 1)
-  if string.sub(existing, sep + 1) == ARGV[1] then return {0, id} end
+  if string.sub(existing, sep + 1) == ARGV[1] then
+    redis.call('SET', KEYS[1], existing, 'KEEPTTL')
+    return {0, id}
+  end
   return {-1, id}
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
@@ -50,20 +60,31 @@ class UpdateIdReused(Exception):
 
 
 class IngestStore:
-    def __init__(self, redis: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        ttl_s: int,
+        durability: Durability | None = None,
+    ) -> None:
+        self._redis = redis
         self._keys = keys
         self._ttl_s = ttl_s
         self._script = redis.register_script(INGEST_SCRIPT)
+        self._durability = durability or Durability()
 
     async def add(self, client_id: str, update_id: str, body: bytes, proof: Proof) -> Ingested:
         """XADD the signed entry unless this (client, update id) is already in; atomic."""
         marker = update_digest(client_id, update_id)
         digest = hashlib.sha256(body).hexdigest()
         fields = stream_entry.build(body, proof)
-        reply: Any = await self._script(
-            keys=[self._keys.ingested(marker), self._keys.updates],
-            args=[digest, self._ttl_s, *(part for pair in fields.items() for part in pair)],
-        )
+        args = [digest, self._ttl_s, *(part for pair in fields.items() for part in pair)]
+        keys = [self._keys.ingested(marker), self._keys.updates]
+
+        async def add(client: aioredis.Redis) -> Any:
+            return await self._script(keys=keys, args=args, client=client)
+
+        reply: Any = await replicated(self._redis, self._durability, add)
         code, entry_id = int(reply[0]), bytes(reply[1]).decode()
         if code == -1:
             raise UpdateIdReused(entry_id)

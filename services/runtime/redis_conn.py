@@ -7,6 +7,14 @@ services/aggregator/commit.py). The one retry policy: actions that are safe to r
 `retrying`, which backs off, logs every attempt and gives up after a bounded number; actions
 whose failure costs nothing but a figure (gauges, housekeeping) go through `best_effort`, which
 tries once and logs, so they can never stop or hold up the work they describe.
+
+With Sentinels configured (`FEDASYNC_REDIS__SENTINELS`) the client asks them for the primary and
+follows it across a failover (redis-py's Sentinel pool). What a failover does to a call in flight
+is classified here, once: besides a lost connection, the replies a server gives while it is being
+demoted, promoted or cut off from its replicas (`FAILOVER_CODES`) become `FailoverError`, a
+connection error, so every caller's `except TRANSIENT` and `retrying` treat them as transient and
+the next attempt goes to whichever server is the primary by then. Durable mode
+(`FEDASYNC_REDIS__DURABLE_REPLICAS`) is `replicated`: the write and a WAIT on one connection.
 """
 
 from __future__ import annotations
@@ -16,15 +24,23 @@ import importlib.util
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fedasync.services.runtime.settings import RedisSettings
+from fedasync.services.runtime.settings import Durability, RedisSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,25 +53,163 @@ _NO_CLIENT_INFO: dict[str, Any] = (
     else {"lib_name": None, "lib_version": None}
 )
 
-#: errors after which a command may be repeated on a new connection
+#: error codes of the replies a server gives while a failover moves the primary: written to a
+#: demoted primary (READONLY), a primary short of the replicas `min-replicas-to-write` asks for
+#: (NOREPLICAS), a replica cut off from its primary (MASTERDOWN), a blocked read ended by the
+#: server's change of role (UNBLOCKED), a server still loading its data after a restart (LOADING)
+FAILOVER_CODES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "UNBLOCKED", "LOADING"})
+
+
+class FailoverError(RedisConnectionError):
+    """The server answered, but as a server that is not (or not yet, or no longer) a primary
+    that can take this command: repeat it, on whichever server is the primary by then."""
+
+
+class NotReplicated(FailoverError):
+    """Durable mode: WAIT ended with fewer replicas holding the write than asked for. The write
+    is on the primary and may yet reach them, or be lost with it: repeat the action."""
+
+
+#: errors after which a command may be repeated on a new connection (FailoverError among them)
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
 
+def failover_reply(error: ResponseError) -> bool:
+    """`error` is a reply of a server caught in a failover (`FAILOVER_CODES`).
+
+    redis-py names some codes by class and drops them from the text (READONLY, MASTERDOWN,
+    LOADING); the others, and errors a script's `redis.call` raised, keep them in the text."""
+    code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
+    return code in FAILOVER_CODES
+
+
+class _FailoverAware(AbstractConnection):
+    """Turns a failover reply into `FailoverError` and drops the connection, so the next use
+    connects afresh (with Sentinel: to the primary it names then)."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if not failover_reply(exc):
+                raise
+            await self.disconnect()
+            raise FailoverError(f"{exc} (a failover: the command may be repeated)") from exc
+
+
+class FailoverAwareConnection(_FailoverAware, Connection):
+    pass
+
+
+class FailoverAwareSSLConnection(_FailoverAware, SSLConnection):
+    pass
+
+
+class FailoverAwareUnixConnection(_FailoverAware, UnixDomainSocketConnection):
+    pass
+
+
+class FailoverAwareSentinelConnection(_FailoverAware, SentinelManagedConnection):
+    pass
+
+
+_FAILOVER_AWARE: dict[type[AbstractConnection], type[AbstractConnection]] = {
+    Connection: FailoverAwareConnection,
+    SSLConnection: FailoverAwareSSLConnection,
+    UnixDomainSocketConnection: FailoverAwareUnixConnection,
+}
+
+
+class SentinelRedis(aioredis.Redis):
+    """The primary's client that also closes its connections to the Sentinels when it closes
+    its pool (redis-py leaves those to the `Sentinel` object, which nobody else holds)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        owns = (
+            self.auto_close_connection_pool
+            if close_connection_pool is None
+            else close_connection_pool
+        )
+        await super().aclose(close_connection_pool)
+        pool = self.connection_pool
+        if owns and isinstance(pool, SentinelConnectionPool):
+            await pool.sentinel_manager.aclose()
+
+
 def connect(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
-    """A client for `url` (or the configured one); nothing is sent until first use."""
+    """A client for `url` (or the configured one), or for the primary the configured Sentinels
+    name; nothing is sent until first use."""
+    common: dict[str, Any] = {
+        "protocol": 2,
+        "decode_responses": False,
+        "socket_timeout": settings.socket_timeout_s,
+        "socket_connect_timeout": settings.connect_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        **_NO_CLIENT_INFO,
+    }
+    if settings.sentinels is not None and url is None:
+        return _primary_of_sentinels(settings, common)
     target = url or settings.url
     if not target:
-        raise ValueError("no Redis URL: set FEDASYNC_REDIS__URL")
-    return aioredis.Redis.from_url(
-        target,
-        protocol=2,
-        decode_responses=False,
-        socket_timeout=settings.socket_timeout_s,
-        socket_connect_timeout=settings.connect_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=30,
-        **_NO_CLIENT_INFO,
+        raise ValueError("no Redis URL: set FEDASYNC_REDIS__URL (or FEDASYNC_REDIS__SENTINELS)")
+    client = aioredis.Redis.from_url(target, health_check_interval=30, **common)
+    pool = client.connection_pool
+    pool.connection_class = _FAILOVER_AWARE.get(pool.connection_class, pool.connection_class)
+    return client
+
+
+def _primary_of_sentinels(settings: RedisSettings, common: dict[str, Any]) -> aioredis.Redis:
+    """The client of the primary the Sentinels name, asking them again after each failover.
+
+    The URL, if any, gives the primary's user, password and database; its host and port are not
+    used. The Sentinels are asked as `sentinel_username` (their own users, docs/security.md)."""
+    target = urlsplit(settings.url) if settings.url else None
+    password = settings.sentinel_password
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_list,
+        sentinel_kwargs={
+            **common,
+            "username": settings.sentinel_username,
+            "password": None if password is None else password.get_secret_value(),
+        },
     )
+    database = (target.path.lstrip("/") if target else "") or "0"
+    primary: aioredis.Redis = sentinel.master_for(
+        settings.master_name,
+        redis_class=SentinelRedis,
+        connection_class=FailoverAwareSentinelConnection,
+        username=unquote(target.username) if target and target.username else None,
+        password=unquote(target.password) if target and target.password else None,
+        db=int(database),
+        health_check_interval=30,
+        **common,
+    )
+    return primary
+
+
+async def replicated(
+    redis: aioredis.Redis,
+    durability: Durability,
+    write: Callable[[aioredis.Redis], Awaitable[T]],
+) -> T:
+    """Run `write` and, in durable mode, return only once WAIT says `durability.replicas`
+    replicas hold it; `NotReplicated` (transient) if they do not within its `timeout_ms`.
+
+    WAIT counts the writes of its own connection, so both run on one connection taken from the
+    pool. An action that finds its work already done (a retried commit, an update the ingest
+    service already added) must still write something (the same value again) for its WAIT to
+    cover the earlier write: the offset WAIT waits for is that of the connection's last write.
+    Off (0 replicas), `write` runs on `redis` as it is.
+    """
+    wanted, timeout_ms = durability.replicas, durability.timeout_ms
+    if not wanted:
+        return await write(redis)
+    async with redis.client() as connection:
+        result = await write(connection)
+        reached = int(await connection.wait(wanted, timeout_ms))
+    if reached < wanted:
+        raise NotReplicated(f"WAIT: {reached} of {wanted} replicas within {timeout_ms} ms")
+    return result
 
 
 async def retrying(

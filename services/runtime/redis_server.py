@@ -70,6 +70,28 @@ def _second_reply(sock: socket.socket) -> bytes:
     return lines[1] if len(lines) > 1 else b""
 
 
+def wait_answering(process: subprocess.Popen[bytes] | None, port: int, timeout: float) -> None:
+    """Poll until the server on `port` answers PING (a server replays its AOF before it does).
+
+    As the health user first: under the ACL file (stores/acl.py) nobody may log in as the
+    default user. Without an ACL file that AUTH fails and the PING is answered anyway.
+    """
+    probe = f"AUTH {HEALTH_USER} probe\r\nPING\r\n".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(probe)
+                if _second_reply(sock).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"redis-server on port {port} not ready in {timeout} s")
+
+
 class RedisServer:
     """One redis-server child process with AOF (appendfsync always) in `directory`."""
 
@@ -79,12 +101,16 @@ class RedisServer:
         port: int | None = None,
         binary: str | None = None,
         extra_args: Sequence[str] = (),
+        config_file: bool = False,
     ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.binary = binary or find_redis_server()
         #: more redis-server options, e.g. ("--aclfile", path) for the least-privilege users
         self.extra_args = tuple(extra_args)
+        #: start from a (fresh, empty) configuration file: Sentinel's reconfiguration of a server
+        #: ends in CONFIG REWRITE, which a server started without one refuses
+        self.config_file = config_file
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -93,10 +119,16 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        config: list[str] = []
+        if self.config_file:
+            path = self.directory / "redis.conf"
+            path.write_text("# the options are on the command line; CONFIG REWRITE writes here\n")
+            config = [str(path)]
         log = (self.directory / "redis.log").open("ab")
         self.process = subprocess.Popen(
             [
                 self.binary,
+                *config,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -124,25 +156,7 @@ class RedisServer:
         self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
-        """Poll until the server answers PING (it replays its AOF before it does).
-
-        As the health user first: under the ACL file (stores/acl.py) nobody may log in as the
-        default user. Without an ACL file that AUTH fails and the PING is answered anyway.
-        """
-        probe = f"AUTH {HEALTH_USER} probe\r\nPING\r\n".encode()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(probe)
-                    if _second_reply(sock).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.02)
-        raise TimeoutError(f"redis-server on port {self.port} not ready in {timeout} s")
+        wait_answering(self.process, self.port, timeout)
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""

@@ -87,6 +87,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Durable mode as the writers apply it: WAIT for `replicas` (0: off), `timeout_ms` each."""
+
+    replicas: int = 0
+    timeout_ms: int = 1000
+
+
 class RedisSettings(Section):
     """Where the broker is and how patiently to talk to it."""
 
@@ -97,6 +105,77 @@ class RedisSettings(Section):
     connect_timeout_s: float = Field(5.0, gt=0, description="connect timeout, seconds")
     reconnect_attempts: int = Field(10, ge=0, description="reconnects before giving up")
     key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
+    sentinels: str | None = Field(
+        None,
+        description="Sentinel addresses, host:port,host:port,...; set: the primary is the one "
+        "they name, followed across failovers, and the URL gives only user, password and "
+        "database",
+    )
+    master_name: str = Field(
+        "fedasync", min_length=1, description="the name the Sentinels monitor the primary under"
+    )
+    sentinel_username: str | None = Field(
+        None, description="user the services log in to the Sentinels as (docs/security.md)"
+    )
+    sentinel_password: SecretStr | None = Field(
+        None, description="that user's password on the Sentinels"
+    )
+    durable_replicas: int = Field(
+        0,
+        ge=0,
+        description="durable mode: acknowledge an update, announce a version, only once WAIT "
+        "says this many replicas have it; 0: off (docs/architecture.md, Past one machine)",
+    )
+    durable_timeout_ms: int = Field(
+        1000, ge=1, description="how long one WAIT for the replicas may take, ms"
+    )
+
+    @field_validator("sentinels", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """An empty value is no value: compose passes `${FEDASYNC_REDIS__SENTINELS:-}`."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("sentinels")
+    @classmethod
+    def _host_port_list(cls, value: str | None) -> str | None:
+        if value is not None:
+            sentinel_addresses(value)  # raises ValueError naming the bad entry
+        return value
+
+    @model_validator(mode="after")
+    def _wait_returns_before_the_socket_gives_up(self) -> RedisSettings:
+        if self.durable_replicas and self.durable_timeout_ms >= self.socket_timeout_s * 1000:
+            raise ValueError(
+                f"durable_timeout_ms ({self.durable_timeout_ms}) must stay below "
+                f"socket_timeout_s ({self.socket_timeout_s} s): WAIT blocks that long"
+            )
+        return self
+
+    @property
+    def durability(self) -> Durability:
+        return Durability(self.durable_replicas, self.durable_timeout_ms)
+
+    @property
+    def configured(self) -> bool:
+        """A Redis is named: a URL, or Sentinels to ask for the primary."""
+        return self.url is not None or self.sentinels is not None
+
+    @property
+    def sentinel_list(self) -> list[tuple[str, int]]:
+        """The Sentinels as (host, port) pairs; empty without Sentinel."""
+        return [] if self.sentinels is None else sentinel_addresses(self.sentinels)
+
+
+def sentinel_addresses(text: str) -> list[tuple[str, int]]:
+    """`host:port,host:port` as pairs; ValueError naming the first entry that is not one."""
+    out = []
+    for entry in (part.strip() for part in text.split(",")):
+        host, sep, port = entry.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"{entry!r} is not host:port (Sentinels: host:port,host:port,...)")
+        out.append((host.strip("[]"), int(port)))
+    return out
 
 
 class PolicySection(Section):

@@ -1,16 +1,18 @@
 """HTTP API of the snapshot service (docs/http-api.md): versioned, immutable models, cheaply.
 
 The newest model lives in memory as bytes with a strong ETag, so `GET /v1/models/latest` is a
-dictionary lookup, and an unchanged version costs a 304. A background task follows commits by
-pub/sub (re-reading the latest version whenever it (re)subscribes, so a missed message only
-delays, never loses, a version) and wakes long-polls.
+dictionary lookup, and an unchanged version costs a 304. A background task follows the
+announced version (`{p}:announced`, set by the commit, or in durable mode once the replicas hold
+the commit) by pub/sub, re-reading it whenever it (re)subscribes, so a missed message only delays,
+never loses, a version, and wakes long-polls.
 
-Versions only grow. Should Redis report a version below the newest one served (it lost commits:
-a restore from an older backup, an AOF that lost its transactions, a failover), the numbers it
-hands out from then on name other models than the ones devices already hold. The service then
-raises an alert and a metric and stops following: it keeps serving what it holds in memory,
-announces no version, refuses (503) what it would have to read from Redis, and `/readyz` answers
-503 with the reason, until it is restarted (docs/operations.md, "Redis moved back in time").
+Versions only grow. Should Redis report a committed version below the newest one served (it
+lost commits: a restore from an older backup, an AOF that lost its transactions, a failover), the
+numbers it hands out from then on name other models than the ones devices already hold. The
+service then raises an alert and a metric and stops following: it keeps serving what it holds in
+memory, announces no version, refuses (503) what it would have to read from Redis, and `/readyz`
+answers 503 with the reason, until it is restarted (docs/operations.md, "Redis moved back in
+time").
 """
 
 from __future__ import annotations
@@ -252,23 +254,26 @@ async def refresh(app: web.Application) -> None:
     redis, keys, cache = app[REDIS], app[KEYS], app[CACHE]
     if cache.frozen is not None:
         return
-    version = await get_bytes(redis, keys.version)
+    # one read: the version committed and the one announced (they differ only in durable mode,
+    # between a commit and its confirmation on the replicas; absent: data of an earlier release)
+    committed_raw, announced_raw = await redis.mget([keys.version, keys.announced])
     done_raw: Any = await redis.hgetall(keys.done)
     done = {k.decode(): v.decode() for k, v in done_raw.items()}
-    reported = None if version is None else int(version)
+    reported = None if committed_raw is None else int(committed_raw)
+    announced = reported if announced_raw is None else int(announced_raw)
     served = None if cache.latest is None else cache.latest.version
     if regressed(served, reported):
         said = "no version" if reported is None else f"version {reported}"
         await _freeze(app, f"Redis reports {said}, below version {served} already served")
         return
-    if reported is None or (served is not None and served >= reported and done == cache.done):
+    if announced is None or (served is not None and served >= announced and done == cache.done):
         return
-    raw = await get_bytes(redis, keys.model(reported))
+    raw = await get_bytes(redis, keys.model(announced))
     if raw is None:
-        log.warning("version %d announced but model missing", reported)
+        log.warning("version %d announced but model missing", announced)
         return
     await cache.publish(Served.from_bytes(raw), done)
-    app[METRICS].version.set(reported)
+    app[METRICS].version.set(announced)
 
 
 async def _freeze(app: web.Application, reason: str) -> None:

@@ -10,6 +10,13 @@ example, XADD to the updates stream and SET its markers without being able to SE
 SET would replace it). The first grant is the user's root permissions; the others become Redis 7
 selectors, `(...)`. Key access is full (`~`), read-only (`%R~`) or write-only (`%W~`).
 
+Besides the services, two users serve Redis itself when it runs replicated under Sentinel
+(`server_users`): `replica`, which a replica logs in to its primary as (`masteruser`), and
+`sentinel`, which the Sentinels log in to every server as (`sentinel auth-user`), each allowed
+only the commands replication or Sentinel sends (no key at all). The Sentinels' own users, in
+their configuration file (`sentinel_users`, `sentinel_acl`): `sentinel` again, for the Sentinels'
+talk among themselves, and `discovery`, which the services ask where the primary is as.
+
 Passwords are never in the generated file unless given: without them each user carries a
 placeholder token `${REDIS_PASSWORD_<USER>}`, which Redis refuses to load, so an unrendered file
 can never start a server with a known password. docker/redis/entrypoint.sh fills them in.
@@ -122,12 +129,15 @@ def users(prefix: str) -> tuple[User, ...]:
                     "llen",
                     "lpop",
                     "hdel",
+                    # durable mode: each commit confirmed on the replicas before it is announced
+                    "wait",
                 ),
                 keys=(
                     k.commit_seq,
                     k.epoch,
                     k.state,
                     k.version,
+                    k.announced,
                     models,
                     k.models,
                     k.ledger,
@@ -154,7 +164,10 @@ def users(prefix: str) -> tuple[User, ...]:
             "snapshot",
             "serves committed models: reads them, follows new versions, alerts when the version "
             "in Redis goes back",
-            Grant((*ping, "get", "hgetall", "subscribe"), read=(k.version, k.done, models)),
+            Grant(
+                (*ping, "get", "mget", "hgetall", "subscribe"),
+                read=(k.version, k.announced, k.done, models),
+            ),
             (alert,),
             channels=(k.versions_channel,),
         ),
@@ -194,7 +207,8 @@ def users(prefix: str) -> tuple[User, ...]:
             "ingest",
             "adds authenticated updates once (its script), reads device keys, the policy "
             "(pause-ingest) and receipts",
-            Grant(ping),
+            # durable mode: WAIT for the replicas before a device hears its update is in
+            Grant((*ping, "wait")),
             (
                 Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates)),
                 Grant(("get", "set"), keys=(k.ingested("*"),)),
@@ -207,7 +221,7 @@ def users(prefix: str) -> tuple[User, ...]:
         User(
             "worker",
             "a device on a trusted network publishing straight to the stream, reading receipts",
-            Grant((*ping, "xadd"), write=(k.updates,)),
+            Grant((*ping, "xadd", "wait"), write=(k.updates,)),
             receipts,
         ),
         User(
@@ -234,6 +248,81 @@ def users(prefix: str) -> tuple[User, ...]:
     )
 
 
+#: the user a replica logs in to its primary as (`masteruser`); and Sentinel's, on every server
+REPLICA_USER = "replica"
+SENTINEL_USER = "sentinel"
+#: the Sentinels' user for the services, which only asks where the primary is
+DISCOVERY_USER = "discovery"
+#: the channel Sentinels announce themselves on, through every server and every Sentinel
+SENTINEL_HELLO = "__sentinel__:hello"
+
+
+def server_users() -> tuple[User, ...]:
+    """The users of Redis's own processes on the data servers: replication and Sentinel."""
+    return (
+        User(
+            REPLICA_USER,
+            "a replica's link to its primary (masteruser/masterauth): the replication handshake",
+            Grant(("ping", "replconf", "psync")),
+        ),
+        User(
+            SENTINEL_USER,
+            "Sentinel watching and reconfiguring each server: INFO, ROLE and hello messages, "
+            "REPLICAOF (as SLAVEOF) with CONFIG REWRITE in a transaction, and CLIENT KILL of the "
+            "clients of a demoted primary",
+            Grant(
+                (
+                    "ping",
+                    "info",
+                    "role",
+                    "client|setname",
+                    "client|kill",
+                    "subscribe",
+                    "publish",
+                    "multi",
+                    "exec",
+                    "slaveof",
+                    "config|rewrite",
+                    "script|kill",
+                )
+            ),
+            channels=(SENTINEL_HELLO,),
+        ),
+    )
+
+
+def sentinel_users() -> tuple[User, ...]:
+    """The users of the Sentinels themselves (their configuration file: `sentinel_acl`)."""
+    return (
+        User(
+            SENTINEL_USER,
+            "one Sentinel asking another: PING, hello messages, the vote on a primary's failure",
+            Grant(("ping", "client|setname", "publish", "sentinel|is-master-down-by-addr")),
+            channels=(SENTINEL_HELLO,),
+        ),
+        User(
+            DISCOVERY_USER,
+            "the services asking where the primary (and its replicas) are, and nothing else",
+            Grant(
+                (
+                    "ping",
+                    "sentinel|masters",
+                    "sentinel|master",
+                    "sentinel|get-master-addr-by-name",
+                    "sentinel|slaves",
+                    "sentinel|replicas",
+                )
+            ),
+        ),
+    )
+
+
+def all_users(prefix: str) -> tuple[User, ...]:
+    """Every user of the data servers' ACL file: the services', then replication's and
+    Sentinel's."""
+    return users(prefix) + server_users()
+
+
 #: The default user is switched off (nobody can log in as it) but keeps every right. Redis replays
 #: its append-only file as the default user, and Redis 7.0 (and 7.2 before redis/redis#14545)
 #: re-checks that user's ACL at each EXEC of the replay: with a restricted default user every
@@ -249,13 +338,28 @@ HEALTH_USER_LINE = f"user {HEALTH_USER} on nopass resetchannels -@all +ping"
 def acl_file(prefix: str, passwords: Mapping[str, str] | None = None) -> str:
     """The ACL file: passwords from `passwords` (user → password), else placeholders."""
     lines = [DEFAULT_USER_LINE, HEALTH_USER_LINE]
-    for user in users(prefix):
-        if passwords is None:
-            secret = "${" + user.password_variable + "}"
-        else:
-            secret = ">" + check_password(user.name, passwords.get(user.name))
-        lines.append(f"user {user.name} on {secret} {user.rules()}")
+    lines += [_user_line(user, passwords) for user in all_users(prefix)]
     return "\n".join(lines) + "\n"
+
+
+#: the Sentinels' default user: off, nobody logs in as it (a Sentinel has no data to replay)
+SENTINEL_DEFAULT_LINE = "user default off"
+
+
+def sentinel_acl(passwords: Mapping[str, str] | None = None) -> str:
+    """The `user` lines of a Sentinel's configuration file: passwords from `passwords`, else
+    placeholders. Health checks log in as `health`, as on the data servers."""
+    lines = [SENTINEL_DEFAULT_LINE, HEALTH_USER_LINE]
+    lines += [_user_line(user, passwords) for user in sentinel_users()]
+    return "\n".join(lines) + "\n"
+
+
+def _user_line(user: User, passwords: Mapping[str, str] | None) -> str:
+    if passwords is None:
+        secret = "${" + user.password_variable + "}"
+    else:
+        secret = ">" + check_password(user.name, passwords.get(user.name))
+    return f"user {user.name} on {secret} {user.rules()}"
 
 
 def check_password(user: str, password: str | None) -> str:
@@ -269,8 +373,13 @@ def check_password(user: str, password: str | None) -> str:
 
 def passwords_from_env(prefix: str, environ: Mapping[str, str]) -> dict[str, str]:
     """User → password from REDIS_PASSWORD_<USER>; every user's must be set and valid."""
+    return passwords_of(all_users(prefix), environ)
+
+
+def passwords_of(among: tuple[User, ...], environ: Mapping[str, str]) -> dict[str, str]:
+    """User → password from REDIS_PASSWORD_<USER> for each of `among`, each set and valid."""
     out = {}
-    for user in users(prefix):
+    for user in among:
         value = environ.get(user.password_variable)
         if value is None:
             raise ValueError(f"{user.password_variable} is not set")

@@ -66,6 +66,13 @@ class Keys:
         """String int: the latest committed model version."""
         return self._k("version")
 
+    @property
+    def announced(self) -> str:
+        """String int: the newest version offered to devices (what the snapshot services
+        serve as `latest`). The commit that makes a version sets it, or, in durable mode, the
+        aggregator once the replicas hold that commit: it may then lag `version` briefly."""
+        return self._k("announced")
+
     def model(self, version: int) -> str:
         """String: the model snapshot message of a committed version (immutable)."""
         return self._k(f"model:{version}")
@@ -77,7 +84,7 @@ class Keys:
 
     @property
     def versions_channel(self) -> str:
-        """Pub/sub channel: the new version number, published by each commit that made one."""
+        """Pub/sub channel: the new version number, published as it is announced."""
         return self._k("versions")
 
     @property

@@ -92,6 +92,7 @@ async def work(
         timeout_s=cfg.download_timeout_s,
         dtype=settings.wire.dtype,
         stopping=stopping,
+        durability=settings.redis.durability,
     )
     async with client:
         run = 0

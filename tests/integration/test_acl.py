@@ -47,7 +47,7 @@ from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import RedisSettings, Settings, load_settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
-from fedasync.services.stores.acl import acl_file, users
+from fedasync.services.stores.acl import acl_file, all_users
 from fedasync.services.stores.device_keys import add_device, list_devices
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
@@ -64,7 +64,7 @@ T = TypeVar("T")
 
 PREFIX = "fedasync"  # the default, as in docker/redis/users.acl
 KEYS = Keys(PREFIX)
-PASSWORDS = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
+PASSWORDS = {user.name: f"{user.name}-test-password-0" for user in all_users(PREFIX)}
 OBSERVER = "observer"
 OBSERVER_LINE = f"user {OBSERVER} on >observer-test-password-0 ~* &* +@all\n"
 TOKEN = "acl-test-control-token-0123456789"

@@ -40,7 +40,7 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.snapshot.app import CACHE, METRICS, create_app, refresh, wait_ready
-from fedasync.services.stores.acl import acl_file, users
+from fedasync.services.stores.acl import acl_file, all_users, users
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check
@@ -170,7 +170,7 @@ async def test_a_first_start_that_stopped_before_its_first_commit_is_no_false_al
     """What a first start writes before its first commit (epoch, group, policy, genesis) is not a
     move back in time: a start that stops right there is followed by a normal one. The stop is
     real: the first aggregator runs as a user without EVALSHA, so its first commit is refused."""
-    passwords = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
+    passwords = {user.name: f"{user.name}-test-password-0" for user in all_users(PREFIX)}
     aggregator = next(user for user in users(PREFIX) if user.name == "aggregator")
     no_commit = aggregator.rules().replace(" +evalsha", "")
     acl = tmp_path / "users.acl"
@@ -430,7 +430,7 @@ async def test_the_chaos_restart_check_tells_an_intact_restart_from_a_lossy_one(
     and restart keeps everything; the same restart on an AOF that lost its transactions is
     reported, from the comparison and from the aggregator's own check. (The harness is
     synchronous: its readings run in a thread here.)"""
-    passwords = {user.name: f"{user.name}-test-password-0" for user in users(PREFIX)}
+    passwords = {user.name: f"{user.name}-test-password-0" for user in all_users(PREFIX)}
     acl = tmp_path / "users.acl"
     acl.write_text(acl_file(PREFIX, passwords) + "user observer on >observer-pw-0000 ~* &* +@all\n")
     server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(acl)))

@@ -9,9 +9,21 @@ from __future__ import annotations
 import pytest
 
 from fedasync.services.commands.cli import main
-from fedasync.services.stores.acl import PASSWORD_RE, acl_file, users
+from fedasync.services.stores.acl import (
+    PASSWORD_RE,
+    SENTINEL_HELLO,
+    acl_file,
+    all_users,
+    sentinel_acl,
+    sentinel_users,
+    server_users,
+    users,
+)
 
 USERS = ["aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"]
+#: Redis's own users on the data servers (replication, Sentinel), after the services'
+SERVER_USERS = ["replica", "sentinel"]
+FILE_USERS = USERS + SERVER_USERS
 
 
 def acl_rules(prefix: str) -> dict[str, str]:
@@ -57,11 +69,11 @@ def test_the_file_has_placeholders_or_the_passwords_given() -> None:
     assert lines[0] == "user default off resetchannels ~* &* +@all"
     assert lines[1] == "user health on nopass resetchannels -@all +ping"
     assert [line.split()[3] for line in lines[2:]] == [
-        "${REDIS_PASSWORD_" + name.upper() + "}" for name in USERS
+        "${REDIS_PASSWORD_" + name.upper() + "}" for name in FILE_USERS
     ]
-    passwords = {name: f"{name}-password-0123" for name in USERS}
+    passwords = {name: f"{name}-password-0123" for name in FILE_USERS}
     filled = acl_file("p", passwords).splitlines()
-    assert [line.split()[3] for line in filled[2:]] == [">" + passwords[n] for n in USERS]
+    assert [line.split()[3] for line in filled[2:]] == [">" + passwords[n] for n in FILE_USERS]
     with pytest.raises(ValueError, match="password of Redis user worker"):
         acl_file("p", passwords | {"worker": "has@at-0123456789"})
 
@@ -74,10 +86,10 @@ def test_cli_prints_the_file_for_a_prefix(capsys: pytest.CaptureFixture[str]) ->
 def test_cli_takes_passwords_from_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for user in users("q"):
+    for user in all_users("q"):
         monkeypatch.setenv(user.password_variable, f"{user.name}-from-env-0123")
     assert main(["acl", "--prefix", "q", "--passwords-from-env"]) == 0
-    expected = {name: f"{name}-from-env-0123" for name in USERS}
+    expected = {name: f"{name}-from-env-0123" for name in FILE_USERS}
     assert capsys.readouterr().out == acl_file("q", expected)
     monkeypatch.delenv("REDIS_PASSWORD_ADMIN")
     assert main(["acl", "--prefix", "q", "--passwords-from-env"]) == 2
@@ -89,6 +101,54 @@ def test_cli_makes_new_passwords_for_an_env_file(capsys: pytest.CaptureFixture[s
     lines = capsys.readouterr().out.splitlines()
     names = [line.split("=", 1)[0] for line in lines]
     values = [line.split("=", 1)[1] for line in lines]
-    assert names == ["REDIS_PASSWORD_" + name.upper() for name in USERS]
+    # the Sentinels' discovery user too; `sentinel` is one user on servers and Sentinels alike
+    assert names == ["REDIS_PASSWORD_" + name.upper() for name in [*FILE_USERS, "discovery"]]
     assert all(PASSWORD_RE.fullmatch(v) for v in values)
     assert len(set(values)) == len(values)
+
+
+def test_replication_and_sentinel_users_name_no_key_and_only_the_hello_channel() -> None:
+    for user in (*server_users(), *sentinel_users()):
+        words = user.rules().split()
+        assert words[0] == "resetchannels", user.name
+        assert "-@all" in words, user.name
+        assert not [w for w in words if "~" in w], user.name  # no key at all
+        assert [w[1:] for w in words if w.startswith("&")] in ([], [SENTINEL_HELLO]), user.name
+
+
+def test_a_replica_may_only_run_the_replication_handshake() -> None:
+    replica = next(u for u in server_users() if u.name == "replica")
+    assert replica.rules() == "resetchannels -@all +ping +replconf +psync"
+
+
+def test_the_services_may_only_ask_the_sentinels_where_the_primary_is() -> None:
+    discovery = next(u for u in sentinel_users() if u.name == "discovery")
+    allowed = {w[1:] for w in discovery.rules().split() if w.startswith("+")}
+    assert allowed == {
+        "ping",
+        "sentinel|masters",
+        "sentinel|master",
+        "sentinel|get-master-addr-by-name",
+        "sentinel|slaves",
+        "sentinel|replicas",
+    }
+    assert not any(c in allowed for c in ("sentinel|failover", "sentinel|set", "sentinel"))
+
+
+def test_the_sentinel_file_has_placeholders_or_the_passwords_given(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = sentinel_acl().splitlines()
+    assert lines[0] == "user default off"  # nobody logs in to a Sentinel without a user
+    assert lines[1] == "user health on nopass resetchannels -@all +ping"
+    assert [line.split()[1:4] for line in lines[2:]] == [
+        ["sentinel", "on", "${REDIS_PASSWORD_SENTINEL}"],
+        ["discovery", "on", "${REDIS_PASSWORD_DISCOVERY}"],
+    ]
+    assert main(["acl", "--sentinel"]) == 0
+    assert capsys.readouterr().out == sentinel_acl()
+    for user in sentinel_users():
+        monkeypatch.setenv(user.password_variable, f"{user.name}-from-env-0123")
+    assert main(["acl", "--sentinel", "--passwords-from-env"]) == 0
+    expected = {u.name: f"{u.name}-from-env-0123" for u in sentinel_users()}
+    assert capsys.readouterr().out == sentinel_acl(expected)

@@ -27,7 +27,7 @@ from fedasync.services.commands.chaos.schedule import Profile
 from fedasync.services.runtime.redis_server import RedisServer, free_port, server_version
 from fedasync.services.runtime.settings import AggregatorSettings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
-from fedasync.services.stores.acl import acl_file, users
+from fedasync.services.stores.acl import acl_file, all_users
 from fedasync.services.stores.keys import Keys
 
 KEY_PREFIX = "chaos"
@@ -64,7 +64,7 @@ class System:
         self.passwords: dict[str, str] = {}
         extra: tuple[str, ...] = ()
         if self.acl:
-            self.passwords = {u.name: secrets.token_urlsafe(24) for u in users(KEY_PREFIX)}
+            self.passwords = {u.name: secrets.token_urlsafe(24) for u in all_users(KEY_PREFIX)}
             self.passwords[OBSERVER] = secrets.token_urlsafe(24)
             extra = ("--aclfile", str(self._write_acl(out / "redis")))
         self.redis = RedisServer(out / "redis", extra_args=extra)
