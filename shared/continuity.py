@@ -34,6 +34,8 @@ class Check(StrEnum):
     GROUP_MISSING = "group-missing"
     GROUP_BEHIND_LEDGER = "group-behind-ledger"
     COMMIT_SEQ_MOVED = "commit-seq-moved"
+    #: a commit found an entry it acknowledges not pending: the read that delivered it was lost
+    GROUP_LOST_DELIVERY = "group-lost-delivery"
 
 
 @dataclass(frozen=True, slots=True)

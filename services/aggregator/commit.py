@@ -8,7 +8,11 @@ Two guards run before anything is written:
   raised it, so the older one's commits are refused and it stops;
 - compare-and-set on the commit sequence number: a commit names the sequence it follows. If its
   reply was lost and it is sent again, the script sees its own sequence already in place and
-  writes nothing: a retried commit is harmless.
+  writes nothing: a retried commit is harmless;
+- every entry it acknowledges is pending in the group. One that is not was never delivered on
+  this server: Redis lost the read that delivered it (a failover to a replica that had the entry
+  but not the read), and acknowledging it would leave it to be delivered, and decided, again. The
+  commit is refused like a moved sequence (`CommitConflict`, check `group-lost-delivery`).
 
 Redis runs a script without interleaving other commands; since the guards come first and the
 writes after them cannot fail on valid arguments, no partial commit is ever visible.
@@ -41,6 +45,7 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime.redis_conn import replicated
 from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY, Durability
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.continuity import Check
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,12 @@ local done_reason, now = ARGV[10], ARGV[11]
 local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local capacity = tonumber(ARGV[15])
 local announce = ARGV[16] == '1'
+local first_ack = 17 + 2 * n_ledger + 4 * n_dead
+for j = first_ack, first_ack + n_acks - 1 do
+  if #redis.call('XPENDING', updates_key, group, ARGV[j], ARGV[j], 1) == 0 then
+    return {-3, ARGV[j]}
+  end
+end
 
 redis.call('SET', state_key, state)
 if model ~= '' then
@@ -138,7 +149,12 @@ class Fenced(RuntimeError):
 
 
 class CommitConflict(RuntimeError):
-    """The commit sequence moved under us without a newer epoch: state in Redis was changed."""
+    """The commit sequence moved under us without a newer epoch, or an entry to acknowledge is
+    not pending: state in Redis was changed (`check` names which, shared/continuity.py)."""
+
+    def __init__(self, check: Check, message: str) -> None:
+        super().__init__(message)
+        self.check = check
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,5 +283,13 @@ class Committer:
         if code == -1:
             raise Fenced(f"aggregator epoch {self.epoch} was fenced off by epoch {value!r}")
         if code == -2:
-            raise CommitConflict(f"commit sequence is {value}, expected {self.seq}")
+            raise CommitConflict(
+                Check.COMMIT_SEQ_MOVED, f"commit sequence is {value}, expected {self.seq}"
+            )
+        if code == -3:
+            lost = value.decode() if isinstance(value, bytes) else str(value)
+            raise CommitConflict(
+                Check.GROUP_LOST_DELIVERY,
+                f"entry {lost} is not pending in the group: its delivery was lost",
+            )
         return int(code)

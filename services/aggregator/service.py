@@ -57,7 +57,7 @@ from fedasync.services.stores.policy_store import check_policy_log, ensure_polic
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
 from fedasync.shared.checkpoint import save_state
-from fedasync.shared.continuity import Check, Mismatch, mismatches
+from fedasync.shared.continuity import Mismatch, mismatches
 from fedasync.shared.decision import Outcome
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.device_auth import (
@@ -77,10 +77,6 @@ log = logging.getLogger(__name__)
 
 #: how often the policy record is re-read between batches, seconds
 POLICY_REFRESH_S = 0.2
-#: how long an aggregator that refused keeps answering /readyz (503, and why) and /metrics
-#: before it exits with code 4: two scrapes at Prometheus's default 15 s, and a restart loop
-#: (compose's `restart: unless-stopped`) paced to one refusal, one alert, every half minute
-REFUSAL_LINGER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,8 +440,8 @@ class Aggregator:
                 lambda: self.committer.commit(batch, now=now),
                 self.settings.redis,
             )
-        except CommitConflict as exc:  # our epoch, yet not our sequence: Redis moved under us
-            await self._refuse([Mismatch(Check.COMMIT_SEQ_MOVED, str(exc))])
+        except CommitConflict as exc:  # our epoch, yet not what we left: Redis moved under us
+            await self._refuse([Mismatch(exc.check, str(exc))])
         if self.committer.durable and batch.model:
             # the replicas hold the commit: only now may devices see its version
             await retrying(
@@ -533,16 +529,18 @@ async def run(
                     return await aggregator.run(stopping, burst=burst)
                 except StateMismatch:
                     if listening_http:
-                        await _linger(stopping)
+                        await _linger(stopping, cfg.refusal_linger_s)
                     raise
     finally:
         if redis is None:
             await client.aclose()
 
 
-async def _linger(stopping: asyncio.Event) -> None:
+async def _linger(stopping: asyncio.Event, seconds: float) -> None:
     """Keep the HTTP side up for a while after a refusal, so the metric is scraped and /readyz
-    says why; a stop request ends it at once."""
-    log.error("exiting with code 4 in %.0f s (or when stopped)", REFUSAL_LINGER_S)
+    says why; a stop request ends it at once. The default, 30 s, is two scrapes at
+    Prometheus's default 15 s, and paces a restart loop (compose's `restart: unless-stopped`)
+    to one refusal, one alert, every half minute (FEDASYNC_AGGREGATOR__REFUSAL_LINGER_S)."""
+    log.error("exiting with code 4 in %.0f s (or when stopped)", seconds)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), REFUSAL_LINGER_S)
+        await asyncio.wait_for(stopping.wait(), seconds)

@@ -6,6 +6,11 @@ its own `redis-server` process with its own directory and free port (servers thr
 it would be on a host of its own: the Sentinels notice, agree, promote the replica with the most
 data, repoint the others, and turn the old primary into a replica once it is started again.
 
+Each server can be given an address in front of it (`fronts`: a port that forwards to it, such as
+the chaos harness's replica links, services/commands/chaos/links.py): the others, Sentinels and
+clients then know it only by that address (`replica-announce-port`, `replicaof`, `sentinel
+monitor`), as they would know a host across a network.
+
 `sentinel_conf` writes a Sentinel's configuration file; docker/redis/sentinel.conf (compose's
 `ha` profile) is the same function's output with password placeholders. Under the ACL each
 server loads the generated file (services/stores/acl.py): replicas log in to their primary as
@@ -170,28 +175,29 @@ class ReplicatedRedis:
             RedisServer(directory / f"server-{i}", binary=self.binary, config_file=True)
             for i in range(self.topology.replicas + 1)
         ]
+        #: server port → the port everyone else knows it by (set before `start`); none: its own
+        self.fronts: dict[int, int] = {}
         self.sentinel_ports = [free_port() for _ in range(self.topology.sentinels)]
-        first = self.servers[0].port
-        t = self.topology
-        self.sentinels = [
-            SentinelServer(
-                directory / f"sentinel-{i}",
-                sentinel_conf(
-                    master_name=t.master_name,
-                    host="127.0.0.1",
-                    port=first,
-                    quorum=t.quorum,
-                    down_after_ms=t.down_after_ms,
-                    failover_timeout_ms=t.failover_timeout_ms,
-                    sentinel_password=None if auth is None else auth.sentinel_password,
-                    users="" if auth is None else auth.sentinel_users,
-                    listen=("127.0.0.1", port),
-                ),
-                port,
-                self.binary,
-            )
-            for i, port in enumerate(self.sentinel_ports)
-        ]
+        self.sentinels: list[SentinelServer] = []
+
+    def address(self, server: RedisServer) -> int:
+        """The port the others reach `server` at."""
+        return self.fronts.get(server.port, server.port)
+
+    def _sentinel(self, index: int, port: int) -> SentinelServer:
+        t, auth = self.topology, self.auth
+        config = sentinel_conf(
+            master_name=t.master_name,
+            host="127.0.0.1",
+            port=self.address(self.servers[0]),
+            quorum=t.quorum,
+            down_after_ms=t.down_after_ms,
+            failover_timeout_ms=t.failover_timeout_ms,
+            sentinel_password=None if auth is None else auth.sentinel_password,
+            users="" if auth is None else auth.sentinel_users,
+            listen=("127.0.0.1", port),
+        )
+        return SentinelServer(self.directory / f"sentinel-{index}", config, port, self.binary)
 
     @property
     def sentinel_addresses(self) -> str:
@@ -210,6 +216,8 @@ class ReplicatedRedis:
             args += ["--masteruser", REPLICA_USER, "--masterauth", self.auth.replica_password]
         if self.topology.min_replicas_to_write:
             args += ["--min-replicas-to-write", str(self.topology.min_replicas_to_write)]
+        if server.port in self.fronts:
+            args += ["--replica-announce-port", str(self.fronts[server.port])]
         if primary is not None:
             args += ["--replicaof", "127.0.0.1", str(primary)]
         return tuple(args)
@@ -221,14 +229,16 @@ class ReplicatedRedis:
         primary.extra_args = self._args(primary, None)
         primary.start()
         for server in self.servers[1:]:
-            server.extra_args = self._args(server, primary.port)
+            server.extra_args = self._args(server, self.address(primary))
             server.start()
+        self.sentinels = [self._sentinel(i, port) for i, port in enumerate(self.sentinel_ports)]
         for sentinel in self.sentinels:
             sentinel.start()
         self.wait_settled(timeout)
 
     def server_on(self, port: int) -> RedisServer:
-        return next(s for s in self.servers if s.port == port)
+        """The server with this port or address."""
+        return next(s for s in self.servers if port in (s.port, self.address(s)))
 
     def kill(self, server: RedisServer) -> None:
         """SIGKILL: the host is gone, with whatever it had not yet sent to its replicas."""
@@ -260,7 +270,7 @@ class ReplicatedRedis:
             client.close()
 
     def primary_port(self) -> int:
-        """The primary's port, as the first Sentinel that answers names it."""
+        """The primary's port (its address), as the first Sentinel that answers names it."""
         errors = []
         for port in self.sentinel_ports:
             try:
@@ -277,8 +287,8 @@ class ReplicatedRedis:
         return self.topology.master_name
 
     def replication(self, port: int) -> dict[str, Any]:
-        """INFO replication of one server."""
-        client = self._client(port)
+        """INFO replication of one server (by port or address)."""
+        client = self._client(self.server_on(port).port)
         try:
             info: dict[str, Any] = client.info("replication")
         finally:
@@ -286,8 +296,8 @@ class ReplicatedRedis:
         return info
 
     def read(self, port: int, key: str) -> bytes | None:
-        """GET on one server (the admin may read every key)."""
-        value: bytes | None = self._ask(port, "GET", key)
+        """GET on one server (by port or address; the admin may read every key)."""
+        value: bytes | None = self._ask(self.server_on(port).port, "GET", key)
         return value
 
     def wait_promoted(self, old: int, timeout: float = 60.0) -> tuple[int, float]:
@@ -323,7 +333,9 @@ class ReplicatedRedis:
             info = self.replication(primary)
             if info.get("role") != "master":
                 return f"127.0.0.1:{primary} is not a primary yet"
-            running = [s for s in self.servers if s.process is not None and s.port != primary]
+            running = [
+                s for s in self.servers if s.process is not None and self.address(s) != primary
+            ]
             for server in running:
                 replica = self.replication(server.port)
                 if replica.get("role") != "slave" or replica.get("master_port") != primary:

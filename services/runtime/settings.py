@@ -305,6 +305,12 @@ class AggregatorSettings(Section):
     claim_idle_s: float = Field(
         2.0, gt=0, description="an entry pending this long without a decision is taken over, s"
     )
+    refusal_linger_s: float = Field(
+        30.0,
+        ge=0,
+        description="after refusing to decide (exit 4), how long /readyz and /metrics stay up "
+        "to say why before the exit, s (paces a restart loop)",
+    )
 
     @property
     def decision_bound_s(self) -> float:

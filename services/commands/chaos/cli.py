@@ -1,4 +1,8 @@
-"""`fedasync chaos [--profile NAME] [--seed N] [--out DIR] [--no-acl]`; exit 1 if a check fails."""
+"""`fedasync chaos [--profile NAME] [--seed N] [--out DIR] [--replica-lag-ms MS] [--no-acl]`;
+exit 1 if a check fails.
+
+A replicated profile (`failover`) runs twice, durable mode off and on, and ends with a table of
+the two side by side."""
 
 from __future__ import annotations
 
@@ -21,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, help="run folder (default runs/chaos-PROFILE-seedN-TIME)"
     )
     parser.add_argument(
+        "--replica-lag-ms",
+        type=int,
+        help="replicated profiles: how far behind its primary each replica receives the "
+        "replication stream, ms (default: the profile's; 0: as fast as loopback)",
+    )
+    parser.add_argument(
         "--no-acl",
         action="store_true",
         help="Redis without the ACL file, every service as the default user "
@@ -38,10 +48,11 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def handle(args: argparse.Namespace) -> int:
-    from fedasync.services.commands.chaos.harness import (
-        run,  # imports the services only when a run is asked for
+    from fedasync.services.commands.chaos.harness import (  # the services: only for a run
+        run,
+        run_failover,
     )
-    from fedasync.services.commands.chaos.report import describe
+    from fedasync.services.commands.chaos.report import describe, failover_table
     from fedasync.services.commands.chaos.system import AclNeedsRedis7
     from fedasync.services.runtime.redis_server import RedisNotFound
 
@@ -50,13 +61,31 @@ def handle(args: argparse.Namespace) -> int:
     profile = PROFILES[args.profile]
     if args.no_acl:
         profile = dataclasses.replace(profile, acl=False)
+    if args.replica_lag_ms is not None:
+        if args.replica_lag_ms < 0 or not profile.replicated:
+            print(
+                "fedasync chaos: --replica-lag-ms is ≥ 0, for a replicated profile", file=sys.stderr
+            )
+            return 2
+        profile = dataclasses.replace(profile, replica_lag_ms=args.replica_lag_ms)
     try:
-        summary = run(profile, args.seed, out)
+        summaries = (
+            run_failover(profile, args.seed, out)
+            if profile.replicated
+            else [run(profile, args.seed, out)]
+        )
     except (RedisNotFound, AclNeedsRedis7) as exc:
         print(f"fedasync chaos: {exc}", file=sys.stderr)
         return 2
-    print(describe(summary))
-    return 0 if summary["ok"] else 1
+    for summary in summaries:
+        print(describe(summary))
+    if profile.replicated:
+        print(
+            f"\nfailover, seed {args.seed}, replicas {profile.replica_lag_ms} ms behind their "
+            "primary: durable mode off and on\n"
+        )
+        print(failover_table(summaries))
+    return 0 if all(summary["ok"] for summary in summaries) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

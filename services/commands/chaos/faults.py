@@ -11,14 +11,26 @@ starting) are restarted too, after a short back-off, and counted: the run report
 
 Each Redis kill is checked (chaos/restarts.py): what Redis held just before the kill, with
 writes paused, must be there just after the restart.
+
+A failover (replicated profiles) kills the primary of the moment with SIGKILL, without pausing
+anything first: what it had not yet sent to a replica is what a lost host takes with it. The
+injector reads the committed version on the old primary just before and on the new one just after
+the Sentinels promote it (`Failover`): the difference is how many versions moved back. The killed
+server starts again after its outage, as a replica of the new primary. What follows a failover
+that lost commits is handled as a supervisor and an operator would: an aggregator that refuses
+(exit 4) is started again and counted as a refusal, not a crash, and a snapshot service that
+froze on the version going back is restarted (docs/operations.md, "Redis moved back in time").
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +49,7 @@ from fedasync.services.commands.chaos.system import (
     worker_name,
 )
 from fedasync.services.commands.chaos.waits import Interruption
+from fedasync.services.runtime.entry import EXIT_REFUSED
 from fedasync.services.runtime.redis_server import free_port
 
 #: least time between a child's unexpected exit and its restart, seconds (a supervisor's back-off)
@@ -48,6 +61,53 @@ FENCED_EXIT = 3
 #: how long a continued superseded aggregator may take to find itself fenced off and stop (it
 #: does at its next claim, within a second or two; generous for a loaded machine)
 FENCED_WITHIN_S = 30.0
+#: how long the Sentinels may take to promote a replica (they need about 2 s), and the group to
+#: settle again (the killed server back and in sync) before the next failover, seconds
+PROMOTED_WITHIN_S = 60.0
+SETTLED_WITHIN_S = 60.0
+#: how often the snapshot service's /readyz is asked whether it froze, seconds
+SNAPSHOT_WATCH_S = 1.0
+#: the /readyz status of a snapshot service that froze on Redis going back (snapshot/app.py)
+REGRESSED_STATUS = "version regressed"
+#: the pending-restart name of a killed server of a replicated Redis: this prefix and its port
+SERVER = "redis:"
+
+
+@dataclass(slots=True)
+class Failover:
+    """One kill -9 of the primary: who was killed, who took over, and what moved back."""
+
+    at: float
+    old_port: int
+    #: wall clock of the kill, to find the first commit after it in the ledger
+    wall: float = 0.0
+    new_port: int | None = None
+    #: from the kill until the Sentinels name the new primary and it says it is one, seconds
+    promoted_s: float | None = None
+    #: the committed version on the old primary just before the kill, on the new one just after
+    version_before: int | None = None
+    version_after: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def moved_back(self) -> int:
+        """Versions the old primary had committed that the new one does not hold."""
+        if self.version_before is None or self.version_after is None:
+            return 0
+        return max(0, self.version_before - self.version_after)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": round(self.at, 3),
+            "wall": self.wall,
+            "old_port": self.old_port,
+            "new_port": self.new_port,
+            "promoted_s": None if self.promoted_s is None else round(self.promoted_s, 3),
+            "version_before": self.version_before,
+            "version_after": self.version_after,
+            "moved_back": self.moved_back,
+            "problems": self.problems,
+        }
 
 
 @dataclass(slots=True)
@@ -88,6 +148,13 @@ class Injector:
     bursts: list[SlowClients] = field(default_factory=list)
     #: slow clients a burst opens (the profile's)
     slow_clients: int = 100
+    #: replicated profiles: each kill of the primary, and what followed
+    failovers: list[Failover] = field(default_factory=list)
+    #: aggregators that refused to decide (exit 4) and were started again, by name
+    refusals: Counter[str] = field(default_factory=Counter)
+    #: snapshot services restarted because they froze on the version going back
+    unfrozen: int = 0
+    _snapshot_checked: float = 0.0
     #: the injector's clock starts with the fault phase: a fault's `at` counts from here
     started: float = field(default_factory=time.monotonic)
 
@@ -105,6 +172,9 @@ class Injector:
             self._pause(fault, now)
             return
         if fault.kind is FaultKind.STALL_REDIS:
+            if self.system.proxy is None:
+                self._skip(fault, now, "the aggregator talks to Redis without a proxy")
+                return
             self.stalls.append(
                 self.system.proxy.stall(fault.command, fault.outage_s, StallMode(fault.mode))
             )
@@ -112,6 +182,9 @@ class Injector:
             return
         if fault.kind is FaultKind.SECOND_AGGREGATOR:
             self._second_aggregator(fault, now)
+            return
+        if fault.kind is FaultKind.FAILOVER:
+            self._failover(fault, now)
             return
         if fault.kind is FaultKind.SLOW_CLIENTS:
             port = self.system.snapshot_port
@@ -191,6 +264,69 @@ class Injector:
                 self.skipped[FaultKind.STALL_REDIS.value] += 1
                 self.events.append(Event(now, "skipped stall_redis", "never happened"))
 
+    def _failover(self, fault: Fault, now: float) -> None:
+        """Kill -9 the primary once the group is whole and in sync; wait for the promotion."""
+        group = self.system.group
+        if group is None:
+            self._skip(fault, now, "Redis is not replicated")
+            return
+        if any(name.startswith(SERVER) for _, name in self.pending):
+            self._skip(fault, now, "a server killed earlier is still down")
+            return
+        try:
+            group.wait_settled(SETTLED_WITHIN_S)
+        except TimeoutError as exc:
+            self._skip(fault, now, str(exc))
+            return
+        now = self.now()
+        old = group.primary_port()
+        record = Failover(now, old)
+        version = self.system.keys.version
+        try:
+            record.version_before = int(group.read(old, version) or 0)
+        except (redis.RedisError, OSError) as exc:
+            record.problems.append(f"no reading before the kill: {exc}")
+        group.kill(group.server_on(old))
+        record.wall = time.time()
+        self.failovers.append(record)
+        self.pending.append((now + fault.outage_s, f"{SERVER}{old}"))
+        self._injected(fault, now)
+        try:
+            record.new_port, record.promoted_s = group.wait_promoted(old, PROMOTED_WITHIN_S)
+            record.version_after = int(group.read(record.new_port, version) or 0)
+        except (TimeoutError, redis.RedisError, OSError) as exc:
+            record.problems.append(f"no promotion seen: {exc}")
+            return
+        self.events.append(
+            Event(
+                self.now(),
+                "promoted",
+                f"127.0.0.1:{record.new_port} after {record.promoted_s:.2f} s; committed "
+                f"version {record.version_before} before the kill, {record.version_after} on "
+                "the new primary",
+            )
+        )
+
+    def watch_snapshot(self) -> None:
+        """Replicated profiles: a snapshot service that froze on the version going back is
+        restarted, as docs/operations.md tells an operator to (at most once a second)."""
+        if self.system.group is None or self.now() - self._snapshot_checked < SNAPSHOT_WATCH_S:
+            return
+        self._snapshot_checked = self.now()
+        child = self.system.supervisor.children.get(SNAPSHOT)
+        if (
+            child is None
+            or not child.running()
+            or _ready_status(self.system.snapshot_url) != (REGRESSED_STATUS)
+        ):
+            return
+        self.system.supervisor.kill(SNAPSHOT, signal.SIGTERM)
+        self.system.supervisor.start(self.system.spec(SNAPSHOT))
+        self.unfrozen += 1
+        self.events.append(
+            Event(self.now(), "restarted", f"{SNAPSHOT}: it froze, {REGRESSED_STATUS}")
+        )
+
     def _kill_redis(self, now: float) -> None:
         """Read what Redis holds (writes stay paused), then SIGKILL it."""
         check = RestartCheck(now)
@@ -199,7 +335,7 @@ class Injector:
         except (redis.RedisError, OSError) as exc:
             check.problems.append(f"no reading before the kill: {exc}")
         self.restarts.append(check)
-        self.system.redis.kill()
+        self.system.server.kill()
 
     def _check_restart(self) -> None:
         """Read Redis again after a restart and compare with the reading before the kill."""
@@ -243,6 +379,7 @@ class Injector:
             FaultKind.SECOND_AGGREGATOR: AGGREGATOR,
             FaultKind.STALL_REDIS: PROXY,
             FaultKind.SLOW_CLIENTS: SNAPSHOT,
+            FaultKind.FAILOVER: SERVER + "primary",
         }[fault.kind]
 
     # ----------------------------------------------------------------------------- recovery
@@ -274,16 +411,24 @@ class Injector:
             if now - first_seen < RESTART_BACKOFF_S:
                 continue
             del self._exited_at[name]
-            self.crashes[name] += 1
-            self.events.append(
-                Event(now, "crashed", f"{name} exited with {child.process.returncode}; restarted")
-            )
+            code = child.process.returncode
+            if code == EXIT_REFUSED and name == AGGREGATOR and self.system.group is not None:
+                # after a failover that lost commits: its refusal is the documented behaviour,
+                # and a restart resumes from what the new primary holds
+                self.refusals[name] += 1
+                self.events.append(Event(now, "refused", f"{name} exited with 4; restarted"))
+            else:
+                self.crashes[name] += 1
+                self.events.append(Event(now, "crashed", f"{name} exited with {code}; restarted"))
             self._start(name)
 
     def _start(self, name: str) -> None:
         if name == REDIS:
-            self.system.redis.start()  # replays the AOF; returns once it answers PING
+            self.system.server.start()  # replays the AOF; returns once it answers PING
             self._check_restart()
+        elif name.startswith(SERVER) and self.system.group is not None:
+            group = self.system.group
+            group.restart(group.server_on(int(name.removeprefix(SERVER))))
         else:
             self.system.supervisor.start(self.system.spec(name))
 
@@ -294,6 +439,20 @@ class Injector:
     def recovering(self) -> bool:
         """Something is down or stopped on purpose, due to come back."""
         return bool(self.pending or self.stopped)
+
+
+def _ready_status(base_url: str) -> str | None:
+    """The `status` of a 503 from /readyz; None when ready or not answering."""
+    try:
+        with urllib.request.urlopen(base_url + "/readyz", timeout=2.0):
+            return None
+    except urllib.error.HTTPError as exc:
+        try:
+            return str(json.loads(exc.read()).get("status"))
+        except ValueError:
+            return None
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def wait_until(deadline: float) -> None:

@@ -11,11 +11,15 @@ The phases, in order:
    acknowledged, with its ledger record;
 4. compare the model the snapshot service serves with the committed one, stop the services,
    read the ledger, replay it (`ledger verify`) and count (services/stores/exactly_once.py).
+
+`run_failover` runs a replicated profile twice, durable mode off then on, for the table
+`fedasync chaos --profile failover` prints (report.py, `failover_table`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -70,7 +74,7 @@ def run(
                 client,
                 system.keys,
                 DRAIN_TIMEOUT_S,
-                lambda: injector.restart_exited(services),
+                lambda: _supervise(injector, services),
             )
             served = wait_served(client, system.keys, system.snapshot_url, SERVED_TIMEOUT_S)
         finally:
@@ -79,6 +83,8 @@ def run(
         system.supervisor.stop_all(groups=[[SNAPSHOT], [AGGREGATOR]])
         say("chaos: services stopped; auditing the ledger")
         audited = asyncio.run(audit(system.observer_url, system.keys))
+        # replicated: what the ACL refused on every server and Sentinel, not the primary only
+        acl_refusals = system.group.acl_refusals() if system.group is not None else None
         journals = read_journals(system.journals())
     verdict = check(
         set(journals.acknowledged),
@@ -101,9 +107,35 @@ def run(
         verdict=verdict,
         waits=waits,
         malformed_journal_lines=journals.malformed,
+        acl_refusals=acl_refusals,
     )
     write_summary(out, summary)
     return summary
+
+
+#: durable mode's replicas in the failover runs: one of the two must hold each write
+FAILOVER_DURABLE_REPLICAS = 1
+
+
+def run_failover(
+    profile: Profile, seed: int, out: Path, say: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
+    """A replicated profile with durable mode off, then on (same seed, same schedule), each in
+    a folder of its own under `out`."""
+    runs = []
+    for replicas in (0, FAILOVER_DURABLE_REPLICAS):
+        variant = dataclasses.replace(profile, durable_replicas=replicas)
+        say(f"chaos: profile {variant.label}")
+        name = "durable-on" if replicas else "durable-off"
+        runs.append(run(variant, seed, out / name, say))
+    return runs
+
+
+def _supervise(injector: Injector, names: list[str]) -> None:
+    """What a supervisor does between faults: start again what exited, unfreeze a frozen
+    snapshot service (replicated profiles)."""
+    injector.restart_exited(names)
+    injector.watch_snapshot()
 
 
 def _inject(
@@ -114,7 +146,7 @@ def _inject(
     queue = list(schedule)
     while queue or injector.recovering:
         injector.recover()
-        injector.restart_exited(names)
+        _supervise(injector, names)
         now = injector.now()
         if queue and queue[0].at <= now:
             injector.inject(queue.pop(0))

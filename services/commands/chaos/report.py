@@ -7,7 +7,7 @@ at the same `checks` entries.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,23 @@ from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, Served
 from fedasync.services.commands.chaos.schedule import FaultKind, Profile
-from fedasync.services.commands.chaos.waits import Waits
+from fedasync.services.commands.chaos.waits import Waits, xadd_time
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.exactly_once import Verdict
 
 #: ids shown per failing category in summary.json (all of them are in the ledger export)
 EXAMPLES = 20
+
+
+def first_commits(failovers: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
+    """Add to each failover the seconds from the kill to the first commit on the new primary.
+
+    A commit's ledger entries carry the time the new primary added them (the entry id, on the
+    host's one clock): the first entry after the kill is the first commit there."""
+    times = sorted(xadd_time(str(record["ledger_id"])) for record in records)
+    for failover in failovers:
+        after = [t for t in times if t >= failover["wall"]]
+        failover["first_commit_s"] = round(after[0] - failover["wall"], 3) if after else None
 
 
 def build_summary(
@@ -37,15 +48,24 @@ def build_summary(
     verdict: Verdict,
     waits: Waits,
     malformed_journal_lines: int,
+    acl_refusals: list[str] | None = None,
 ) -> dict[str, Any]:
+    """`acl_refusals`: what the ACL refused on every server and Sentinel (replicated); None:
+    the audit's reading of the one server."""
     scheduled = {kind.value for kind, count in profile.faults if count > 0}
     outcomes = verdict.outcomes
     restarts = injector.restarts
     alarms = {rule: audit.alerts[rule] for rule in (STATE_MISMATCH, VERSION_REGRESSED)}
+    refused = audit.refused if acl_refusals is None else acl_refusals
+    failovers = [f.to_dict() for f in injector.failovers]
+    first_commits(failovers, audit.records)
+    moved_back = sum(f["moved_back"] for f in failovers)
+    # off, durable mode's guarantees are what the run measures, not what it checks
+    durable = not profile.replicated or profile.durable_replicas > 0
     checks = {
         "every fault kind injected": all(injector.injected[k] > 0 for k in scheduled),
         "stream drained": drained,
-        "lost == 0": not verdict.lost,
+        **({"lost == 0": not verdict.lost} if durable else {}),
         "duplicated == 0": not verdict.duplicated,
         "unexpected == 0": not verdict.unexpected,
         "versions contiguous": not verdict.version_gaps,
@@ -57,15 +77,25 @@ def build_summary(
             len(restarts) == injector.injected[FaultKind.KILL_REDIS.value]
             and all(check.intact for check in restarts)
         ),
-        "no move back in time alarmed": not any(alarms.values()),
-        "no command refused by Redis's ACL": not audit.refused,
+        **({"no move back in time alarmed": not any(alarms.values())} if durable else {}),
+        "no command refused by Redis's ACL": not refused,
         "XADD→decision waits within the bound": waits.ok,
         "slow clients cut off by the snapshot service": all(
             b.opened > 0 and b.closed_by_server == b.opened for b in injector.bursts
         ),
     }
+    if profile.replicated:
+        checks["every failover promoted a replica"] = all(
+            f["new_port"] is not None and not f["problems"] for f in failovers
+        )
+        if durable:
+            checks["no version moved back"] = moved_back == 0
     return {
         "profile": profile.name,
+        "label": profile.label,
+        "replicated": profile.replicated,
+        "durable_replicas": profile.durable_replicas,
+        "replica_lag_ms": profile.replica_lag_ms,
         "seed": seed,
         "acl": profile.acl,
         "out": str(out),
@@ -120,8 +150,12 @@ def build_summary(
             "delivered_up_to": backlog.delivered_up_to,
         },
         "redis_restarts": [check.to_dict() for check in restarts],
+        "failovers": failovers,
+        "versions_moved_back": moved_back,
+        "aggregator_refusals": sum(injector.refusals.values()),
+        "snapshot_unfrozen": injector.unfrozen,
         "alerts": dict(sorted(audit.alerts.items())),
-        "acl_refusals": audit.refused[:EXAMPLES],
+        "acl_refusals": refused[:EXAMPLES],
         "examples": {
             "lost": verdict.lost[:EXAMPLES],
             "duplicated": verdict.duplicated[:EXAMPLES],
@@ -151,7 +185,7 @@ def describe(summary: Mapping[str, Any]) -> str:
     versions = summary["versions"]
     waits = summary["waits"]
     lines = [
-        f"chaos run: profile {summary['profile']}, seed {summary['seed']}, "
+        f"chaos run: profile {summary.get('label', summary['profile'])}, seed {summary['seed']}, "
         f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
         "Redis "
         + (
@@ -180,6 +214,7 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"sha256 {served['committed_sha256'][:16]}",
         summary["verify"]["text"],
         *_restarts(summary["redis_restarts"]),
+        *_failovers(summary),
         "slow clients against the snapshot service: "
         + (
             "; ".join(
@@ -198,6 +233,71 @@ def describe(summary: Mapping[str, Any]) -> str:
     ]
     lines.append("chaos: " + ("all checks passed" if summary["ok"] else "CHECKS FAILED"))
     return "\n".join(lines)
+
+
+def _failovers(summary: Mapping[str, Any]) -> list[str]:
+    """One line per kill of the primary (replicated profiles only)."""
+    if not summary.get("replicated"):
+        return []
+    lines = [
+        f"failovers: {len(summary['failovers'])}, versions moved back "
+        f"{summary['versions_moved_back']}, aggregator refusals (exit 4, restarted) "
+        f"{summary['aggregator_refusals']}, snapshot service restarted after freezing "
+        f"{summary['snapshot_unfrozen']}"
+    ]
+    for f in summary["failovers"]:
+        lines.append(
+            f"  t={f['at']:7.2f} s: primary 127.0.0.1:{f['old_port']} killed, "
+            f"127.0.0.1:{f['new_port']} promoted after {_seconds(f['promoted_s'])}, first "
+            f"commit there after {_seconds(f.get('first_commit_s'))}; committed version "
+            f"{f['version_before']} → {f['version_after']}"
+            + ("; " + "; ".join(f["problems"]) if f["problems"] else "")
+        )
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f} s"
+
+
+def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Durable mode off and on side by side: the figures of `fedasync chaos --profile failover`."""
+
+    def spread(values: list[float | None]) -> str:
+        known = sorted(v for v in values if v is not None)
+        if not known:
+            return "?"
+        return f"{known[len(known) // 2]:.2f} / {known[-1]:.2f}"
+
+    rows: list[tuple[str, Any]] = [
+        ("kills of the primary (kill -9)", lambda s: len(s["failovers"])),
+        ("updates acknowledged", lambda s: s["updates"]["published"]),
+        ("acknowledged, then lost", lambda s: s["lost"]),
+        ("decided twice", lambda s: s["duplicated"] + s["entries_decided_twice"]),
+        ("versions moved back", lambda s: s["versions_moved_back"]),
+        (
+            "promotion, s (median / max)",
+            lambda s: spread([f["promoted_s"] for f in s["failovers"]]),
+        ),
+        (
+            "first commit on the new primary, s (median / max)",
+            lambda s: spread([f.get("first_commit_s") for f in s["failovers"]]),
+        ),
+        ("aggregator refusals (exit 4)", lambda s: s["aggregator_refusals"]),
+        ("snapshot restarts after a freeze", lambda s: s["snapshot_unfrozen"]),
+        ("checks", lambda s: "pass" if s["ok"] else "FAIL"),
+    ]
+    heads = [_mode(s) for s in summaries]
+    out = ["| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    out += [
+        f"| {name} | " + " | ".join(str(row(s)) for s in summaries) + " |" for name, row in rows
+    ]
+    return "\n".join(out)
+
+
+def _mode(summary: Mapping[str, Any]) -> str:
+    n = summary.get("durable_replicas", 0)
+    return f"durable on (WAIT {n})" if n else "durable off"
 
 
 def _restarts(restarts: list[dict[str, Any]]) -> list[str]:

@@ -28,6 +28,9 @@ class FaultKind(StrEnum):
     STALL_REDIS = "stall_redis"
     #: a burst of slow HTTP clients (slowloris) against the snapshot service, for a while
     SLOW_CLIENTS = "slow_clients"
+    #: kill -9 the primary of a replicated Redis; Sentinel promotes a replica, the services
+    #: follow it; the killed server starts again later, as a replica (replicated profiles only)
+    FAILOVER = "failover"
 
 
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
@@ -66,6 +69,22 @@ class Profile:
     slow_s: tuple[float, float] = (14.0, 18.0)
     #: Redis loads the generated ACL file and every service logs in as its own user
     acl: bool = True
+    #: Redis as a primary, two replicas and three Sentinels (services/runtime/redis_sentinel.py)
+    replicated: bool = False
+    #: durable mode: WAIT for this many replicas (0: off); also the servers'
+    #: `min-replicas-to-write`
+    durable_replicas: int = 0
+    #: how far behind its primary a replica receives the replication stream, ms (chaos/links.py):
+    #: replicas on other hosts; 0: all on this one, replication as fast as loopback
+    replica_lag_ms: int = 0
+
+    @property
+    def label(self) -> str:
+        """The name, with the durable mode of a replicated profile."""
+        if not self.replicated:
+            return self.name
+        durable = f"on (WAIT {self.durable_replicas})" if self.durable_replicas else "off"
+        return f"{self.name}, replicas {self.replica_lag_ms} ms behind, durable {durable}"
 
 
 PROFILES: dict[str, Profile] = {
@@ -120,6 +139,21 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.STALL_REDIS, 0),
             (FaultKind.SLOW_CLIENTS, 0),
         ),
+    ),
+    # kill -9 of the primary under Sentinel, several times: run with durable mode off, then on
+    # (`fedasync chaos --profile failover`), the replicas 20 ms behind (on other hosts). A
+    # Sentinel starts no second failover of the same primary within twice its failover timeout
+    # (6 s): the gap leaves room for that, for the killed server's return and its resync
+    "failover": Profile(
+        name="failover",
+        workers=4,
+        warmup_s=4.0,
+        window_s=50.0,
+        min_gap_s=12.0,
+        faults=((FaultKind.FAILOVER, 4),),
+        outage_s=(2.0, 3.0),
+        replicated=True,
+        replica_lag_ms=20,
     ),
 }
 

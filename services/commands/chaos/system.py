@@ -7,11 +7,20 @@ commands time out and go through their retry paths; budgets are out of reach so 
 closes during a run. The aggregator talks to Redis through a proxy (chaos/proxy.py) that can stall
 any one of its commands.
 
+A profile with `replicated` runs Redis as a primary, two replicas and three Sentinels instead
+(services/runtime/redis_sentinel.py), every service following the primary through the Sentinels
+(FEDASYNC_REDIS__SENTINELS), in durable mode when the profile asks for it; the aggregator then
+talks to Redis directly, without the proxy (the failover profile stalls no command). With
+`replica_lag_ms` every server is reached through a link in front of it that delivers the
+replication stream that much later (chaos/links.py): replicas on other hosts.
+
 Under the ACL (the profiles' default), Redis loads the file `fedasync acl` makes
 (services/stores/acl.py) with fresh passwords, and every service logs in as its own user, as in
 the compose file: the aggregator as `aggregator`, the snapshot service as `snapshot`, the
 workers as `worker`. The harness itself reads and pauses as an `observer` with every right, a
-user no service has. Without it (`--no-acl`), everyone is Redis's default user.
+user no service has. Replicated, the replicas log in as `replica`, the Sentinels as `sentinel`,
+and the services ask the Sentinels as `discovery`; the observer exists on the Sentinels too.
+Without it (`--no-acl`), everyone is Redis's default user.
 """
 
 from __future__ import annotations
@@ -22,12 +31,27 @@ from types import TracebackType
 
 import redis
 
+from fedasync.services.commands.chaos.links import Links
 from fedasync.services.commands.chaos.proxy import ProxyThread
 from fedasync.services.commands.chaos.schedule import Profile
-from fedasync.services.runtime.redis_server import RedisServer, free_port, server_version
+from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
+from fedasync.services.runtime.redis_server import (
+    RedisServer,
+    find_redis_server,
+    free_port,
+    server_version,
+)
 from fedasync.services.runtime.settings import AggregatorSettings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
-from fedasync.services.stores.acl import acl_file, all_users
+from fedasync.services.stores.acl import (
+    DISCOVERY_USER,
+    REPLICA_USER,
+    SENTINEL_USER,
+    acl_file,
+    all_users,
+    sentinel_acl,
+    sentinel_users,
+)
 from fedasync.services.stores.keys import Keys
 
 KEY_PREFIX = "chaos"
@@ -42,6 +66,11 @@ OBSERVER = "observer"
 #: the aggregator's settings that differ from the defaults; its claims run on the defaults, so
 #: the run checks the bound a deployment gets (`AggregatorSettings.decision_bound_s`)
 AGGREGATOR_SETTINGS = AggregatorSettings(batch_ms=20, block_ms=200)
+#: replicated: how long one WAIT may take (below the socket timeout), ms
+DURABLE_TIMEOUT_MS = "500"
+#: replicated: how long an aggregator that refused (exit 4) lingers before it exits, seconds.
+#: A supervisor restarts it: a failover that lost commits costs this, not the default 30 s
+REFUSAL_LINGER_S = "1.0"
 
 
 class AclNeedsRedis7(RuntimeError):
@@ -63,19 +92,38 @@ class System:
         #: user → password under the ACL (fresh for each run); empty without it
         self.passwords: dict[str, str] = {}
         extra: tuple[str, ...] = ()
-        if self.acl:
-            self.passwords = {u.name: secrets.token_urlsafe(24) for u in all_users(KEY_PREFIX)}
-            self.passwords[OBSERVER] = secrets.token_urlsafe(24)
-            extra = ("--aclfile", str(self._write_acl(out / "redis")))
-        self.redis = RedisServer(out / "redis", extra_args=extra)
-        self.proxy = ProxyThread("127.0.0.1", self.redis.port)
-        self.proxy_port = free_port()
-        if self.acl and server_version(self.redis.binary) < (7,):
+        binary = find_redis_server()
+        if self.acl and server_version(binary) < (7,):
             raise AclNeedsRedis7(
-                f"the ACL file needs Redis 7 or later (selectors), {self.redis.binary} is "
-                f"{'.'.join(map(str, server_version(self.redis.binary)))}: install Redis 7, or "
+                f"the ACL file needs Redis 7 or later (selectors), {binary} is "
+                f"{'.'.join(map(str, server_version(binary)))}: install Redis 7, or "
                 "run `fedasync chaos --no-acl`"
             )
+        if self.acl:
+            named = (*all_users(KEY_PREFIX), *sentinel_users())
+            self.passwords = {u.name: secrets.token_urlsafe(24) for u in named}
+            self.passwords[OBSERVER] = secrets.token_urlsafe(24)
+        #: one server (with the aggregator's proxy to it), or replicated under Sentinel
+        self.redis: RedisServer | None = None
+        self.proxy: ProxyThread | None = None
+        self.group: ReplicatedRedis | None = None
+        #: replicated with lagging replicas: the addresses in front of the servers
+        self.links: Links | None = None
+        if profile.replicated:
+            self.group = ReplicatedRedis(
+                out / "redis",
+                Topology(master_name=KEY_PREFIX, min_replicas_to_write=profile.durable_replicas),
+                self._auth() if self.acl else None,
+            )
+            if profile.replica_lag_ms:
+                ports = [server.port for server in self.group.servers]
+                self.links = Links(ports, profile.replica_lag_ms / 1000)
+        else:
+            if self.acl:
+                extra = ("--aclfile", str(self._write_acl(out / "redis")))
+            self.redis = RedisServer(out / "redis", binary=binary, extra_args=extra)
+            self.proxy = ProxyThread("127.0.0.1", self.redis.port)
+        self.proxy_port = free_port()
         self.aggregator_port = free_port()
         self.snapshot_port = free_port()
         self.journal_dir = out / "journal"
@@ -87,27 +135,57 @@ class System:
     def snapshot_url(self) -> str:
         return f"http://127.0.0.1:{self.snapshot_port}"
 
+    def _observer_line(self) -> str:
+        return f"user {OBSERVER} on >{self.passwords[OBSERVER]} ~* &* +@all\n"
+
     def _write_acl(self, directory: Path) -> Path:
         """The generated ACL file, with this run's passwords and the observer appended."""
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "users.acl"
-        services = {k: v for k, v in self.passwords.items() if k != OBSERVER}
-        observer = f"user {OBSERVER} on >{self.passwords[OBSERVER]} ~* &* +@all\n"
-        path.write_text(acl_file(KEY_PREFIX, services) + observer)
+        path.write_text(acl_file(KEY_PREFIX, self.passwords) + self._observer_line())
         path.chmod(0o600)
         return path
 
+    def _auth(self) -> Auth:
+        """Replicated, under the ACL: the servers' file and the Sentinels' users, each with the
+        observer appended."""
+        sentinel_side = {u.name: self.passwords[u.name] for u in sentinel_users()}
+        return Auth(
+            acl_file=acl_file(KEY_PREFIX, self.passwords) + self._observer_line(),
+            sentinel_users=sentinel_acl(sentinel_side) + self._observer_line(),
+            replica_password=self.passwords[REPLICA_USER],
+            sentinel_password=self.passwords[SENTINEL_USER],
+            admin=(OBSERVER, self.passwords[OBSERVER]),
+        )
+
+    @property
+    def server(self) -> RedisServer:
+        """The one Redis server of a profile that is not replicated."""
+        if self.redis is None:
+            raise RuntimeError("a replicated system has no single server")
+        return self.redis
+
+    @property
+    def primary_port(self) -> int:
+        """The port of the server that is the primary now."""
+        return self.group.primary_port() if self.group is not None else self.server.port
+
     def url_of(self, user: str, port: int | None = None) -> str:
         """The Redis URL `user` logs in with (without the ACL: the default user's), to Redis or
-        to another `port` (the proxy)."""
-        port = port or self.redis.port
+        to another `port` (the proxy). Replicated, a service's URL names no server (the
+        Sentinels do): only its user, password and database count."""
+        if self.group is not None and port is None and user != OBSERVER:
+            where = "primary"
+        else:
+            where = f"127.0.0.1:{port or self.primary_port}"
         if not self.acl:
-            return f"redis://127.0.0.1:{port}/0"
-        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{port}/0"
+            return f"redis://{where}/0"
+        return f"redis://{user}:{self.passwords[user]}@{where}/0"
 
     @property
     def observer_url(self) -> str:
-        """The harness's own: it may read every key and pause clients."""
+        """The harness's own, to the primary of the moment: it may read every key and pause
+        clients."""
         return self.url_of(OBSERVER)
 
     def observer(self, socket_timeout: float = 10.0) -> redis.Redis:
@@ -130,7 +208,24 @@ class System:
             "FEDASYNC_AGGREGATOR__KEEP_VERSIONS": str(KEEP_VERSIONS),
             # every service validates that the socket timeout exceeds the aggregator's block
             "FEDASYNC_AGGREGATOR__BLOCK_MS": str(AGGREGATOR_SETTINGS.block_ms),
+            **self._sentinel_env(),
         }
+
+    def _sentinel_env(self) -> dict[str, str]:
+        """Replicated: where the Sentinels are, as whom to ask them, durable mode."""
+        if self.group is None:
+            return {}
+        env = {
+            "FEDASYNC_REDIS__SENTINELS": self.group.sentinel_addresses,
+            "FEDASYNC_REDIS__MASTER_NAME": self.group.master_name,
+            "FEDASYNC_REDIS__DURABLE_REPLICAS": str(self.profile.durable_replicas),
+            "FEDASYNC_REDIS__DURABLE_TIMEOUT_MS": DURABLE_TIMEOUT_MS,
+            "FEDASYNC_AGGREGATOR__REFUSAL_LINGER_S": REFUSAL_LINGER_S,
+        }
+        if self.acl:
+            env["FEDASYNC_REDIS__SENTINEL_USERNAME"] = DISCOVERY_USER
+            env["FEDASYNC_REDIS__SENTINEL_PASSWORD"] = self.passwords[DISCOVERY_USER]
+        return env
 
     def aggregator_spec(self) -> ServiceSpec:
         port = self.aggregator_port
@@ -138,7 +233,9 @@ class System:
             AGGREGATOR,
             "fedasync.services.aggregator",
             {
-                "FEDASYNC_REDIS__URL": self.url_of("aggregator", self.proxy_port),
+                "FEDASYNC_REDIS__URL": self.url_of(
+                    "aggregator", self.proxy_port if self.proxy is not None else None
+                ),
                 "FEDASYNC_AGGREGATOR__PORT": str(port),
                 "FEDASYNC_AGGREGATOR__BATCH_MS": str(AGGREGATOR_SETTINGS.batch_ms),
             },
@@ -184,8 +281,14 @@ class System:
     def start(self, timeout: float = 60.0) -> None:
         """Redis (and the aggregator's proxy to it), then the aggregator and the snapshot service
         (each ready), then the workers."""
-        self.redis.start()
-        self.proxy.start(self.proxy_port)
+        if self.group is not None:
+            if self.links is not None:
+                self.group.fronts = self.links.start()
+            self.group.start(timeout)
+        else:
+            self.server.start()
+        if self.proxy is not None:
+            self.proxy.start(self.proxy_port)
         self.supervisor.start(self.aggregator_spec())
         self.supervisor.wait_ready(AGGREGATOR, timeout)
         self.supervisor.start(self.snapshot_spec())
@@ -196,8 +299,14 @@ class System:
     def stop(self) -> None:
         """Every child (workers first), then Redis. Safe to call twice."""
         self.supervisor.stop_all(groups=[self.workers, [SNAPSHOT], [AGGREGATOR]])
-        self.proxy.stop()
-        self.redis.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.group is not None:
+            self.group.stop()
+        if self.links is not None:
+            self.links.stop()
+        if self.redis is not None:
+            self.redis.stop()
 
     def __enter__(self) -> System:
         return self
