@@ -299,15 +299,21 @@ class Aggregator:
         cfg = self.settings.aggregator
         room = min(cfg.batch_max - len(batch.acks), cfg.read_count)
 
+        async def xreadgroup(client: aioredis.Redis) -> Any:
+            return await client.xreadgroup(
+                AGGREGATOR_GROUP,
+                cfg.consumer,
+                {self.keys.updates: start},
+                count=room,
+                block=block,
+            )
+
         async def read() -> Any:
             try:
-                return await self.redis.xreadgroup(
-                    AGGREGATOR_GROUP,
-                    cfg.consumer,
-                    {self.keys.updates: start},
-                    count=room,
-                    block=block,
-                )
+                # durable mode: what a read delivers is on the replicas before it is decided, so
+                # a commit retried on a promoted replica finds every entry it acknowledges
+                # pending there, and carries on instead of refusing (group-lost-delivery)
+                return await replicated(self.redis, self.settings.redis.durability, xreadgroup)
             except TRANSIENT:
                 # Redis may have run the read (entries now pending for us) and lost the reply
                 # (a timeout, or a crash after the AOF fsync): ">" never delivers those again

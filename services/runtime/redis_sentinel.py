@@ -36,7 +36,13 @@ from fedasync.services.runtime.redis_server import (
     wait_answering,
 )
 from fedasync.services.runtime.supervisor import die_with_parent
-from fedasync.services.stores.acl import REPLICA_USER, SENTINEL_USER
+from fedasync.services.stores.acl import (
+    REPLICA_USER,
+    SENTINEL_USER,
+    acl_file,
+    sentinel_acl,
+    sentinel_users,
+)
 
 #: how often the group polls while it waits for Sentinel to act, seconds
 POLL_S = 0.05
@@ -51,8 +57,11 @@ class Topology:
     sentinels: int = 3
     #: Sentinels that must agree the primary is down before one of them fails it over
     quorum: int = 2
-    #: silence after which a Sentinel thinks a server down, ms
-    down_after_ms: int = 1000
+    #: silence after which a Sentinel thinks a server down, ms. A Sentinel promotes no replica
+    #: whose link to the primary has been down more than ten times this (plus the time the
+    #: primary has been down): 5 s keeps that above the 30 s a Sentinel sits out in TILT mode
+    #: after its own process stalled (a loaded machine), so a failover is late, never refused
+    down_after_ms: int = 5000
     #: bounds each failover's steps; after one, no new failover of the same primary starts for
     #: twice this long (Sentinel's own rule), ms
     failover_timeout_ms: int = 3000
@@ -72,6 +81,21 @@ class Auth:
     sentinel_password: str
     #: a user with every right on servers and Sentinels alike: the group's own queries
     admin: tuple[str, str]
+
+    @classmethod
+    def generated(cls, prefix: str, passwords: Mapping[str, str], admin: tuple[str, str]) -> Auth:
+        """fedasync's users (services/stores/acl.py) with `passwords` (user → password, every
+        server and Sentinel user's), and `admin` appended on both sides."""
+        name, secret = admin
+        admin_line = f"user {name} on >{secret} ~* &* +@all\n"
+        sentinel_side = {u.name: passwords[u.name] for u in sentinel_users()}
+        return cls(
+            acl_file=acl_file(prefix, passwords) + admin_line,
+            sentinel_users=sentinel_acl(sentinel_side) + admin_line,
+            replica_password=passwords[REPLICA_USER],
+            sentinel_password=passwords[SENTINEL_USER],
+            admin=admin,
+        )
 
 
 def sentinel_conf(
@@ -206,7 +230,9 @@ class ReplicatedRedis:
 
     # ------------------------------------------------------------------------------ servers
     def _args(self, server: RedisServer, primary: int | None) -> tuple[str, ...]:
-        args: list[str] = []
+        # a replica that comes back is sent the data at once, not after the default 5 s wait
+        # for others to share the transfer with
+        args: list[str] = ["--repl-diskless-sync-delay", "0"]
         if self.auth is not None:
             acl = server.directory / "users.acl"
             server.directory.mkdir(parents=True, exist_ok=True)
@@ -245,8 +271,10 @@ class ReplicatedRedis:
         server.kill()
 
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
-        """Start a killed server again, as a replica of the primary the Sentinels name now."""
-        server.extra_args = self._args(server, self.primary_port())
+        """Start a killed server again, as a replica of the primary the Sentinels name now; as
+        the primary if they still name it (it came back before they promoted anyone)."""
+        primary = self.primary_port()
+        server.extra_args = self._args(server, None if primary == self.address(server) else primary)
         server.start(timeout=timeout)
 
     def stop(self) -> None:

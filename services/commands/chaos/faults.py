@@ -14,12 +14,15 @@ writes paused, must be there just after the restart.
 
 A failover (replicated profiles) kills the primary of the moment with SIGKILL, without pausing
 anything first: what it had not yet sent to a replica is what a lost host takes with it. The
-injector reads the committed version on the old primary just before and on the new one just after
-the Sentinels promote it (`Failover`): the difference is how many versions moved back. The killed
-server starts again after its outage, as a replica of the new primary. What follows a failover
-that lost commits is handled as a supervisor and an operator would: an aggregator that refuses
-(exit 4) is started again and counted as a refusal, not a crash, and a snapshot service that
-froze on the version going back is restarted (docs/operations.md, "Redis moved back in time").
+injector reads the version announced on the old primary (what devices may have been offered) just
+before, and the version committed on the new one just after the Sentinels promote it
+(`Failover`): the shortfall is how many versions moved back. (In durable mode a commit still
+waiting for its replica is committed but not announced; losing it moves nothing devices saw.)
+The killed server starts again after its outage, as a replica of the new primary. What follows
+a failover that lost commits is handled as a supervisor and an operator would: an aggregator
+that refuses (exit 4) is started again and counted as a refusal, not a crash, and a snapshot
+service that froze on the version going back is restarted (docs/operations.md, "Redis moved
+back in time").
 """
 
 from __future__ import annotations
@@ -84,14 +87,15 @@ class Failover:
     new_port: int | None = None
     #: from the kill until the Sentinels name the new primary and it says it is one, seconds
     promoted_s: float | None = None
-    #: the committed version on the old primary just before the kill, on the new one just after
+    #: the version announced on the old primary just before the kill (committed, if none is),
+    #: and the version committed on the new one just after its promotion
     version_before: int | None = None
     version_after: int | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
     def moved_back(self) -> int:
-        """Versions the old primary had committed that the new one does not hold."""
+        """Versions the old primary had announced that the new one does not hold."""
         if self.version_before is None or self.version_after is None:
             return 0
         return max(0, self.version_before - self.version_after)
@@ -281,29 +285,33 @@ class Injector:
         now = self.now()
         old = group.primary_port()
         record = Failover(now, old)
-        version = self.system.keys.version
+        keys = self.system.keys
         try:
-            record.version_before = int(group.read(old, version) or 0)
+            announced = group.read(old, keys.announced) or group.read(old, keys.version)
+            record.version_before = int(announced or 0)
         except (redis.RedisError, OSError) as exc:
             record.problems.append(f"no reading before the kill: {exc}")
         group.kill(group.server_on(old))
         record.wall = time.time()
         self.failovers.append(record)
-        self.pending.append((now + fault.outage_s, f"{SERVER}{old}"))
         self._injected(fault, now)
         try:
             record.new_port, record.promoted_s = group.wait_promoted(old, PROMOTED_WITHIN_S)
-            record.version_after = int(group.read(record.new_port, version) or 0)
+            record.version_after = int(group.read(record.new_port, keys.version) or 0)
         except (TimeoutError, redis.RedisError, OSError) as exc:
             record.problems.append(f"no promotion seen: {exc}")
+        finally:
+            # the killed server stays down its outage after the promotion (or the wait for it)
+            self.pending.append((self.now() + fault.outage_s, f"{SERVER}{old}"))
+        if record.new_port is None:
             return
         self.events.append(
             Event(
                 self.now(),
                 "promoted",
-                f"127.0.0.1:{record.new_port} after {record.promoted_s:.2f} s; committed "
-                f"version {record.version_before} before the kill, {record.version_after} on "
-                "the new primary",
+                f"127.0.0.1:{record.new_port} after {record.promoted_s:.2f} s; version "
+                f"{record.version_before} announced before the kill, {record.version_after} "
+                "committed on the new primary",
             )
         )
 

@@ -249,8 +249,8 @@ def _failovers(summary: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"  t={f['at']:7.2f} s: primary 127.0.0.1:{f['old_port']} killed, "
             f"127.0.0.1:{f['new_port']} promoted after {_seconds(f['promoted_s'])}, first "
-            f"commit there after {_seconds(f.get('first_commit_s'))}; committed version "
-            f"{f['version_before']} → {f['version_after']}"
+            f"commit there after {_seconds(f.get('first_commit_s'))}; version announced "
+            f"{f['version_before']} → committed {f['version_after']}"
             + ("; " + "; ".join(f["problems"]) if f["problems"] else "")
         )
     return lines

@@ -45,11 +45,8 @@ from fedasync.services.runtime.settings import AggregatorSettings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
-    REPLICA_USER,
-    SENTINEL_USER,
     acl_file,
     all_users,
-    sentinel_acl,
     sentinel_users,
 )
 from fedasync.services.stores.keys import Keys
@@ -149,14 +146,7 @@ class System:
     def _auth(self) -> Auth:
         """Replicated, under the ACL: the servers' file and the Sentinels' users, each with the
         observer appended."""
-        sentinel_side = {u.name: self.passwords[u.name] for u in sentinel_users()}
-        return Auth(
-            acl_file=acl_file(KEY_PREFIX, self.passwords) + self._observer_line(),
-            sentinel_users=sentinel_acl(sentinel_side) + self._observer_line(),
-            replica_password=self.passwords[REPLICA_USER],
-            sentinel_password=self.passwords[SENTINEL_USER],
-            admin=(OBSERVER, self.passwords[OBSERVER]),
-        )
+        return Auth.generated(KEY_PREFIX, self.passwords, (OBSERVER, self.passwords[OBSERVER]))
 
     @property
     def server(self) -> RedisServer:

@@ -1,0 +1,195 @@
+"""Following the primary across a Sentinel failover: real servers, real Sentinels, kill -9.
+
+One replicated Redis for the module (services/runtime/redis_sentinel.py): a primary, two replicas
+and three Sentinels, under the generated ACL file, every client logged in as its own user and
+asking the Sentinels as `discovery`. Each test kills the primary of the moment and starts the
+killed server again as a replica, so the next test finds the group whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from fedasync.services.aggregator.inspection import StateMismatch
+from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.redis_conn import connect, retrying
+from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
+from fedasync.services.runtime.settings import Settings, load_settings
+from fedasync.services.stores.acl import DISCOVERY_USER, all_users, sentinel_users
+from fedasync.services.stores.alerts import STATE_MISMATCH
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import records, verify
+from fedasync.shared.continuity import Check
+from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+PREFIX = "ha"
+KEYS = Keys(PREFIX)
+ADMIN = ("admin-of-tests", "admin-of-tests-password-0")
+PASSWORDS = {u.name: secrets.token_urlsafe(24) for u in (*all_users(PREFIX), *sentinel_users())}
+#: generous: Sentinel needs its down-after (5 s) and an election; a loaded machine more
+PROMOTED_WITHIN_S = 90.0
+SETTLED_WITHIN_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedis]:
+    replicated = ReplicatedRedis(
+        tmp_path_factory.mktemp("replicated"),
+        Topology(master_name=PREFIX),
+        Auth.generated(PREFIX, PASSWORDS, ADMIN),
+    )
+    try:
+        replicated.start(SETTLED_WITHIN_S)
+        yield replicated
+    finally:
+        replicated.stop()
+
+
+def as_user(group: ReplicatedRedis, user: str) -> Settings:
+    """A service's settings: the Sentinels to ask (as `discovery`), its own user on the
+    primary; the URL names no server."""
+    return load_settings(
+        redis={
+            "url": f"redis://{user}:{PASSWORDS[user]}@primary/0",
+            "sentinels": group.sentinel_addresses,
+            "master_name": PREFIX,
+            "sentinel_username": DISCOVERY_USER,
+            "sentinel_password": PASSWORDS[DISCOVERY_USER],
+            "key_prefix": PREFIX,
+            "socket_timeout_s": 2.0,
+        },
+        task={"name": "linear"},
+        aggregator={"batch_ms": 20, "block_ms": 100, "port": None},
+    )
+
+
+def admin(port: int) -> redis.Redis:
+    return redis.Redis(port=port, username=ADMIN[0], password=ADMIN[1], socket_timeout=60.0)
+
+
+def on(port: int, *command: Any) -> Any:
+    client = admin(port)
+    try:
+        return client.execute_command(*command)  # type: ignore[no-untyped-call]
+    finally:
+        client.close()
+
+
+def fail_over(group: ReplicatedRedis) -> tuple[int, int]:
+    """Kill -9 the primary; (its address, the promoted one's) once the Sentinels promoted."""
+    old = group.primary_port()
+    group.kill(group.server_on(old))
+    new, _ = group.wait_promoted(old, PROMOTED_WITHIN_S)
+    return old, new
+
+
+def recover(group: ReplicatedRedis, old: int) -> None:
+    """Start the killed server again, from the main thread: a child process dies with the
+    thread that started it (PR_SET_PDEATHSIG), and a loop's worker threads end with the test."""
+    group.restart(group.server_on(old))
+    group.wait_settled(SETTLED_WITHIN_S)
+
+
+async def test_a_service_follows_the_primary_across_a_kill_9(group: ReplicatedRedis) -> None:
+    settings = as_user(group, "worker")
+    client = connect(settings.redis)
+    try:
+        first = await client.xadd(KEYS.updates, {"m": b"before"})
+        # everything up to here is on both replicas: the failover below loses none of it
+        on(group.primary_port(), "WAIT", 2, 30_000)
+        old, new = await asyncio.to_thread(fail_over, group)
+        assert new != old
+        # the next command fails on the dead primary (a transient error), the retry policy
+        # asks the Sentinels again and it lands on the new one: no restart, no new client
+        second = await retrying(
+            "XADD", lambda: client.xadd(KEYS.updates, {"m": b"after"}), settings.redis
+        )
+        held = on(new, "XRANGE", KEYS.updates, "-", "+")
+        assert [row[0] for row in held] == [first, second]
+    finally:
+        await client.aclose()
+        recover(group, old)
+
+
+async def test_a_commit_lost_in_a_failover_stops_the_aggregator_and_a_restart_resumes(
+    group: ReplicatedRedis,
+) -> None:
+    """docs/architecture.md, "Past one machine": replication is asynchronous, so the primary can
+    die with a commit (and an XADD) no replica has. The aggregator that made that commit finds an
+    older commit sequence on the new primary: its next commit is refused, it raises the
+    state-mismatch alarm and stops (exit code 4); a restarted aggregator resumes from what the
+    new primary holds, and `ledger verify` passes. The replicas are cut off by the ACL
+    (`replica` switched off on the primary, their links dropped) so that they miss it for
+    certain."""
+    settings = as_user(group, "aggregator")
+    worker = connect(as_user(group, "worker").redis)
+    stopping = asyncio.Event()
+    first = asyncio.create_task(
+        run_aggregator(
+            settings, initial=initial_state(settings), handle_signals=False, stopping=stopping
+        )
+    )
+    old = group.primary_port()
+    watcher = connect(load_settings(redis={"url": admin_url(old), "socket_timeout_s": 30}).redis)
+    try:
+        await publish(worker, KEYS, make_update("u1", base=0))
+        seen = await wait_for_ledger(watcher, KEYS, "0-0", 1)
+        on(old, "WAIT", 2, 30_000)  # commit 1 (and u1) on both replicas
+        on(old, "ACL", "SETUSER", "replica", "off")
+        on(old, "CLIENT", "KILL", "TYPE", "replica")
+        await publish(worker, KEYS, make_update("u2", base=1))  # acknowledged by the primary
+        await wait_for_ledger(watcher, KEYS, seen, 1)  # commit 2: on the primary only
+        await watcher.aclose()
+        _, new = await asyncio.to_thread(fail_over, group)
+        await retrying(
+            "publish", lambda: publish(worker, KEYS, make_update("u3", base=1)), settings.redis
+        )
+        with pytest.raises(StateMismatch) as refused:
+            await asyncio.wait_for(first, 120)
+        assert [p.check for p in refused.value.problems] == [Check.COMMIT_SEQ_MOVED]
+        alerts = on(new, "XRANGE", KEYS.alerts, "-", "+")
+        assert [dict(a[1])[b"rule"] for a in alerts] == [STATE_MISMATCH.encode()]
+        # the restart resumes from commit 1 and decides u3: u2 was lost with the old primary
+        result = await run_aggregator(settings, handle_signals=False, burst=True)
+        assert result.version == 2
+        reader = connect(load_settings(redis={"url": admin_url(new)}).redis)
+        try:
+            decided = [r["update_id"] async for r in records(reader, KEYS)]
+            assert decided == ["u1", "u3"]
+            report = await verify(reader, KEYS, 1 << 24)
+            assert report.ok, report.describe()
+        finally:
+            await reader.aclose()
+    finally:
+        stopping.set()
+        if not first.done():
+            first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        await worker.aclose()
+        await watcher.aclose()
+        recover(group, old)
+
+
+def admin_url(port: int) -> str:
+    return f"redis://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{port}/0"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keys(group: ReplicatedRedis) -> None:
+    """Each test starts from no fedasync key at all."""
+    client = admin(group.primary_port())
+    try:
+        keys = list(client.scan_iter(match="{ha}:*"))
+        if keys:
+            client.delete(*keys)
+        client.execute_command("WAIT", 2, 30_000)  # type: ignore[no-untyped-call]
+    finally:
+        client.close()
