@@ -126,3 +126,43 @@ def test_rule_settings_that_could_never_work_are_refused(
         load_settings(control=control)
     with pytest.raises(SettingsError, match=message.split("_")[0].lower()):
         load_settings(control=control)
+
+
+def test_sentinels_are_host_port_pairs_and_empty_means_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FEDASYNC_REDIS__SENTINELS", "s1:26379, 10.0.0.2:26380,[::1]:26381")
+    redis = load_settings().redis
+    assert redis.sentinel_list == [("s1", 26379), ("10.0.0.2", 26380), ("::1", 26381)]
+    assert redis.configured
+    assert redis.url is None
+    # compose passes ${FEDASYNC_REDIS__SENTINELS:-}: empty is no Sentinel at all
+    monkeypatch.setenv("FEDASYNC_REDIS__SENTINELS", "")
+    assert load_settings().redis.sentinels is None
+    assert not load_settings().redis.configured
+
+
+@pytest.mark.parametrize("value", ["s1", "s1:", ":26379", "s1:port", "s1:70000", "s1:1,s2"])
+def test_a_sentinel_that_is_not_host_port_is_named(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("FEDASYNC_REDIS__SENTINELS", value)
+    with pytest.raises(SettingsError, match=r"FEDASYNC_REDIS__SENTINELS: .* is not host:port"):
+        load_settings()
+
+
+def test_durable_mode_is_off_by_default_and_its_wait_ends_before_the_socket_gives_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().redis.durability.replicas == 0
+    monkeypatch.setenv("FEDASYNC_REDIS__DURABLE_REPLICAS", "1")
+    monkeypatch.setenv("FEDASYNC_REDIS__DURABLE_TIMEOUT_MS", "800")
+    monkeypatch.setenv("FEDASYNC_REDIS__SOCKET_TIMEOUT_S", "2")
+    durability = load_settings().redis.durability
+    assert (durability.replicas, durability.timeout_ms) == (1, 800)
+    monkeypatch.setenv("FEDASYNC_REDIS__SOCKET_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("FEDASYNC_AGGREGATOR__BLOCK_MS", "100")  # below that socket timeout
+    with pytest.raises(SettingsError, match=r"durable_timeout_ms \(800\) must stay below"):
+        load_settings()
+    monkeypatch.setenv("FEDASYNC_REDIS__DURABLE_REPLICAS", "0")  # off: no WAIT, no limit
+    assert load_settings().redis.durability.replicas == 0

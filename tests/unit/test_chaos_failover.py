@@ -1,0 +1,105 @@
+"""The failover profile's parts that need no Redis: the replica links, the figures, the table.
+
+The runs themselves (real servers, Sentinels, services) are tests/chaos/test_failover.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fedasync.services.commands.chaos.faults import Failover
+from fedasync.services.commands.chaos.links import Link, _names_replication
+from fedasync.services.commands.chaos.report import failover_table, first_commits
+
+
+def resp(*args: str) -> bytes:
+    return f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args)
+
+
+def test_a_replica_is_told_by_its_handshake() -> None:
+    handshake = resp("AUTH", "replica", "pw") + resp("PING") + resp("REPLCONF", "capa", "psync2")
+    assert _names_replication(bytearray(handshake))
+    assert _names_replication(bytearray(resp("PSYNC", "?", "-1")))
+    client = resp("AUTH", "worker", "pw") + resp("XADD", "{p}:updates", "*", "m", "x")
+    assert not _names_replication(bytearray(client))
+    assert not _names_replication(bytearray(resp("REPL")[:-3]))  # incomplete: not yet
+
+
+@pytest.mark.asyncio
+async def test_a_link_delays_replication_and_drops_it_when_the_server_dies() -> None:
+    """What the primary sent a replica within the lag before it died never arrives."""
+    got_psync = asyncio.Event()
+
+    async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"psync2\r\n")
+        writer.write(b"+FULLRESYNC\r\n")  # in flight on the link for its lag
+        await writer.drain()
+        got_psync.set()
+        writer.transport.abort()  # kill -9
+
+    upstream = await asyncio.start_server(server, "127.0.0.1", 0)
+    link = Link(upstream.sockets[0].getsockname()[1], lag_s=5.0)
+    await link.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
+        writer.write(resp("REPLCONF", "capa", "psync2"))
+        await writer.drain()
+        await asyncio.wait_for(got_psync.wait(), 30)
+        # the server is gone: the link cuts the replica off at once, the reply undelivered
+        try:
+            received = await asyncio.wait_for(reader.read(), 30)
+        except ConnectionResetError:  # the cut is a reset, not a close
+            received = b""
+        assert received == b""
+        assert link.replication_links == 1
+        writer.close()
+    finally:
+        await link.aclose()
+        upstream.close()
+        await upstream.wait_closed()
+
+
+def test_versions_moved_back_are_announced_ones_the_new_primary_lacks() -> None:
+    assert Failover(0.0, 1, version_before=10, version_after=8).moved_back == 2
+    # durable mode: the new primary may hold more than was announced, never less
+    assert Failover(0.0, 1, version_before=10, version_after=11).moved_back == 0
+    assert Failover(0.0, 1).moved_back == 0  # no reading: nothing claimed
+
+
+def test_the_first_commit_after_a_kill_is_the_first_ledger_entry_after_it() -> None:
+    failovers = [{"wall": 100.0}, {"wall": 200.0}, {"wall": 300.0}]
+    ledger = [{"ledger_id": f"{ms}-0"} for ms in (99_000, 103_500, 104_000, 201_250)]
+    first_commits(failovers, ledger)
+    assert [f["first_commit_s"] for f in failovers] == [3.5, 1.25, None]
+
+
+def summary(durable: int, lost: int, moved: int, promoted: list[float]) -> dict[str, object]:
+    return {
+        "durable_replicas": durable,
+        "failovers": [
+            {"promoted_s": p, "first_commit_s": p + 1.0, "moved_back": 0} for p in promoted
+        ],
+        "updates": {"published": 500},
+        "lost": lost,
+        "duplicated": 0,
+        "entries_decided_twice": 0,
+        "versions_moved_back": moved,
+        "aggregator_refusals": 2 if moved else 0,
+        "snapshot_unfrozen": 1 if moved else 0,
+        "ok": True,
+    }
+
+
+def test_the_failover_table_puts_durable_off_and_on_side_by_side() -> None:
+    table = failover_table([summary(0, 3, 2, [6.0, 6.5, 7.0]), summary(1, 0, 0, [6.1, 6.2])])
+    lines = table.splitlines()
+    assert lines[0] == "| | durable off | durable on (WAIT 1) |"
+    assert "| kills of the primary (kill -9) | 3 | 2 |" in lines
+    assert "| acknowledged, then lost | 3 | 0 |" in lines
+    assert "| versions moved back | 2 | 0 |" in lines
+    assert "| promotion, s (median / max) | 6.50 / 7.00 | 6.20 / 6.20 |" in lines
+    assert "| first commit on the new primary, s (median / max) | 7.50 / 8.00 | 7.20 / 7.20 |" in (
+        lines
+    )
