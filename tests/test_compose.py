@@ -28,9 +28,16 @@ from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.commands.cli import build_parser
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.ingest.metrics import IngestMetrics
+from fedasync.services.runtime.redis_sentinel import sentinel_conf
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
 from fedasync.services.snapshot.app import SnapshotMetrics
-from fedasync.services.stores.acl import DEFAULT_USER_LINE, HEALTH_USER, acl_file, all_users
+from fedasync.services.stores.acl import (
+    DEFAULT_USER_LINE,
+    HEALTH_USER,
+    acl_file,
+    all_users,
+    sentinel_acl,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -768,3 +775,165 @@ def test_a_task_of_ones_own_can_be_built_into_both_images() -> None:
         assert 'if [ -n "$TASK_PACKAGES" ]; then pip install $TASK_PACKAGES; fi' in text, path.name
     services = (ROOT / "docker" / "Dockerfile").read_text()
     assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in services
+
+
+# ------------------------------------------------------------- Redis under Sentinel (`ha`)
+HA = {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
+SENTINELS = sorted(name for name in HA if name.startswith("sentinel-"))
+SENTINEL_TEMPLATE = ROOT / "docker" / "redis" / "sentinel.conf"
+SENTINEL_USERS = ROOT / "docker" / "redis" / "sentinel-users.acl"
+SENTINEL_ENTRYPOINT = ROOT / "docker" / "redis" / "sentinel-entrypoint.sh"
+#: what the compose Sentinels watch: `redis` first, two of three agreeing, 5 s of silence
+COMPOSE_SENTINEL = {
+    "master_name": "fedasync",
+    "host": "redis",
+    "port": 6379,
+    "quorum": 2,
+    "down_after_ms": 5000,
+    "failover_timeout_ms": 60000,
+}
+
+
+def test_the_ha_profile_adds_a_replica_and_three_sentinels_that_nothing_else_needs() -> None:
+    assert {name for name, s in SERVICES.items() if "ha" in s.get("profiles", [])} == HA
+    for name, service in SERVICES.items():
+        if name not in HA:
+            assert not set(service.get("depends_on", {})) & HA, name
+    for name in HA:
+        assert SERVICES[name]["image"] == SERVICES["redis"]["image"], name
+        assert "healthcheck" in SERVICES[name], name
+        assert not published(name), f"{name}: nothing of Redis faces the host"
+
+
+def test_the_replica_is_the_primary_s_server_following_it() -> None:
+    primary, replica = argv(SERVICES["redis"]), argv(SERVICES["redis-replica"])
+    assert replica[: len(primary)] == primary  # ACL file, AOF, limits, replication user
+    assert replica[len(primary) :] == [
+        "--replicaof",
+        "redis",
+        "6379",
+        "--replica-announce-ip",
+        "redis-replica",
+    ]
+    command = " ".join(SERVICES["redis"]["command"])
+    # either may be the primary: each logs in to the other as `replica`, and durable mode's
+    # min-replicas-to-write follows the services' FEDASYNC_REDIS__DURABLE_REPLICAS
+    assert "--masteruser replica --masterauth ${REDIS_PASSWORD_REPLICA}" in command
+    assert "--min-replicas-to-write ${FEDASYNC_REDIS__DURABLE_REPLICAS:-0}" in command
+    assert environment("redis-replica") == environment("redis")
+    assert bind_mounts("redis-replica") == bind_mounts("redis")
+    assert "redis-replica-data:/data" in SERVICES["redis-replica"]["volumes"]
+
+
+def test_every_password_the_acl_file_names_reaches_the_redis_containers() -> None:
+    named = set(re.findall(r"\$\{(REDIS_PASSWORD_\w+)\}", ACL_TEMPLATE.read_text()))
+    assert {"REDIS_PASSWORD_REPLICA", "REDIS_PASSWORD_SENTINEL"} <= named
+    for name in ("redis", "redis-replica"):
+        env = environment(name)
+        for variable in named:
+            assert env[variable].startswith("${" + variable + ":?"), (name, variable)
+
+
+def test_the_sentinel_templates_are_what_the_generators_make() -> None:
+    placeholder = "${REDIS_PASSWORD_SENTINEL}"
+    expected = sentinel_conf(**COMPOSE_SENTINEL, sentinel_password=placeholder, hostnames=True)
+    assert SENTINEL_TEMPLATE.read_text() == expected
+    assert SENTINEL_USERS.read_text() == sentinel_acl(), "run: fedasync acl --sentinel"
+    assert COMPOSE_SENTINEL["quorum"] * 2 > len(SENTINELS)  # a majority of the Sentinels
+
+
+def test_each_sentinel_keeps_its_own_state_and_renders_the_templates() -> None:
+    volumes = set()
+    for name in SENTINELS:
+        service = SERVICES[name]
+        assert argv(service) == ["sh", "/usr/local/etc/redis/sentinel-entrypoint.sh"], name
+        mounts = bind_mounts(name)
+        assert mounts["/usr/local/etc/redis/sentinel.conf.template"] == SENTINEL_TEMPLATE
+        assert mounts["/usr/local/etc/redis/sentinel-users.acl.template"] == SENTINEL_USERS
+        assert mounts["/usr/local/etc/redis/sentinel-entrypoint.sh"] == SENTINEL_ENTRYPOINT
+        assert mounts["/usr/local/etc/redis/entrypoint.sh"] == REDIS_ENTRYPOINT
+        [data] = [v for v in service["volumes"] if str(v).endswith(":/data")]
+        volumes.add(data)
+        env = environment(name)
+        for variable in ("REDIS_PASSWORD_SENTINEL", "REDIS_PASSWORD_DISCOVERY"):
+            assert env[variable].startswith("${" + variable + ":?"), (name, variable)
+        assert "26379" in service["healthcheck"]["test"], name
+    assert len(volumes) == len(SENTINELS)  # no two share what they learned
+
+
+def test_the_services_ask_the_sentinels_only_when_the_shell_names_them() -> None:
+    shared = {str(k): str(v) for k, v in COMPOSE["x-fedasync-env"].items()}
+    assert shared["FEDASYNC_REDIS__SENTINELS"] == "${FEDASYNC_REDIS__SENTINELS:-}"
+    assert shared["FEDASYNC_REDIS__SENTINEL_USERNAME"] == "discovery"
+    assert shared["FEDASYNC_REDIS__SENTINEL_PASSWORD"] == "${REDIS_PASSWORD_DISCOVERY:-}"
+    assert shared["FEDASYNC_REDIS__DURABLE_REPLICAS"] == "${FEDASYNC_REDIS__DURABLE_REPLICAS:-0}"
+    # the value the file's header tells to export names the three Sentinels
+    [documented] = re.findall(r"FEDASYNC_REDIS__SENTINELS=(\S+)", COMPOSE_TEXT)
+    settings = RedisSettings(sentinels=documented)
+    assert sorted(host for host, _ in settings.sentinel_list) == SENTINELS
+    assert {port for _, port in settings.sentinel_list} == {26379}
+    assert RedisSettings(sentinels="").sentinels is None  # unset in the shell: no Sentinel
+
+
+def run_sentinel_entrypoint(
+    tmp_path: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """The Sentinel's entrypoint with the templates where the compose file mounts them (here,
+    a folder) and a stand-in for the image's own entrypoint."""
+    templates = tmp_path / "templates"
+    templates.mkdir(exist_ok=True)
+    for source, name in (
+        (REDIS_ENTRYPOINT, "entrypoint.sh"),
+        (SENTINEL_TEMPLATE, "sentinel.conf.template"),
+        (SENTINEL_USERS, "sentinel-users.acl.template"),
+    ):
+        (templates / name).write_text(source.read_text())
+    stub = tmp_path / "docker-entrypoint.sh"
+    stub.write_text('#!/bin/sh\nif [ "$1" = true ]; then exit 0; fi\necho "started: $*"\n')
+    stub.chmod(0o755)
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    base = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "SENTINEL_DIR": str(data),
+        "SENTINEL_TEMPLATES": str(templates),
+    }
+    return subprocess.run(
+        ["sh", str(SENTINEL_ENTRYPOINT)],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_the_sentinel_entrypoint_writes_its_file_once_and_keeps_what_sentinel_learned(
+    tmp_path: Path,
+) -> None:
+    passwords = {"sentinel": "sentinel-Pw.~_0-0123456789", "discovery": "discovery-Pw-0123456"}
+    env = {"REDIS_PASSWORD_" + k.upper(): v for k, v in passwords.items()}
+    result = run_sentinel_entrypoint(tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    conf = tmp_path / "data" / "sentinel.conf"
+    assert result.stdout == f"started: redis-server {conf} --sentinel\n"
+    expected = sentinel_conf(
+        **COMPOSE_SENTINEL, sentinel_password=passwords["sentinel"], hostnames=True
+    ) + sentinel_acl(passwords)
+    assert conf.read_text() == expected
+    assert conf.stat().st_mode & 0o077 == 0  # passwords: owner only
+    # Sentinel rewrites the file with what it learns; a restart starts from that, not anew
+    conf.write_text("# rewritten by Sentinel\n")
+    assert run_sentinel_entrypoint(tmp_path, env).returncode == 0
+    assert conf.read_text() == "# rewritten by Sentinel\n"
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_the_sentinel_entrypoint_refuses_to_start_without_a_usable_password(
+    tmp_path: Path,
+) -> None:
+    result = run_sentinel_entrypoint(tmp_path, {"REDIS_PASSWORD_SENTINEL": "sentinel-pw-0123456"})
+    assert result.returncode != 0
+    assert "REDIS_PASSWORD_DISCOVERY is not set" in result.stderr
+    assert "started" not in result.stdout
+    assert list((tmp_path / "data").iterdir()) == []  # nothing half-written
