@@ -299,14 +299,22 @@ class Aggregator:
         cfg = self.settings.aggregator
         room = min(cfg.batch_max - len(batch.acks), cfg.read_count)
 
+        durable = self.settings.redis.durable_replicas > 0
+
         async def xreadgroup(client: aioredis.Redis) -> Any:
-            return await client.xreadgroup(
+            reply = await client.xreadgroup(
                 AGGREGATOR_GROUP,
                 cfg.consumer,
                 {self.keys.updates: start},
                 count=room,
                 block=block,
             )
+            if durable:
+                # a write of nothing (the epoch plus 0) on this connection, so that its WAIT
+                # covers every delivery before it: a re-read of pending entries ("0") writes
+                # nothing itself, yet their first delivery may not have reached a replica
+                await client.incrby(self.keys.epoch, 0)
+            return reply
 
         async def read() -> Any:
             try:

@@ -53,6 +53,7 @@ from fedasync.services.commands.chaos.system import (
 )
 from fedasync.services.commands.chaos.waits import Interruption
 from fedasync.services.runtime.entry import EXIT_REFUSED
+from fedasync.services.runtime.redis_sentinel import ReplicatedRedis
 from fedasync.services.runtime.redis_server import free_port
 
 #: least time between a child's unexpected exit and its restart, seconds (a supervisor's back-off)
@@ -70,6 +71,8 @@ PROMOTED_WITHIN_S = 60.0
 SETTLED_WITHIN_S = 60.0
 #: how often the snapshot service's /readyz is asked whether it froze, seconds
 SNAPSHOT_WATCH_S = 1.0
+#: how often the injector looks for the first commit after a failover, seconds
+RECOVERY_POLL_S = 0.1
 #: the /readyz status of a snapshot service that froze on Redis going back (snapshot/app.py)
 REGRESSED_STATUS = "version regressed"
 #: the pending-restart name of a killed server of a replicated Redis: this prefix and its port
@@ -91,6 +94,8 @@ class Failover:
     #: and the version committed on the new one just after its promotion
     version_before: int | None = None
     version_after: int | None = None
+    #: the commit sequence on the new primary just after its promotion
+    seq_after: int | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -279,6 +284,7 @@ class Injector:
             return
         try:
             group.wait_settled(SETTLED_WITHIN_S)
+            self._wait_recovered(group)
         except TimeoutError as exc:
             self._skip(fault, now, str(exc))
             return
@@ -298,6 +304,7 @@ class Injector:
         try:
             record.new_port, record.promoted_s = group.wait_promoted(old, PROMOTED_WITHIN_S)
             record.version_after = int(group.read(record.new_port, keys.version) or 0)
+            record.seq_after = int(group.read(record.new_port, keys.commit_seq) or 0)
         except (TimeoutError, redis.RedisError, OSError) as exc:
             record.problems.append(f"no promotion seen: {exc}")
         finally:
@@ -314,6 +321,24 @@ class Injector:
                 "committed on the new primary",
             )
         )
+
+    def _wait_recovered(self, group: ReplicatedRedis) -> None:
+        """Until the aggregator has committed on the primary promoted by the last failover, so
+        each failover's figures are its own (a kill during the recovery from the previous one
+        would add to them). Restarts what exits meanwhile; TimeoutError after SETTLED_WITHIN_S."""
+        if not self.failovers or self.failovers[-1].seq_after is None:
+            return
+        last = self.failovers[-1]
+        deadline = time.monotonic() + SETTLED_WITHIN_S
+        while time.monotonic() < deadline:
+            self.restart_exited([AGGREGATOR, SNAPSHOT, *self.system.workers])
+            self.watch_snapshot()
+            with contextlib.suppress(redis.RedisError, OSError, RuntimeError):
+                seq = group.read(group.primary_port(), self.system.keys.commit_seq)
+                if int(seq or 0) > (last.seq_after or 0):
+                    return
+            time.sleep(RECOVERY_POLL_S)
+        raise TimeoutError(f"no commit since the last failover in {SETTLED_WITHIN_S} s")
 
     def watch_snapshot(self) -> None:
         """Replicated profiles: a snapshot service that froze on the version going back is
