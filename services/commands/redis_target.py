@@ -44,10 +44,10 @@ class CommandError(Exception):
 def configured(settings: RedisSettings, command: str, alternative: str = "") -> RedisSettings:
     """The configured Redis, or a `CommandError` naming the variable to set (and `alternative`,
     another way to give the command what it needs)."""
-    if settings.url is None:
+    if not settings.configured:
         raise CommandError(
             f"{command}: no Redis configured: set FEDASYNC_REDIS__URL to the Redis the services "
-            f"use{alternative}"
+            f"use (or FEDASYNC_REDIS__SENTINELS to their Sentinels){alternative}"
         )
     return settings
 
@@ -60,6 +60,13 @@ def where(url: str | None) -> str:
     return f"{parts.hostname}:{parts.port or 6379}{parts.path or ''}"
 
 
+def redis_where(settings: RedisSettings) -> str:
+    """Where the configured Redis is, as a line may print it (no user, no password)."""
+    if settings.sentinels is not None:
+        return f"the primary {settings.master_name!r} of the Sentinels {settings.sentinels}"
+    return where(settings.url)
+
+
 async def talking_to(
     settings: RedisSettings, command: str, action: Callable[[], Awaitable[T]]
 ) -> T:
@@ -67,7 +74,7 @@ async def talking_to(
     try:
         return await action()
     except RedisError as exc:  # connection refused and timeouts included
-        raise CommandError(f"{command}: Redis at {where(settings.url)}: {exc}", 1) from None
+        raise CommandError(f"{command}: Redis at {redis_where(settings)}: {exc}", 1) from None
 
 
 @dataclass(frozen=True, slots=True)

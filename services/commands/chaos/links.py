@@ -82,6 +82,8 @@ class Link:
             ]
             # the first end to go away ends both: nothing still queued is delivered
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            pass  # the link is closing (aclose): the connection ends like any other
         finally:
             for pump in pumps:
                 pump.cancel()

@@ -38,7 +38,7 @@ class Ports:
 
 
 def configure(
-    settings: Settings, redis_url: str, key_prefix: str, ports: Ports, *, secure: bool
+    settings: Settings, redis_url: str | None, key_prefix: str, ports: Ports, *, secure: bool
 ) -> Settings:
     """The run's settings: this Redis, these ports, a control token (a fresh one if unset).
 

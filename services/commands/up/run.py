@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
+from fedasync.services.commands.redis_target import redis_where
 from fedasync.services.commands.up import view
 from fedasync.services.commands.up.options import run_settings
 from fedasync.services.commands.up.plan import (
@@ -211,7 +212,8 @@ def run_up(args: argparse.Namespace) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     redis_server: RedisServer | None = None
-    if settings.redis.url is None:
+    url: str | None
+    if not settings.redis.configured:
         try:
             redis_server = RedisServer(out / "redis")
         except RedisNotFound as exc:
@@ -224,7 +226,7 @@ def run_up(args: argparse.Namespace) -> int:
         url = settings.redis.url
         explicit = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
         prefix = settings.redis.key_prefix if explicit else f"up-{stamp}"  # a run of its own
-        where = f"{url.split('@')[-1]} (configured), key prefix {prefix}"
+        where = f"{redis_where(settings.redis)} (configured), key prefix {prefix}"
     ports = Ports.free()
     settings = configure(settings, url, prefix, ports, secure=args.secure)
     started = time.monotonic()
