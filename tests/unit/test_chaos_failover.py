@@ -12,6 +12,7 @@ import pytest
 from fedasync.services.commands.chaos.faults import Failover
 from fedasync.services.commands.chaos.links import Link, _names_replication
 from fedasync.services.commands.chaos.report import failover_table, first_commits
+from fedasync.services.commands.chaos.waits import FAILOVER_S, RECOVERY_S, Interruption, measure
 
 
 def resp(*args: str) -> bytes:
@@ -103,3 +104,12 @@ def test_the_failover_table_puts_durable_off_and_on_side_by_side() -> None:
     assert "| first commit on the new primary, s (median / max) | 7.50 / 8.00 | 7.20 / 7.20 |" in (
         lines
     )
+
+
+def test_a_failover_excuses_waits_for_its_promotion_and_the_recovery_after() -> None:
+    assert Interruption.of("failover", 100.0, 2.5) is None  # its outage is the killed server's
+    failover = Interruption.failover(100.0, promoted_s=6.0)
+    assert failover.at == 100.0
+    assert failover.seconds == 6.0 + FAILOVER_S + RECOVERY_S
+    waits = measure([{"stream_id": "99900-0", "at": 100.0 + failover.seconds - 1}], 3.0, [failover])
+    assert waits.ok

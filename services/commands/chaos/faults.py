@@ -308,6 +308,8 @@ class Injector:
         except (TimeoutError, redis.RedisError, OSError) as exc:
             record.problems.append(f"no promotion seen: {exc}")
         finally:
+            promoted = record.promoted_s if record.promoted_s is not None else PROMOTED_WITHIN_S
+            self.interruptions.append(Interruption.failover(record.wall, promoted))
             # the killed server stays down its outage after the promotion (or the wait for it)
             self.pending.append((self.now() + fault.outage_s, f"{SERVER}{old}"))
         if record.new_port is None:

@@ -97,14 +97,19 @@ class Link:
         self, reader: asyncio.StreamReader, up: asyncio.StreamWriter, replication: asyncio.Event
     ) -> None:
         """Peer → server, at once; the first commands tell a replica from anything else."""
-        sniffed = bytearray()
-        with contextlib.suppress(OSError, ValueError):
+        sniffed: bytearray | None = bytearray()
+        with contextlib.suppress(OSError):
             while chunk := await reader.read(_READ_SIZE):
-                if not replication.is_set() and len(sniffed) < _SNIFF_BYTES:
+                if sniffed is not None and len(sniffed) < _SNIFF_BYTES:
                     sniffed += chunk
-                    if _names_replication(sniffed):
+                    try:
+                        named = _names_replication(sniffed)
+                    except ValueError:  # not RESP a replica would send: not a replica
+                        named, sniffed = False, None
+                    if named:
                         replication.set()
                         self.replication_links += 1
+                        sniffed = None
                 up.write(chunk)
                 await up.drain()
 

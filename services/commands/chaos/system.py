@@ -65,6 +65,10 @@ OBSERVER = "observer"
 AGGREGATOR_SETTINGS = AggregatorSettings(batch_ms=20, block_ms=200)
 #: replicated: how long one WAIT may take (below the socket timeout), ms
 DURABLE_TIMEOUT_MS = "500"
+#: replicated: retries of a command before a service gives up (backoff capped at 2 s): about a
+#: minute, so a failover that Sentinel's TILT mode holds up (30 s, when the machine stalls its
+#: process) is ridden out, not a crash of every service
+FAILOVER_RECONNECT_ATTEMPTS = "35"
 #: replicated: how long an aggregator that refused (exit 4) lingers before it exits, seconds.
 #: A supervisor restarts it: a failover that lost commits costs this, not the default 30 s
 REFUSAL_LINGER_S = "1.0"
@@ -211,6 +215,7 @@ class System:
             "FEDASYNC_REDIS__DURABLE_REPLICAS": str(self.profile.durable_replicas),
             "FEDASYNC_REDIS__DURABLE_TIMEOUT_MS": DURABLE_TIMEOUT_MS,
             "FEDASYNC_AGGREGATOR__REFUSAL_LINGER_S": REFUSAL_LINGER_S,
+            "FEDASYNC_REDIS__RECONNECT_ATTEMPTS": FAILOVER_RECONNECT_ATTEMPTS,
         }
         if self.acl:
             env["FEDASYNC_REDIS__SENTINEL_USERNAME"] = DISCOVERY_USER
