@@ -18,6 +18,7 @@ import redis
 
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.cli import main
 from fedasync.services.runtime.redis_conn import connect, retrying
 from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
 from fedasync.services.runtime.settings import Settings, load_settings
@@ -28,7 +29,7 @@ from fedasync.services.stores.ledger import records, verify
 from fedasync.shared.continuity import Check
 from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = pytest.mark.integration
 
 PREFIX = "ha"
 KEYS = Keys(PREFIX)
@@ -98,6 +99,7 @@ def recover(group: ReplicatedRedis, old: int) -> None:
     group.wait_settled(SETTLED_WITHIN_S)
 
 
+@pytest.mark.asyncio
 async def test_a_service_follows_the_primary_across_a_kill_9(group: ReplicatedRedis) -> None:
     settings = as_user(group, "worker")
     client = connect(settings.redis)
@@ -119,6 +121,7 @@ async def test_a_service_follows_the_primary_across_a_kill_9(group: ReplicatedRe
         recover(group, old)
 
 
+@pytest.mark.asyncio
 async def test_a_commit_lost_in_a_failover_stops_the_aggregator_and_a_restart_resumes(
     group: ReplicatedRedis,
 ) -> None:
@@ -193,3 +196,23 @@ def _fresh_keys(group: ReplicatedRedis) -> None:
         client.execute_command("WAIT", 2, 30_000)  # type: ignore[no-untyped-call]
     finally:
         client.close()
+
+
+def test_the_cli_finds_the_primary_through_the_sentinels(
+    group: ReplicatedRedis, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedasync devices` as the `admin` user, told only where the Sentinels are."""
+    for name, value in {
+        "FEDASYNC_REDIS__URL": f"redis://admin:{PASSWORDS['admin']}@primary/0",
+        "FEDASYNC_REDIS__SENTINELS": group.sentinel_addresses,
+        "FEDASYNC_REDIS__MASTER_NAME": PREFIX,
+        "FEDASYNC_REDIS__SENTINEL_USERNAME": DISCOVERY_USER,
+        "FEDASYNC_REDIS__SENTINEL_PASSWORD": PASSWORDS[DISCOVERY_USER],
+        "FEDASYNC_REDIS__KEY_PREFIX": PREFIX,
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert main(["devices", "add", "device-7"]) == 0
+    capsys.readouterr()
+    assert main(["devices", "list"]) == 0
+    assert "device-7" in capsys.readouterr().out
+    assert on(group.primary_port(), "HEXISTS", KEYS.device_keys, "device-7") == 1
