@@ -35,7 +35,8 @@ def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_every_fault_kind_was_injected(summary: dict[str, Any]) -> None:
-    for kind in FaultKind:
+    # but a failover: one server has no replica to promote (tests/chaos/test_failover.py)
+    for kind in set(FaultKind) - {FaultKind.FAILOVER}:
         assert summary["faults"].get(kind.value, 0) >= 1, kind
 
 

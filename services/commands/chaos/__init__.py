@@ -6,8 +6,9 @@ stream and checks that every acknowledged update has exactly one terminal decisi
 are contiguous, that the ledger replays to the committed model and that the served model is the
 committed one, and that no update waited longer for its decision than the bound allows.
 Modules: schedule (what and when), system (the processes), proxy (the aggregator's way to Redis,
-which can stall a command), faults (injecting and recovering), probe and audit (reading the
-outcome), waits (XADD to decision), report (the figures), harness (the phases), cli (the
-command); the check itself is services/stores/exactly_once.py, shared with the load
+which can stall a command), links (replicas on other hosts, for the failover profile's
+replicated Redis), faults (injecting and recovering), probe and audit (reading the outcome),
+waits (XADD to decision), report (the figures, and the failover table), harness (the phases),
+cli (the command); the check itself is services/stores/exactly_once.py, shared with the load
 benchmark and the kill -9 test.
 """
