@@ -104,6 +104,8 @@ LOOP = (
 )
 #: what it sends when it starts again, restoring the last commit and taking over an entry
 RESTART = (
+    # the version restored is announced again (services/aggregator/service.py)
+    "EVALSHA announced",
     "EXISTS started-at",
     "GET commit-seq",
     "GET model:*",
@@ -114,6 +116,7 @@ RESTART = (
     "HSETNX policies",
     "INCRBY aggregator-epoch",
     "PING",
+    "SCRIPT LOAD",
     "SET policy",
     "SET started-at",
     "TYPE policy-log",
