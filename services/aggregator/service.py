@@ -13,7 +13,13 @@ error stops the deciding.
 Before restoring, the aggregator checks that what Redis holds hangs together (state, version,
 ledger, consumer group: services/aggregator/inspection.py); a Redis that lost writes shows up as
 a mismatch, and the aggregator refuses to decide anything rather than start over silently. So
-does a commit that finds the commit sequence moved under it.
+does a commit that finds the commit sequence moved under it, or an entry it acknowledges no longer
+pending (a failover lost the read that delivered it).
+
+Durable mode (`FEDASYNC_REDIS__DURABLE_REPLICAS`): each read is confirmed on the replicas before
+its entries are decided, and each commit before its version is announced (commit.py), so a
+failover to a replica loses nothing announced and needs no refusal: the retried commit lands on
+the promoted replica and the aggregator carries on (docs/architecture.md, "Past one machine").
 """
 
 from __future__ import annotations
