@@ -9,5 +9,6 @@ Modules: schedule (what and when), system (the processes), proxy (the aggregator
 which can stall a command), faults (injecting and recovering), probe and audit (reading the
 outcome), waits (XADD to decision), report (the figures), harness (the phases), cli (the
 command); the check itself is services/stores/exactly_once.py, shared with the load
-benchmark and the kill -9 test.
+benchmark and the kill -9 test. `fedasync chaos --compose` (compose/) crashes the containers of
+the Docker Compose stack instead and counts with the same check.
 """
