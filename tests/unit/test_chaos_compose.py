@@ -46,10 +46,11 @@ def test_the_compose_schedule_has_every_kind_asked_for_and_is_seeded() -> None:
         ((10, 12), (0, 0), False),  # the AOF replay dropped every commit
         ((10, 12), (10, 11), False),  # one ledger record gone
         ((10, 12), None, False),  # the control service never answered again
+        (None, None, False),  # nor before the kill: nothing shows the commits were kept
     ],
 )
 def test_a_redis_restart_keeps_the_commits_when_nothing_is_less(
-    before: tuple[int, int], after: tuple[int, int] | None, kept: bool
+    before: tuple[int, int] | None, after: tuple[int, int] | None, kept: bool
 ) -> None:
     recovery = Recovery(1.0, "kill_redis", "redis-1", 42, 0, 1, 3.0, before, after)
     assert recovery.commits_kept is kept

@@ -112,11 +112,12 @@ class Recovery:
 
     @property
     def commits_kept(self) -> bool:
-        if self.before is None:
+        """A Redis kill: both readings made, nothing less after; any other fault: True."""
+        if self.kind != FaultKind.KILL_REDIS.value:
             return True
-        return self.after is not None and all(
-            a >= b for a, b in zip(self.after, self.before, strict=True)
-        )
+        if self.before is None or self.after is None:
+            return False
+        return all(a >= b for a, b in zip(self.after, self.before, strict=True))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +166,8 @@ class Run:
         self.started = 0.0
         self.figures: dict[str, float] = {}
         self.control = self.snapshot = ""
+        #: faults left out because the stack did not recover from an earlier one
+        self.skipped = 0
 
     # ------------------------------------------------------------------------- the phases
     def execute(self, keep: bool = False) -> dict[str, Any]:
@@ -183,13 +186,20 @@ class Run:
             schedule = build_schedule(self.profile, self.seed)
             self.say(f"chaos --compose: {len(schedule)} faults over {self.profile.window_s:.0f} s")
             for fault in schedule:
-                self._inject(fault)
+                recovery = self._inject(fault)
+                if not (recovery.recovered and recovery.commits_kept):
+                    # broken for good: report now rather than wait out every later deadline
+                    self.skipped = len(schedule) - len(self.recoveries)
+                    self.say(f"chaos --compose: not recovered; {self.skipped} faults skipped")
+                    break
             self.say("chaos --compose: faults over; stopping the workers and draining")
             self.stack.compose("stop", WORKER, timeout_s=120)
-            drained, status = self._wait_drained()
-            served = self._wait_served(int(status.get("version") or 0))
+            # a stack that did not recover drains nothing: a short look, not the full deadline
+            short = RECOVER_S / 6 if self.skipped else None
+            drained, status = self._wait_drained(short or DRAIN_S)
+            served = self._wait_served(int(status.get("version") or 0), short or RECOVER_S)
             others = [s for s in self.stack.started if s != WORKER]
-            unhealthy = self.stack.wait_healthy(others, RECOVER_S)
+            unhealthy = self.stack.wait_healthy(others, short or RECOVER_S)
             restarts_at_end = self._restart_counts()
             journals = self._journals()
             read = self._read()
@@ -226,7 +236,7 @@ class Run:
                 time.sleep(POLL_S)
         raise ComposeError(f"no version above 0 within {START_S:.0f} s: is training stuck?")
 
-    def _inject(self, fault: Fault) -> None:
+    def _inject(self, fault: Fault) -> Recovery:
         at = self.started + fault.at
         if (wait := at - time.monotonic()) > 0:
             time.sleep(wait)  # the schedule's instant: a time of day, not a synchronisation
@@ -271,6 +281,7 @@ class Run:
             detail += f"; version, ledger {recovery.before} -> {recovery.after}"
         self.events.append(Event(now, kind.value, detail))
         self.say(f"chaos --compose: t={now:6.1f} s {kind.value}: {detail}")
+        return recovery
 
     def _status(self) -> dict[str, Any] | None:
         code, body = get_json(f"{self.control}/v1/status", self.token)
@@ -286,9 +297,9 @@ class Run:
             time.sleep(POLL_S)
         return None
 
-    def _wait_drained(self) -> tuple[bool, dict[str, Any]]:
+    def _wait_drained(self, timeout_s: float) -> tuple[bool, dict[str, Any]]:
         """Poll the control service until every entry is delivered, acknowledged and decided."""
-        deadline = time.monotonic() + DRAIN_S
+        deadline = time.monotonic() + timeout_s
         status: dict[str, Any] = {}
         while time.monotonic() < deadline:
             status = self._status() or status
@@ -302,9 +313,9 @@ class Run:
             time.sleep(POLL_S)
         return False, status
 
-    def _wait_served(self, version: int) -> tuple[int, bytes]:
+    def _wait_served(self, version: int, timeout_s: float) -> tuple[int, bytes]:
         """Poll the snapshot service's published port until it serves `version`."""
-        deadline = time.monotonic() + RECOVER_S
+        deadline = time.monotonic() + timeout_s
         got: tuple[int, bytes] = (-1, b"")
         while time.monotonic() < deadline:
             got = served_model(self.snapshot) or got
@@ -362,7 +373,8 @@ class Run:
         redis_kills = [r for r in self.recoveries if r.kind == FaultKind.KILL_REDIS.value]
         scheduled = {kind.value for kind, count in self.profile.faults if count > 0}
         checks = {
-            "every fault kind injected": all(self.injected[k] > 0 for k in scheduled),
+            "every fault kind injected": all(self.injected[k] > 0 for k in scheduled)
+            and not self.skipped,
             "every container back (restart policy) and healthy after each fault": all(
                 r.recovered for r in self.recoveries
             ),
@@ -396,6 +408,7 @@ class Run:
             "left_out": self.stack.left_out,
             "workers": self.profile.workers,
             "faults": dict(sorted(self.injected.items())),
+            "faults_skipped": self.skipped,
             "kills": dict(sorted(kills.items())),
             "recoveries": [r.to_dict() for r in self.recoveries],
             "recovery_s": _spread([r.seconds for r in self.recoveries]),
@@ -475,7 +488,12 @@ def describe(summary: dict[str, Any]) -> str:
         + "".join(f"; {name} left out: {why}" for name, why in summary["left_out"].items()),
         "faults: "
         + _counts(summary["faults"])
-        + f"; each container back in {spread['min']}-{spread['max']} s",
+        + f"; each container back in {spread['min']}-{spread['max']} s"
+        + (
+            f"; {summary['faults_skipped']} skipped (not recovered)"
+            if summary["faults_skipped"]
+            else ""
+        ),
         "restarts by the engine: "
         + _counts(summary["engine_restarts"])
         + "; of which no kill of ours: "
