@@ -160,16 +160,37 @@ def dockerfile_lines(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().replace("\\\n", " ").splitlines()]
 
 
+def run_flags_and_script(line: str) -> tuple[list[str], str]:
+    """A RUN instruction's flags (`--mount=...`) and its shell script."""
+    words = line[4:].split()
+    flags = []
+    while words and words[0].startswith("--"):
+        flags.append(words.pop(0))
+    return flags, " ".join(words)
+
+
 def pip_installs(path: Path) -> list[list[str]]:
-    """The arguments of each `pip install` in the Dockerfile's RUN instructions."""
+    """The arguments of each unconditional `pip install` in the Dockerfile's RUN instructions
+    (not those inside `if ...; fi`)."""
     out = []
     for line in dockerfile_lines(path):
         if line.startswith("RUN "):
-            for step in line[4:].split("&&"):
+            _, script = run_flags_and_script(line)
+            for step in script.split("&&"):
                 words = shlex.split(step)
                 if words[:2] == ["pip", "install"]:
                     out.append(words[2:])
     return out
+
+
+def dockerfile_args(path: Path) -> dict[str, str | None]:
+    """Each ARG of a Dockerfile and its default (None: no default)."""
+    found: dict[str, str | None] = {}
+    for line in dockerfile_lines(path):
+        if line.startswith("ARG "):
+            name, eq, default = line[4:].partition("=")
+            found[name] = default.strip('"') if eq else None
+    return found
 
 
 def project_extras(path: Path) -> list[str]:
@@ -573,6 +594,7 @@ def test_images_are_pinned() -> None:
 
 def test_dockerfiles_pin_cpu_torch_and_never_run_as_root() -> None:
     (pin,) = [dep for dep in EXTRAS["worker"] if dep.startswith("torch")]
+    torch_installs = 0
     for path in (ROOT / "docker").glob("*Dockerfile"):
         text = path.read_text()
         assert "\nUSER " in text, path.name
@@ -580,7 +602,12 @@ def test_dockerfiles_pin_cpu_torch_and_never_run_as_root() -> None:
             for arg in args:
                 if arg.startswith("torch"):
                     assert arg == pin == "torch==2.13.0", (path.name, arg)
-                    assert "https://download.pytorch.org/whl/cpu" in args
+                    assert args[args.index("--index-url") + 1] == "$TORCH_INDEX_URL"
+                    default = dockerfile_args(path)["TORCH_INDEX_URL"]
+                    assert default == "https://download.pytorch.org/whl/cpu", path.name
+                    torch_installs += 1
+    assert torch_installs == 1  # the worker image (the services image's, if SERVICES_TORCH:
+    # test_a_task_of_ones_own_can_be_built_into_both_images)
 
 
 def test_dockerfiles_copy_every_package() -> None:
@@ -764,17 +791,19 @@ def test_a_task_of_ones_own_can_be_built_into_both_images() -> None:
     digits; SERVICES_TORCH adds torch to the services image only."""
     assert COMPOSE["x-fedasync-env"]["FEDASYNC_TASK__NAME"] == "${FEDASYNC_TASK__NAME:-digits}"
     services_args = COMPOSE["x-services-image"]["build"]["args"]
-    assert services_args == {
+    assert services_args == BUILD_SETTINGS | {
         "TASK_PACKAGES": "${TASK_PACKAGES:-}",
         "SERVICES_TORCH": "${SERVICES_TORCH:-false}",
     }
-    assert SERVICES["worker"]["build"]["args"] == {"TASK_PACKAGES": "${TASK_PACKAGES:-}"}
+    assert SERVICES["worker"]["build"]["args"] == BUILD_SETTINGS | {
+        "TASK_PACKAGES": "${TASK_PACKAGES:-}"
+    }
     for path in (ROOT / "docker").glob("*Dockerfile"):
         text = path.read_text()
         assert 'ARG TASK_PACKAGES=""' in text, path.name
         assert 'if [ -n "$TASK_PACKAGES" ]; then pip install $TASK_PACKAGES; fi' in text, path.name
     services = (ROOT / "docker" / "Dockerfile").read_text()
-    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in services
+    assert 'pip install torch==2.13.0 --index-url "$TORCH_INDEX_URL"' in services
 
 
 # ------------------------------------------------------------- Redis under Sentinel (`ha`)
@@ -937,3 +966,65 @@ def test_the_sentinel_entrypoint_refuses_to_start_without_a_usable_password(
     assert "REDIS_PASSWORD_DISCOVERY is not set" in result.stderr
     assert "started" not in result.stdout
     assert list((tmp_path / "data").iterdir()) == []  # nothing half-written
+
+
+# ------------------------------------------------------- builds without Docker Hub or PyPI
+#: the build arguments compose takes from the shell (no value in the file: unset stays unset)
+BUILD_SETTINGS = dict.fromkeys(
+    ["PYTHON_IMAGE", "PIP_INDEX_URL", "PIP_NO_INDEX", "PIP_FIND_LINKS", "TORCH_INDEX_URL"]
+)
+WHEELS = ROOT / "docker" / "wheels"
+
+
+def test_the_base_image_is_named_by_a_build_argument() -> None:
+    for path in (ROOT / "docker").glob("*Dockerfile"):
+        lines = [line for line in dockerfile_lines(path) if line and not line.startswith("#")]
+        assert lines[0] == "ARG PYTHON_IMAGE=python:3.11-slim", path.name
+        assert lines[1] == "FROM ${PYTHON_IMAGE}", path.name
+        assert sum(line.startswith("FROM ") for line in lines) == 1, path.name
+
+
+def test_pip_settings_are_build_arguments_that_stay_out_of_the_image() -> None:
+    """pip reads PIP_INDEX_URL, PIP_NO_INDEX and PIP_FIND_LINKS from the build's environment;
+    without a default, an argument not given is not set at all (the base image's own stays)."""
+    for path in (ROOT / "docker").glob("*Dockerfile"):
+        args = dockerfile_args(path)
+        for name in ("PIP_INDEX_URL", "PIP_NO_INDEX", "PIP_FIND_LINKS"):
+            assert args[name] is None, (path.name, name)
+        env = [line for line in dockerfile_lines(path) if line.startswith("ENV ")]
+        assert not any(name in line for line in env for name in BUILD_SETTINGS), path.name
+
+
+def test_every_pip_install_sees_the_wheelhouse() -> None:
+    mount = "--mount=type=bind,source=docker/wheels,target=/wheels"
+    for path in (ROOT / "docker").glob("*Dockerfile"):
+        for line in dockerfile_lines(path):
+            if line.startswith("RUN ") and "pip install" in line:
+                flags, _ = run_flags_and_script(line)
+                assert flags == [mount], (path.name, line)
+    assert (WHEELS / "README.md").is_file()  # the mount's source exists in a fresh clone
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert not any(fnmatch.fnmatch("docker/wheels", p.strip("/")) for p in ignored)
+    assert not any(fnmatch.fnmatch("docker", p.strip("/")) for p in ignored)
+
+
+def test_compose_passes_the_build_settings_from_the_shell_only_when_set() -> None:
+    for name in ("aggregator", "worker"):
+        args = SERVICES[name]["build"]["args"]
+        assert {k: args[k] for k in BUILD_SETTINGS} == BUILD_SETTINGS, name
+
+
+def test_the_wheelhouse_script_covers_what_the_images_install() -> None:
+    """docker/wheelhouse.sh takes the build requirements, the dependencies and the extras the
+    Dockerfiles install, and torch's CPU wheel."""
+    script = (ROOT / "docker" / "wheelhouse.sh").read_text()
+    installed = {e for path in (ROOT / "docker").glob("*Dockerfile") for e in project_extras(path)}
+    for extra in installed - {""}:
+        assert f'*extras["{extra}"]' in script, extra
+    assert '*project["build-system"]["requires"]' in script
+    assert '*project["project"]["dependencies"]' in script
+    assert "+cpu-" in script  # a CUDA build of torch stops it
+    assert (ROOT / "docker" / "wheelhouse.sh").stat().st_mode & 0o111
+    gitignore = (ROOT / ".gitignore").read_text().splitlines()
+    assert "docker/wheels/*" in gitignore
+    assert "!docker/wheels/README.md" in gitignore

@@ -10,5 +10,6 @@ which can stall a command), links (replicas on other hosts, for the failover pro
 replicated Redis), faults (injecting and recovering), probe and audit (reading the outcome),
 waits (XADD to decision), report (the figures, and the failover table), harness (the phases),
 cli (the command); the check itself is services/stores/exactly_once.py, shared with the load
-benchmark and the kill -9 test.
+benchmark and the kill -9 test. `fedasync chaos --compose` (compose/) crashes the containers of
+the Docker Compose stack instead and counts with the same check.
 """

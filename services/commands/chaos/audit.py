@@ -36,22 +36,30 @@ async def audit(url: str, keys: Keys) -> Audit:
     client = connect(RedisSettings(url=url, socket_timeout_s=30.0))
     try:
         ledger = [record async for record in records(client, keys)]
-        entries = await _entry_ids(client, keys.updates)
+        entries = await entry_ids(client, keys.updates)
         dead: Any = await client.xrange(keys.deadletter)
         dead_lettered = {fields[b"stream_id"].decode() for _, fields in dead}
         report = await verify(client, keys, DEFAULT_MAX_MESSAGE_BYTES)
         raised: Any = await client.xrange(keys.alerts)
         alerts = Counter(fields[b"rule"].decode() for _, fields in raised)
-        log: Any = await client.acl_log()
-        refused = [  # not failed logins: the readiness probe tries `health` on any Redis
-            f"{as_text(e['username'])}: {as_text(e['object'])} ({as_text(e['reason'])})"
-            for e in log
-            if as_text(e["reason"]) != "auth"
-        ]
-        return Audit(ledger, entries, dead_lettered, report, alerts, refused)
+        return Audit(ledger, entries, dead_lettered, report, alerts, await refusals(client))
     finally:
         await client.aclose()
 
 
-async def _entry_ids(client: aioredis.Redis, stream: str) -> list[str]:
+async def refusals(client: aioredis.Redis) -> list[str]:
+    """Commands Redis's ACL refused a user since it started (ACL LOG), one line each.
+
+    Failed logins are left out: the readiness probe tries the `health` user on any Redis.
+    """
+    log: Any = await client.acl_log()
+    return [
+        f"{as_text(e['username'])}: {as_text(e['object'])} ({as_text(e['reason'])})"
+        for e in log
+        if as_text(e["reason"]) != "auth"
+    ]
+
+
+async def entry_ids(client: aioredis.Redis, stream: str) -> list[str]:
+    """Every entry id of `stream`, oldest first."""
     return [entry_id async for entry_id, _ in stream_entries(client, stream)]

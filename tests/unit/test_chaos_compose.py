@@ -1,0 +1,95 @@
+"""The parts of `fedasync chaos --compose` that need no Docker engine.
+
+The run itself is tests/compose/test_chaos.py (it needs an engine); here: which faults a compose
+run can inject, when a Redis restart counts as having kept the commits, what the stack does with
+the caller's environment, and how the command answers where there is no engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedasync.services.commands.chaos.cli import main
+from fedasync.services.commands.chaos.compose.run import COMPOSE, Recovery, Run
+from fedasync.services.commands.chaos.compose.stack import Stack, engine_problem, fresh_settings
+from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind, build_schedule
+from fedasync.services.runtime.settings import RedisSettings
+from fedasync.services.stores.acl import users
+
+
+def test_a_compose_run_refuses_faults_it_cannot_inject(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot inject"):
+        Run(tmp_path, tmp_path / "out", 1, profile=PROFILES["fast"])
+
+
+def test_the_compose_schedule_has_every_kind_asked_for_and_is_seeded() -> None:
+    faults = build_schedule(COMPOSE, 1)
+    kinds = {f.kind for f in faults}
+    assert kinds == {
+        FaultKind.KILL_WORKER,
+        FaultKind.KILL_AGGREGATOR,
+        FaultKind.KILL_REDIS,
+        FaultKind.RESTART_SNAPSHOT,
+    }
+    assert sum(f.kind is FaultKind.KILL_WORKER for f in faults) >= 2
+    assert faults == build_schedule(COMPOSE, 1)
+    assert all(0 <= f.target < COMPOSE.workers for f in faults)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kept"),
+    [
+        ((10, 12), (10, 12), True),
+        ((10, 12), (15, 18), True),
+        ((10, 12), (0, 0), False),  # the AOF replay dropped every commit
+        ((10, 12), (10, 11), False),  # one ledger record gone
+        ((10, 12), None, False),  # the control service never answered again
+        (None, None, False),  # nor before the kill: nothing shows the commits were kept
+    ],
+)
+def test_a_redis_restart_keeps_the_commits_when_nothing_is_less(
+    before: tuple[int, int] | None, after: tuple[int, int] | None, kept: bool
+) -> None:
+    recovery = Recovery(1.0, "kill_redis", "redis-1", 42, 0, 1, 3.0, before, after)
+    assert recovery.commits_kept is kept
+
+
+def test_other_faults_have_no_commits_to_keep() -> None:
+    assert Recovery(1.0, "kill_worker", "worker-1", 42, 0, 1, 1.0).commits_kept
+    assert not Recovery(1.0, "kill_worker", "worker-1", 42, 0, None, None).recovered
+
+
+def test_the_stack_gets_fresh_secrets_and_none_of_the_callers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FEDASYNC_BUDGET__MAX_UPDATES", "7")
+    monkeypatch.setenv("REDIS_PASSWORD_ADMIN", "from-the-shell")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://mirror.example/simple")
+    settings = fresh_settings(FEDASYNC_WORKER__JOURNAL="/tmp/j")
+    expected = {u.password_variable for u in users(RedisSettings().key_prefix)}
+    assert expected <= set(settings)
+    assert len(settings["FEDASYNC_CONTROL__TOKEN"]) >= 16
+    assert settings != fresh_settings(FEDASYNC_WORKER__JOURNAL="/tmp/j")  # fresh each time
+    env = Stack(tmp_path, "p", settings).env()
+    assert "FEDASYNC_BUDGET__MAX_UPDATES" not in env
+    assert env["REDIS_PASSWORD_ADMIN"] == settings["REDIS_PASSWORD_ADMIN"]
+    assert env["FEDASYNC_WORKER__JOURNAL"] == "/tmp/j"
+    assert env["PIP_INDEX_URL"] == "http://mirror.example/simple"  # build settings pass
+
+
+def test_no_docker_cli_is_a_reason_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert engine_problem() == "no docker CLI on PATH"
+
+
+def test_the_command_says_why_it_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["--compose", "--project-dir", str(tmp_path)]) == 2
+    assert "no docker-compose.yml in" in capsys.readouterr().err
+    (tmp_path / "docker-compose.yml").write_text("services: {}\n")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["--compose", "--project-dir", str(tmp_path)]) == 2
+    assert "no docker CLI on PATH" in capsys.readouterr().err
