@@ -12,7 +12,8 @@ service is faster. nginx and wrk come from Debian's packages; the script install
 apt-get if they are missing.
 
 Run: python bench/snapshot.py [--parameters 10000 100000 1000000] [--connections 16] [--seconds 5]
-     [--rounds 3] [--workers N]  (N: FEDASYNC_SNAPSHOT__WORKERS, the service's default if unset)
+     [--rounds 3] [--workers N] [--paths 200 304 meta]
+     (N: FEDASYNC_SNAPSHOT__WORKERS; the service's default if unset)
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def bench(
     seconds: int,
     rounds: int,
     workers: int | None,
+    paths: list[str],
     server: RedisServer,
     tmp: Path,
 ) -> None:
@@ -146,7 +148,7 @@ def bench(
     processes = [
         subprocess.Popen([sys.executable, "-m", "fedasync.services.snapshot"], cwd=ROOT, env=env)
     ]
-    results: dict[str, dict[str, list[float]]] = {n: {p: [] for p in PATHS} for n in SERVERS}
+    results: dict[str, dict[str, list[float]]] = {n: {p: [] for p in paths} for n in SERVERS}
     try:
         base = {name: f"http://127.0.0.1:{port}/v1/models/latest" for name, port in ports.items()}
         wait_up(base["ours"])
@@ -159,7 +161,7 @@ def bench(
             processes.append(subprocess.Popen(["nginx", "-c", str(conf)]))
             wait_up(base[name])
         for _ in range(rounds):
-            for path in PATHS:
+            for path in paths:
                 for name in SERVERS:
                     url = base[name] + ("/meta" if path == "meta" else "")
                     etag = etag_of(url) if path == "304" else None
@@ -175,7 +177,7 @@ def bench(
         f"{os.getloadavg()[0]:.2f}"
     )
     median = {n: {p: statistics.median(v) for p, v in by.items()} for n, by in results.items()}
-    for path in PATHS:
+    for path in paths:
         line = f"  {path:>4}: ours {median['ours'][path]:>8.0f} req/s"
         for name in ("nginx x1", "nginx x2"):
             ratio = median["ours"][path] / median[name][path]
@@ -190,6 +192,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     args = parser.parse_args()
     ensure_tools()
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,6 +209,7 @@ def main() -> None:
                     args.seconds,
                     args.rounds,
                     args.workers,
+                    args.paths,
                     server,
                     www,
                 )

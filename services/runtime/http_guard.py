@@ -209,7 +209,7 @@ class GuardedConnection(asyncio.Protocol):
         self._last_received = now
         if self._fast is not None:
             self._head += data
-            self._answer_fast()
+            self._answer_fast(now)
         elif self._inner is not None:
             self._inner.data_received(data)
 
@@ -237,10 +237,10 @@ class GuardedConnection(asyncio.Protocol):
             self._fast_paused = False
             self._transport.resume_reading()
             if self._fast is not None:
-                self._answer_fast()
+                self._answer_fast(self._loop.time())
 
     # ------------------------------------------------------------------------- fast path
-    def _answer_fast(self) -> None:
+    def _answer_fast(self, now: float) -> None:
         """Answer every complete head in the buffer from the fast path, while it has answers."""
         transport, fast = self._transport, self._fast
         while fast is not None and transport is not None and not transport.is_closing():
@@ -256,13 +256,18 @@ class GuardedConnection(asyncio.Protocol):
             del self._head[: end + 4]
             for part in answer:
                 transport.write(part)
-            # answered: the next head is awaited (as after aiohttp's answers, `answering`)
+            # answered: the next head is awaited, as after aiohttp's answers (`answering`); the
+            # timer already armed fires no later than that needs, and `_check` then re-arms
             self._answered = True
-            self._await_head()
-            if self._head:  # pipelined: the next head has begun
-                self._received = len(self._head)
-                self._head_began = self._loop.time()
-            if transport.get_write_buffer_size() > FAST_WRITE_LIMIT:
+            self._request = None
+            self._since = now
+            self._received = len(self._head)  # pipelined: the next head has begun
+            if self._received:
+                self._head_began = now
+            buffered = transport.get_write_buffer_size()
+            if buffered or self._timer is None:
+                self._check()  # an answer still being sent has the send deadline
+            if buffered > FAST_WRITE_LIMIT:
                 self._fast_paused = True  # the client must take its answers first
                 transport.pause_reading()
                 return
