@@ -5,15 +5,15 @@ A model is committed to a private redis-server; the snapshot service (a real pro
 from files: the model at `/v1/models/latest`, and the JSON our service answers at
 `/v1/models/latest/meta` at the same path. wrk drives each with the same connections, threads and
 duration, on three paths: 200 (full download), 304 (If-None-Match with the server's current ETag)
-and meta. The servers run side by side and the runs alternate (ours, nginx with 1 worker, nginx
-with 2 workers, per path, `--rounds` times), so a load that comes and goes on a shared machine
-touches all alike; each figure is the median of its rounds. Ratios above 1 mean the snapshot
-service is faster. nginx and wrk come from Debian's packages; the script installs them with
-apt-get if they are missing.
+and meta. Each side runs with 1 and with 2 processes (`--workers`: FEDASYNC_SNAPSHOT__WORKERS for
+ours, worker_processes for nginx). All servers run side by side and the runs alternate (per
+round, per path, every server in turn, `--rounds` times), so a load that comes and goes on a
+shared machine touches all alike; each figure is the median of its rounds. A ratio is ours ÷
+nginx with as many processes; above 1 the snapshot service is faster. nginx and wrk come from
+Debian's packages; the script installs them with apt-get if they are missing.
 
 Run: python bench/snapshot.py [--parameters 10000 100000 1000000] [--connections 16] [--seconds 5]
-     [--rounds 3] [--workers N] [--paths 200 304 meta]
-     (N: FEDASYNC_SNAPSHOT__WORKERS; the service's default if unset)
+     [--rounds 3] [--workers 1 2] [--paths 200 304 meta]
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ http {{
 }}
 """
 PATHS = ("200", "304", "meta")
-SERVERS = ("ours", "nginx x1", "nginx x2")
 
 
 def ensure_tools() -> None:
@@ -127,7 +126,7 @@ def bench(
     connections: int,
     seconds: int,
     rounds: int,
-    workers: int | None,
+    workers: list[int],
     paths: list[str],
     server: RedisServer,
     tmp: Path,
@@ -135,34 +134,35 @@ def bench(
     prefix = f"bench-snap-{parameters}"
     body = asyncio.run(commit_model(server.url, prefix, parameters))
     (tmp / "latest.msgpack").write_bytes(body)
-    ports = {name: free_port() for name in SERVERS}
-    env = dict(
-        os.environ,
-        FEDASYNC_REDIS__URL=server.url,
-        FEDASYNC_REDIS__KEY_PREFIX=prefix,
-        FEDASYNC_SNAPSHOT__PORT=str(ports["ours"]),
-        FEDASYNC_LOG__LEVEL="WARNING",
-    )
-    if workers is not None:
-        env["FEDASYNC_SNAPSHOT__WORKERS"] = str(workers)
-    processes = [
-        subprocess.Popen([sys.executable, "-m", "fedasync.services.snapshot"], cwd=ROOT, env=env)
-    ]
-    results: dict[str, dict[str, list[float]]] = {n: {p: [] for p in paths} for n in SERVERS}
+    servers = [f"{who} x{n}" for n in workers for who in ("ours", "nginx")]
+    ports = {name: free_port() for name in servers}
+    base = {name: f"http://127.0.0.1:{port}/v1/models/latest" for name, port in ports.items()}
+    processes = []
+    results: dict[str, dict[str, list[float]]] = {n: {p: [] for p in paths} for n in servers}
     try:
-        base = {name: f"http://127.0.0.1:{port}/v1/models/latest" for name, port in ports.items()}
-        wait_up(base["ours"])
-        with urllib.request.urlopen(base["ours"] + "/meta") as response:
+        for n in workers:
+            env = dict(
+                os.environ,
+                FEDASYNC_REDIS__URL=server.url,
+                FEDASYNC_REDIS__KEY_PREFIX=prefix,
+                FEDASYNC_SNAPSHOT__PORT=str(ports[f"ours x{n}"]),
+                FEDASYNC_SNAPSHOT__WORKERS=str(n),
+                FEDASYNC_LOG__LEVEL="WARNING",
+            )
+            command = [sys.executable, "-m", "fedasync.services.snapshot"]
+            processes.append(subprocess.Popen(command, cwd=ROOT, env=env))
+            wait_up(base[f"ours x{n}"])
+        with urllib.request.urlopen(base[servers[0]] + "/meta") as response:
             (tmp / "meta.json").write_bytes(response.read())  # the same bytes for nginx
-        for workers_n in (1, 2):
-            name = f"nginx x{workers_n}"
-            conf = tmp / f"nginx-{workers_n}.conf"
-            conf.write_text(NGINX_CONF.format(workers=workers_n, dir=tmp, port=ports[name]))
+        for n in workers:
+            name = f"nginx x{n}"
+            conf = tmp / f"nginx-{n}.conf"
+            conf.write_text(NGINX_CONF.format(workers=n, dir=tmp, port=ports[name]))
             processes.append(subprocess.Popen(["nginx", "-c", str(conf)]))
             wait_up(base[name])
         for _ in range(rounds):
             for path in paths:
-                for name in SERVERS:
+                for name in servers:
                     url = base[name] + ("/meta" if path == "meta" else "")
                     etag = etag_of(url) if path == "304" else None
                     results[name][path].append(wrk(url, connections, seconds, etag))
@@ -178,10 +178,10 @@ def bench(
     )
     median = {n: {p: statistics.median(v) for p, v in by.items()} for n, by in results.items()}
     for path in paths:
-        line = f"  {path:>4}: ours {median['ours'][path]:>8.0f} req/s"
-        for name in ("nginx x1", "nginx x2"):
-            ratio = median["ours"][path] / median[name][path]
-            line += f" | {name} {median[name][path]:>8.0f} req/s, ours/{name} {ratio:.2f}"
+        line = f"  {path:>4}:"
+        for n in workers:
+            ours, nginx = median[f"ours x{n}"][path], median[f"nginx x{n}"][path]
+            line += f" | x{n}: ours {ours:>7.0f}, nginx {nginx:>7.0f} req/s, {ours / nginx:.2f}"
         print(line, flush=True)
 
 
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     args = parser.parse_args()
     ensure_tools()
