@@ -254,8 +254,7 @@ class GuardedConnection(asyncio.Protocol):
                 self._hand_over()
                 return
             del self._head[: end + 4]
-            for part in answer:
-                transport.write(part)
+            transport.writelines(answer)  # one writev on uvloop: head and body, no copy
             # answered: the next head is awaited, as after aiohttp's answers (`answering`); the
             # timer already armed fires no later than that needs, and `_check` then re-arms
             self._answered = True
