@@ -95,6 +95,9 @@ TRAIN_SHARE = (0.6, 0.9)
 STATUS_EVERY_S = 0.5
 #: how often the client's event loop is probed for lag, seconds
 LAG_PROBE_S = 0.05
+#: XADDs in flight at once from the devices' process: below redis-py's pool of 100 connections
+#: (shared with the audit's reads), which refuses more at once instead of queueing them
+PUBLISHING = asyncio.Semaphore(64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +334,8 @@ class Device:
         )
         raw = encode_update(update)
         try:
-            entry: Any = await self.redis.xadd(self.keys.updates, stream_entry.build(raw))
+            async with PUBLISHING:  # within the client's pool: a full pool fails, not waits
+                entry: Any = await self.redis.xadd(self.keys.updates, stream_entry.build(raw))
         except Exception as exc:  # whatever it was, the audit must know the outcome is open
             self.rec.uncertain.add(update_id)
             self._error(f"publish {type(exc).__name__}")
@@ -537,18 +541,20 @@ class CpuClock:
         self.tick = os.sysconf("SC_CLK_TCK")
         self.marks: list[tuple[float, dict[str, float]]] = []
 
-    def _cpu(self, pid: int) -> float:
-        """The process's CPU seconds and its children's (the snapshot service's workers)."""
+    def _cpu(self, pid: int, name: str) -> float:
+        """The process's CPU seconds; the snapshot service's with its workers' (its children)."""
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             return math.nan
         own = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
-        return own + sum(self._cpu(int(child)) for child in children)
+        if name != "snapshot":
+            return own
+        return own + sum(self._cpu(int(child), name) for child in children)
 
     def mark(self) -> None:
-        self.marks.append((time.monotonic(), {n: self._cpu(p) for n, p in self.pids.items()}))
+        self.marks.append((time.monotonic(), {n: self._cpu(p, n) for n, p in self.pids.items()}))
 
     def shares(self) -> dict[str, dict[str, float]]:
         out = {}
