@@ -263,6 +263,7 @@ class GuardedConnection(asyncio.Protocol):
             self._received = len(self._head)  # pipelined: the next head has begun
             if self._received:
                 self._head_began = now
+                self._arm(now + self._guard.limits.header_timeout_s)  # if sooner than armed
             buffered = transport.get_write_buffer_size()
             if buffered or self._timer is None:
                 self._check()  # an answer still being sent has the send deadline
