@@ -125,7 +125,7 @@ async def _keep(worker: int, port: int, stopping: asyncio.Event) -> None:
         exited = asyncio.create_task(process.wait())
         await asyncio.wait([stopped, exited], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        if exited.done():
+        if exited.done() and not stopping.is_set():  # (a Ctrl-C reaches it too: no error)
             log.error(
                 "snapshot worker %d exited with %s; starting it again in %.0f s",
                 worker,
@@ -136,7 +136,8 @@ async def _keep(worker: int, port: int, stopping: asyncio.Event) -> None:
                 await asyncio.wait_for(stopping.wait(), RESTART_S)
             continue
         with contextlib.suppress(ProcessLookupError):
-            process.terminate()  # SIGTERM: it drains as one service does
+            if process.returncode is None:
+                process.terminate()  # SIGTERM: it drains as one service does
         try:
             await asyncio.wait_for(exited, STOP_S)
         except TimeoutError:
