@@ -37,7 +37,13 @@ entry, nothing is pending, and `ledger verify` replays the ledger to the committ
 Everything shares this machine's cores (devices, services, Redis), so the figures describe a
 small deployment on one host, not any part alone.
 
+Devices share one connection pool (aiohttp's, keep-alive): a device's requests reuse an open
+connection, as a device's client does, so the services see the fleet's connections, not one per
+request. The snapshot service runs `--snapshot-workers` processes (FEDASYNC_SNAPSHOT__WORKERS);
+its CPU figure is theirs together. The devices' process runs on uvloop, as the snapshot service.
+
 Run: python bench/load.py [--devices 200] [--seconds 30] [--rate-factor 4] [--rate 10]
+                          [--snapshot-workers 2]
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from fedasync.services.runtime.redis_conn import connect, stream_entries
 from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings, settings_env
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
+from fedasync.services.snapshot.__main__ import new_event_loop
 from fedasync.services.stores.exactly_once import Decided, check
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
@@ -88,6 +95,9 @@ TRAIN_SHARE = (0.6, 0.9)
 STATUS_EVERY_S = 0.5
 #: how often the client's event loop is probed for lag, seconds
 LAG_PROBE_S = 0.05
+#: XADDs in flight at once from the devices' process: below redis-py's pool of 100 connections
+#: (shared with the audit's reads), which refuses more at once instead of queueing them
+PUBLISHING = asyncio.Semaphore(64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,7 @@ class Plan:
     task: str
     wait_s: float  # longest long-poll
     warmup: float  # seconds at the normal rate before anything is measured
+    snapshot_workers: int = 1  # FEDASYNC_SNAPSHOT__WORKERS
 
     @property
     def end(self) -> float:
@@ -323,7 +334,8 @@ class Device:
         )
         raw = encode_update(update)
         try:
-            entry: Any = await self.redis.xadd(self.keys.updates, stream_entry.build(raw))
+            async with PUBLISHING:  # within the client's pool: a full pool fails, not waits
+                entry: Any = await self.redis.xadd(self.keys.updates, stream_entry.build(raw))
         except Exception as exc:  # whatever it was, the audit must know the outcome is open
             self.rec.uncertain.add(update_id)
             self._error(f"publish {type(exc).__name__}")
@@ -529,15 +541,20 @@ class CpuClock:
         self.tick = os.sysconf("SC_CLK_TCK")
         self.marks: list[tuple[float, dict[str, float]]] = []
 
-    def _cpu(self, pid: int) -> float:
+    def _cpu(self, pid: int, name: str) -> float:
+        """The process's CPU seconds; the snapshot service's with its workers' (its children)."""
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             return math.nan
-        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+        own = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+        if name != "snapshot":
+            return own
+        return own + sum(self._cpu(int(child), name) for child in children)
 
     def mark(self) -> None:
-        self.marks.append((time.monotonic(), {n: self._cpu(p) for n, p in self.pids.items()}))
+        self.marks.append((time.monotonic(), {n: self._cpu(p, n) for n, p in self.pids.items()}))
 
     def shares(self) -> dict[str, dict[str, float]]:
         out = {}
@@ -568,7 +585,12 @@ def configure(plan: Plan, redis_url: str, ports: dict[str, int]) -> Settings:
         policy={"tau_max": 1000},
         budget={"max_updates": 10**9, "max_seconds": 10.0**6},
         aggregator={"host": HOST, "port": ports["aggregator"]},
-        snapshot={"host": HOST, "port": ports["snapshot"], "max_waiters": plan.devices + 100},
+        snapshot={
+            "host": HOST,
+            "port": ports["snapshot"],
+            "max_waiters": plan.devices + 100,
+            "workers": plan.snapshot_workers,
+        },
         control={
             "host": HOST,
             "port": ports["control"],
@@ -634,6 +656,7 @@ def report(plan: Plan, results: dict[str, Any], ledger: dict[str, Any]) -> None:
         f"{plan.warmup:g} s warm-up, then {plan.seconds:g} s: {plan.rate:g} updates/s, "
         f"×{plan.rate_factor:g} ({plan.rate * plan.rate_factor:g}/s) from {start:g} s to "
         f"{end:g} s, {plan.rate:g}/s again until {plan.end:g} s; "
+        f"{plan.snapshot_workers} snapshot worker(s); "
         f"{os.cpu_count()} CPUs shared by devices, services and Redis"
     )
     print(
@@ -676,7 +699,7 @@ def report(plan: Plan, results: dict[str, Any], ledger: dict[str, Any]) -> None:
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(ledger["outcomes"].items()))
     print(
         f"{verdict}: {ledger['published']} updates acknowledged, {ledger['decisions']} decisions "
-        f"({outcomes}); missing {ledger['missing']}, decided twice "
+        f"({outcomes}); lost {ledger['missing']}, decided twice "
         f"{ledger['decided_more_than_once']}, wrong entry {ledger['wrong_entry']}, unexpected "
         f"{ledger['unexpected']}, version gaps {ledger['version_gaps']}, undecided entries "
         f"{ledger['undecided_entries']}, pending {ledger['pending']}, publish errors "
@@ -706,6 +729,9 @@ def main() -> int:
     parser.add_argument("--task", default="digits", help="digits (2410 parameters) or linear")
     parser.add_argument("--wait", type=float, default=10.0, help="longest long-poll, seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--snapshot-workers", type=int, default=2, help="FEDASYNC_SNAPSHOT__WORKERS"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "load.json")
     parser.add_argument("--keep", action="store_true", help="keep Redis data and service logs")
     args = parser.parse_args()
@@ -720,6 +746,7 @@ def main() -> int:
         args.task,
         args.wait,
         args.warmup,
+        args.snapshot_workers,
     )
     work = Path(tempfile.mkdtemp(prefix="fedasync-load-"))
     server = RedisServer(work / "redis")
@@ -735,7 +762,8 @@ def main() -> int:
                 supervisor.start(ServiceSpec(name, f"fedasync.services.{name}", child_env, ready))
                 supervisor.wait_ready(name, timeout=60)
             assert server.process is not None
-            results = asyncio.run(run_load(plan, settings, supervisor, server.process.pid))
+            with asyncio.Runner(loop_factory=new_event_loop) as runner:  # as the services'
+                results = runner.run(run_load(plan, settings, supervisor, server.process.pid))
             supervisor.stop_all(groups=[["control", "snapshot"], ["aggregator"]])
         rec: Recorder = results.pop("_recorder")
         ledger = asyncio.run(audit(settings, rec))
@@ -753,6 +781,7 @@ def main() -> int:
                 "parameters": model_size(plan.task),
                 "wait_s": plan.wait_s,
                 "warmup": plan.warmup,
+                "snapshot_workers": plan.snapshot_workers,
                 "spike": list(plan.bounds),
                 "rate_high": plan.rate_high,
                 "rate_low": plan.rate_low,

@@ -1,12 +1,19 @@
 """Snapshot service requests per second against nginx serving the same bytes, side by side.
 
-A model is committed to a private redis-server; the snapshot service (a real process) serves it
-from memory, and nginx serves the identical bytes from a file. wrk drives both with the same
-connections, on the 200 path (full download) and the 304 path (If-None-Match with the current
-ETag). Ratios above 1 mean the snapshot service is faster. nginx and wrk come from Debian's
-packages; the script installs them with apt-get if they are missing.
+A model is committed to a private redis-server; the snapshot service (a real process, started as
+`fedasync up` and compose start it) serves it from memory, and nginx serves the identical bytes
+from files: the model at `/v1/models/latest`, and the JSON our service answers at
+`/v1/models/latest/meta` at the same path. wrk drives each with the same connections, threads and
+duration, on three paths: 200 (full download), 304 (If-None-Match with the server's current ETag)
+and meta. Each side runs with 1 and with 2 processes (`--workers`: FEDASYNC_SNAPSHOT__WORKERS for
+ours, worker_processes for nginx). All servers run side by side and the runs alternate (per
+round, per path, every server in turn, `--rounds` times), so a load that comes and goes on a
+shared machine touches all alike; each figure is the median of its rounds. A ratio is ours ÷
+nginx with as many processes; above 1 the snapshot service is faster. nginx and wrk come from
+Debian's packages; the script installs them with apt-get if they are missing.
 
-Run: python bench/snapshot.py [--parameters 2410 100000] [--connections 16] [--seconds 5]
+Run: python bench/snapshot.py [--parameters 10000 100000 1000000] [--connections 16] [--seconds 5]
+     [--rounds 3] [--workers 1 2] [--paths 200 304 meta]
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NGINX_CONF = """
 worker_processes {workers};
 daemon off;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log;
+pid {dir}/nginx-{workers}.pid;
+error_log {dir}/error-{workers}.log;
 events {{ worker_connections 1024; }}
 http {{
     access_log off;
@@ -53,9 +61,14 @@ http {{
             default_type application/vnd.fedasync.model+msgpack;
             alias {dir}/latest.msgpack;
         }}
+        location = /v1/models/latest/meta {{
+            default_type application/json;
+            alias {dir}/meta.json;
+        }}
     }}
 }}
 """
+PATHS = ("200", "304", "meta")
 
 
 def ensure_tools() -> None:
@@ -98,68 +111,88 @@ async def commit_model(url: str, prefix: str, parameters: int) -> bytes:
         await redis.aclose()
 
 
-def bench(parameters: int, connections: int, seconds: int, server: RedisServer, tmp: Path) -> None:
+def wait_up(url: str) -> None:
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url)
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} never answered")
+
+
+def bench(
+    parameters: int,
+    connections: int,
+    seconds: int,
+    rounds: int,
+    workers: list[int],
+    paths: list[str],
+    server: RedisServer,
+    tmp: Path,
+) -> None:
     prefix = f"bench-snap-{parameters}"
     body = asyncio.run(commit_model(server.url, prefix, parameters))
     (tmp / "latest.msgpack").write_bytes(body)
-    ours_port, nginx_port = free_port(), free_port()
-    env = dict(
-        os.environ,
-        FEDASYNC_REDIS__URL=server.url,
-        FEDASYNC_REDIS__KEY_PREFIX=prefix,
-        FEDASYNC_SNAPSHOT__PORT=str(ours_port),
-        FEDASYNC_LOG__LEVEL="WARNING",
-    )
-    ours = subprocess.Popen([sys.executable, "-m", "fedasync.services.snapshot"], cwd=ROOT, env=env)
-    results: dict[str, dict[str, float]] = {}
+    servers = [f"{who} x{n}" for n in workers for who in ("ours", "nginx")]
+    ports = {name: free_port() for name in servers}
+    base = {name: f"http://127.0.0.1:{port}/v1/models/latest" for name, port in ports.items()}
+    processes = []
+    results: dict[str, dict[str, list[float]]] = {n: {p: [] for p in paths} for n in servers}
     try:
-        ours_url = f"http://127.0.0.1:{ours_port}/v1/models/latest"
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(ours_url)
-                break
-            except OSError:
-                time.sleep(0.05)
-        for workers in (1, 2):
-            conf = tmp / f"nginx-{workers}.conf"
-            conf.write_text(NGINX_CONF.format(workers=workers, dir=tmp, port=nginx_port))
-            nginx = subprocess.Popen(["nginx", "-c", str(conf)])
-            try:
-                nginx_url = f"http://127.0.0.1:{nginx_port}/v1/models/latest"
-                for _ in range(200):
-                    try:
-                        urllib.request.urlopen(nginx_url)
-                        break
-                    except OSError:
-                        time.sleep(0.05)
-                results[f"nginx x{workers}"] = {
-                    "200": wrk(nginx_url, connections, seconds),
-                    "304": wrk(nginx_url, connections, seconds, etag_of(nginx_url)),
-                }
-            finally:
-                nginx.terminate()
-                nginx.wait()
-        results["ours"] = {
-            "200": wrk(ours_url, connections, seconds),
-            "304": wrk(ours_url, connections, seconds, etag_of(ours_url)),
-        }
+        for n in workers:
+            env = dict(
+                os.environ,
+                FEDASYNC_REDIS__URL=server.url,
+                FEDASYNC_REDIS__KEY_PREFIX=prefix,
+                FEDASYNC_SNAPSHOT__PORT=str(ports[f"ours x{n}"]),
+                FEDASYNC_SNAPSHOT__WORKERS=str(n),
+                FEDASYNC_LOG__LEVEL="WARNING",
+            )
+            command = [sys.executable, "-m", "fedasync.services.snapshot"]
+            processes.append(subprocess.Popen(command, cwd=ROOT, env=env))
+            wait_up(base[f"ours x{n}"])
+        with urllib.request.urlopen(base[servers[0]] + "/meta") as response:
+            (tmp / "meta.json").write_bytes(response.read())  # the same bytes for nginx
+        for n in workers:
+            name = f"nginx x{n}"
+            conf = tmp / f"nginx-{n}.conf"
+            conf.write_text(NGINX_CONF.format(workers=n, dir=tmp, port=ports[name]))
+            processes.append(subprocess.Popen(["nginx", "-c", str(conf)]))
+            wait_up(base[name])
+        for _ in range(rounds):
+            for path in paths:
+                for name in servers:
+                    url = base[name] + ("/meta" if path == "meta" else "")
+                    etag = etag_of(url) if path == "304" else None
+                    results[name][path].append(wrk(url, connections, seconds, etag))
     finally:
-        ours.terminate()
-        ours.wait()
-    print(f"model of {parameters} parameters ({len(body)} bytes), {connections} connections")
-    for path in ("200", "304"):
-        line = f"  {path}: ours {results['ours'][path]:>8.0f} req/s"
-        for name in ("nginx x1", "nginx x2"):
-            ratio = results["ours"][path] / results[name][path]
-            line += f" | {name} {results[name][path]:>8.0f} req/s, ours/{name} {ratio:.2f}"
-        print(line)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait()
+    print(
+        f"model of {parameters} parameters ({len(body)} bytes), {connections} connections, "
+        f"median of {rounds} alternating rounds of {seconds} s, load average "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    median = {n: {p: statistics.median(v) for p, v in by.items()} for n, by in results.items()}
+    for path in paths:
+        line = f"  {path:>4}:"
+        for n in workers:
+            ours, nginx = median[f"ours x{n}"][path], median[f"nginx x{n}"][path]
+            line += f" | x{n}: ours {ours:>7.0f}, nginx {nginx:>7.0f} req/s, {ours / nginx:.2f}"
+        print(line, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--parameters", type=int, nargs="+", default=[2410, 100_000])
+    parser.add_argument("--parameters", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     args = parser.parse_args()
     ensure_tools()
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,7 +203,16 @@ def main() -> None:
             for parameters in args.parameters:
                 www = Path(tmp) / f"www-{parameters}"
                 www.mkdir(mode=0o755)
-                bench(parameters, args.connections, args.seconds, server, www)
+                bench(
+                    parameters,
+                    args.connections,
+                    args.seconds,
+                    args.rounds,
+                    args.workers,
+                    args.paths,
+                    server,
+                    www,
+                )
         finally:
             server.stop()
 

@@ -32,6 +32,7 @@ def run_service(
     refused: tuple[type[Exception], ...] = (),
     *,
     builds_task: bool = False,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> int:
     try:
         settings = load_settings()
@@ -42,7 +43,8 @@ def run_service(
         return 2
     configure(settings.log, name if isinstance(name, str) else name(settings))
     try:
-        result = asyncio.run(start(settings))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            result = runner.run(start(settings))
     except refused as exc:
         log.error("refused to run: %s", exc)
         return EXIT_REFUSED

@@ -19,6 +19,11 @@ gets a `GuardedConnection`, a thin protocol wrapped around aiohttp's own, which 
   (`send_timeout`);
 - beyond `max_connections` open connections a new one is answered 503 and closed at once.
 
+A service may also give the guard a `FastPath`: complete request heads are then first offered to
+it, and the answers it has ready (bytes prepared once per version, not per request) are written
+without aiohttp; the first head it declines hands the connection to aiohttp for good. The deadlines
+above apply the same way on either side.
+
 Everything else (parsing, handlers, keep-alive, shutdown) stays aiohttp's. The guard learns where
 a connection is from two hooks: the server's request factory (a head was parsed) and the
 application's `on_response_prepare` signal (an answer starts). Every close is counted by reason
@@ -32,7 +37,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -44,6 +49,21 @@ log = logging.getLogger(__name__)
 
 #: why the guard closed a connection (the `reason` label of fedasync_http_connections_closed)
 CLOSE_REASONS = ("idle", "header_timeout", "body_timeout", "send_timeout")
+
+
+#: a head longer than this is never a fast-path request: aiohttp reads (and judges) it
+MAX_FAST_HEAD = 8192
+#: a fast answer waiting to be sent beyond this stops the reading of pipelined requests
+FAST_WRITE_LIMIT = 1 << 20
+
+
+class FastPath(Protocol):
+    """Answers for the hottest requests, ready before they arrive (e.g. the snapshot's latest)."""
+
+    def answer(self, head: bytes) -> list[bytes] | None:
+        """The answer's bytes for this complete request head (`...\r\n\r\n`), or None to leave
+        the request, and every later one on its connection, to aiohttp."""
+        ...
 
 
 class BodyTimeout(web.HTTPRequestTimeout):
@@ -68,9 +88,10 @@ _TOO_MANY = _refusal(
 class Guard:
     """The guard of one service: its limits, its open connections, and what it refused."""
 
-    def __init__(self, limits: HttpSettings, name: str) -> None:
+    def __init__(self, limits: HttpSettings, name: str, fast: FastPath | None = None) -> None:
         self.limits = limits
         self.name = name
+        self.fast = fast
         self.connections: dict[asyncio.BaseTransport, GuardedConnection] = {}
         self.refused = 0
         self.closed: Counter[str] = Counter()
@@ -142,6 +163,10 @@ class GuardedConnection(asyncio.Protocol):
         self._guard = guard
         self._make_inner = inner
         self._inner: asyncio.Protocol | None = None
+        #: offered complete heads until it declines one; then aiohttp has the connection
+        self._fast = guard.fast
+        self._head = bytearray()  # bytes of the head(s) not yet answered by the fast path
+        self._fast_paused = False  # reading paused: fast answers not yet taken by the client
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
@@ -158,7 +183,8 @@ class GuardedConnection(asyncio.Protocol):
 
     # --------------------------------------------------------------------- asyncio protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods
+        transport = cast(asyncio.Transport, transport)
         if not self._guard.admit(self, transport):
             transport.write(_TOO_MANY)
             transport.close()
@@ -181,7 +207,10 @@ class GuardedConnection(asyncio.Protocol):
                 self._arm(now + self._guard.limits.header_timeout_s)
         self._received += len(data)
         self._last_received = now
-        if self._inner is not None:
+        if self._fast is not None:
+            self._head += data
+            self._answer_fast(now)
+        elif self._inner is not None:
             self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -189,6 +218,8 @@ class GuardedConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_timer()
+        self._fast = None
+        self._head.clear()
         if self._transport is not None:
             self._guard.release(self._transport)
         if self._inner is not None:
@@ -202,6 +233,52 @@ class GuardedConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._inner is not None:
             self._inner.resume_writing()
+        if self._fast_paused and self._transport is not None and not self._transport.is_closing():
+            self._fast_paused = False
+            self._transport.resume_reading()
+            if self._fast is not None:
+                self._answer_fast(self._loop.time())
+
+    # ------------------------------------------------------------------------- fast path
+    def _answer_fast(self, now: float) -> None:
+        """Answer every complete head in the buffer from the fast path, while it has answers."""
+        transport, fast = self._transport, self._fast
+        while fast is not None and transport is not None and not transport.is_closing():
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > MAX_FAST_HEAD:
+                    self._hand_over()
+                return
+            answer = fast.answer(bytes(self._head[: end + 4]))
+            if answer is None:
+                self._hand_over()
+                return
+            del self._head[: end + 4]
+            transport.writelines(answer)  # one writev on uvloop: head and body, no copy
+            # answered: the next head is awaited, as after aiohttp's answers (`answering`); the
+            # timer already armed fires no later than that needs, and `_check` then re-arms
+            self._answered = True
+            self._request = None
+            self._since = now
+            self._received = len(self._head)  # pipelined: the next head has begun
+            if self._received:
+                self._head_began = now
+                self._arm(now + self._guard.limits.header_timeout_s)  # if sooner than armed
+            buffered = transport.get_write_buffer_size()
+            if buffered or self._timer is None:
+                self._check()  # an answer still being sent has the send deadline
+            if buffered > FAST_WRITE_LIMIT:
+                self._fast_paused = True  # the client must take its answers first
+                transport.pause_reading()
+                return
+
+    def _hand_over(self) -> None:
+        """aiohttp takes the connection (and the bytes read so far) for good."""
+        self._fast = None
+        data = bytes(self._head)
+        self._head.clear()
+        if self._inner is not None and data:
+            self._inner.data_received(data)
 
     # ----------------------------------------------------------------------- hooks (Guard)
     def request_started(self, request: web.BaseRequest) -> None:
@@ -230,12 +307,21 @@ class GuardedConnection(asyncio.Protocol):
         self._check()
 
     def _arm(self, when: float) -> None:
-        self.stop_timer()
-        self._timer = self._loop.call_at(when, self._check)
+        """Make sure `_check` runs by `when`: a timer due sooner is kept (it re-checks then and
+        re-arms for what is due), so the many answers of a kept-alive connection cost no timer
+        each."""
+        if self._timer is not None:
+            if self._timer.when() <= when:
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._check()
 
     def _check(self) -> None:
         """Close the connection if the client missed a deadline; else re-arm for the next one."""
-        self._timer = None
         transport = self._transport
         if transport is None or transport.is_closing():
             return

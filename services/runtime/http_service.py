@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from fedasync.services.runtime.http_guard import Guard, GuardCollector
+from fedasync.services.runtime.http_guard import FastPath, Guard, GuardCollector
 from fedasync.services.runtime.lifecycle import Background, stop_on_signals
 from fedasync.services.runtime.prometheus import REGISTRY
 from fedasync.services.runtime.redis_conn import TRANSIENT, connect
@@ -29,19 +29,30 @@ from fedasync.services.runtime.settings import HttpSettings, RedisSettings, Sett
 
 log = logging.getLogger(__name__)
 
+#: an app's answers for its hottest requests, served by the guard without aiohttp (http_guard.py)
+FAST_PATH = web.AppKey("fast_path", FastPath)
+
 #: aiohttp's request handler options for every service (an app's own handler_args win)
 HANDLER_ARGS: dict[str, Any] = {"auto_decompress": False, "lingering_time": 0}
 
 
 @contextlib.asynccontextmanager
 async def listening(
-    name: str, app: web.Application, host: str, port: int, limits: HttpSettings
+    name: str,
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: HttpSettings,
+    *,
+    reuse_port: bool = False,
 ) -> AsyncIterator[int]:
     """Serve `app` on (host, port) behind the guard until the block ends; yields the bound port.
 
-    The guard's figures join the app's metrics registry (`prometheus.REGISTRY`) if it has one.
+    The guard's figures join the app's metrics registry (`prometheus.REGISTRY`) if it has one, and
+    the app's `FAST_PATH`, if it has one, answers before aiohttp. With `reuse_port`, several
+    processes may listen on the same port (SO_REUSEPORT: the kernel spreads connections).
     """
-    guard = Guard(limits, name)
+    guard = Guard(limits, name, app.get(FAST_PATH))
     runner = web.AppRunner(app, access_log=None, **HANDLER_ARGS)
     guard.watch_app(app)
     registry = app.get(REGISTRY)
@@ -55,7 +66,12 @@ async def listening(
         guard.watch_server(runner.server)
         loop = asyncio.get_running_loop()
         listener = await loop.create_server(
-            guard.protocol_factory(runner.server), host, port, reuse_address=True, backlog=128
+            guard.protocol_factory(runner.server),
+            host,
+            port,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
+            backlog=128,
         )
         yield listener.sockets[0].getsockname()[1]
     finally:
@@ -79,13 +95,15 @@ async def serve(
     handle_signals: bool = True,
     stopping: asyncio.Event | None = None,
     started: asyncio.Future[int] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve until `stopping` is set; `started` receives the bound port (0 picks a free one)."""
     stopping = stopping or asyncio.Event()
     client = redis if redis is not None else connect(redis_settings)
     try:
         with stop_on_signals(stopping, handle_signals):
-            async with listening(name, make_app(client), host, port, limits) as bound:
+            app = make_app(client)
+            async with listening(name, app, host, port, limits, reuse_port=reuse_port) as bound:
                 log.info("%s on http://%s:%d", name, host, bound)
                 if started is not None:
                     started.set_result(bound)

@@ -328,6 +328,13 @@ class SnapshotSettings(Section):
     long_poll_max_s: float = Field(30.0, gt=0, description="longest a long-poll may wait, seconds")
     max_waiters: int = Field(1000, ge=1, description="long-polls waiting at once, at most")
     cache_versions: int = Field(8, ge=1, description="older versions kept in memory")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes serving the port together (SO_REUSEPORT), each following "
+        "versions itself",
+    )
 
 
 class WireSettings(Section):

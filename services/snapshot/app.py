@@ -31,12 +31,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
-from fedasync.services.runtime.http_service import livez, redis_readiness
+from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
+from fedasync.services.snapshot.fast import HotAnswers
 from fedasync.services.stores.alerts import VERSION_REGRESSED, try_add_alert
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import regressed
@@ -99,6 +100,13 @@ class SnapshotMetrics:
         )
         for kind in ("connection", "redis", "error"):
             self.follow_failures.labels(kind)
+        self.worker = Gauge(
+            "fedasync_snapshot_worker",
+            "1, labelled with which of the processes sharing the port (FEDASYNC_SNAPSHOT__WORKERS) "
+            "answered: every figure on this page is that worker's alone",
+            ["worker"],
+            registry=self.registry,
+        )
 
 
 METRICS = web.AppKey("metrics", SnapshotMetrics)
@@ -372,15 +380,18 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     await cancel_tasks([task])  # waits for it, with a deadline: never forever
 
 
-def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
+def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> web.Application:
+    """The snapshot app; `worker` names this process among those sharing the port (service.py)."""
     app = web.Application()
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[KEYS] = Keys(settings.redis.key_prefix)
     app[CACHE] = ModelCache(settings.snapshot.cache_versions, settings.snapshot.max_waiters)
     app[METRICS] = SnapshotMetrics()
+    app[METRICS].worker.labels(str(worker)).set(1)
     app[REGISTRY] = app[METRICS].registry
     app[METRICS].waiters.set_function(lambda: app[CACHE].waiters)
+    app[FAST_PATH] = HotAnswers(app[CACHE], app[METRICS])
     app.add_routes(
         [
             web.get("/v1/models/latest", latest),
