@@ -61,24 +61,12 @@ else
     }
 fi
 
-requirements=$("$python" - "$root/pyproject.toml" "$@" <<'PY'
-import platform
-import sys
-import tomllib
-
-with open(sys.argv[1], "rb") as f:
-    project = tomllib.load(f)
-extras = project["project"]["optional-dependencies"]
-wanted = [
-    *project["build-system"]["requires"],
-    *project["project"]["dependencies"],
-    *extras["eval"],
-    *extras["worker"],
-    *sys.argv[2:],
-]
-print("# python", platform.python_version())
-print("\n".join(dict.fromkeys(wanted)))
-PY
+# What the images install (docker/requirements.py, as the Dockerfiles read it), the PACKAGE
+# arguments, and the Python that resolves them: a change to any of them makes a new wheelhouse.
+requirements=$(
+    echo "# python $("$python" -c 'import platform; print(platform.python_version())')"
+    "$python" "$root/docker/requirements.py" --pyproject "$root/pyproject.toml" --build eval worker
+    for package in "$@"; do echo "$package"; done
 )
 mkdir -p "$out"
 if [ -f "$out/.requirements" ] && [ "$(cat "$out/.requirements")" = "$requirements" ]; then

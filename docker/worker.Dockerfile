@@ -19,7 +19,13 @@ WORKDIR /app
 # extra pins the same version, so the next install finds it satisfied and fetches no other torch.
 RUN --mount=type=bind,source=docker/wheels,target=/wheels \
     pip install torch==2.13.0 --index-url "$TORCH_INDEX_URL"
-COPY pyproject.toml README.md ./
+# The dependencies before the code, as in docker/Dockerfile (torch is already satisfied).
+COPY pyproject.toml docker/requirements.py ./
+RUN --mount=type=bind,source=docker/wheels,target=/wheels \
+    python requirements.py worker >/tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt requirements.py
+COPY README.md ./
 COPY shared ./shared
 COPY services ./services
 COPY learning ./learning

@@ -8,10 +8,17 @@ healthcheck passes, the version rises as the snapshot service's published port s
 training stops at the budget and the workers exit 0, and `docker compose run --rm fedasync ledger
 verify`, the admin Redis user from inside the compose network, replays the ledger to the
 committed model bit for bit.
+
+While it trains, the operator's paths (docs/operations.md): Prometheus reports every service's
+target up; a degrade switch flipped through the control service's published port puts a new
+policy version on the next decisions; a device key issued with `docker compose run --rm fedasync
+devices add` lets that device's signed update through the ingest service's published port, and
+its receipt says what was decided.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,13 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from fedasync import SyncDeviceClient
 from fedasync.services.commands.chaos.compose.stack import (
     WORKER,
     Container,
     Stack,
     fresh_settings,
-    get_json,
+    http_json,
 )
 from tests.compose.helpers import ROOT, Images
 
@@ -33,6 +42,8 @@ pytestmark = [pytest.mark.compose, pytest.mark.timeout(3600)]
 
 BUDGET = 120
 WORKERS = 2
+DEVICE = "phone-17"
+SWITCH = "raise-gamma"
 #: deadlines, generous for a loaded machine: reaching the budget, one long-poll, the status
 TRAIN_S = 900.0
 LONG_POLL_S = 20
@@ -56,17 +67,69 @@ class Observed:
     unhealthy_at_end: list[str] = field(default_factory=list)
     verify_exit: int = -1
     verify_output: str = ""
+    #: Prometheus's scrape targets: job -> health, once every one was up (or at the deadline)
+    targets: dict[str, str] = field(default_factory=dict)
+    #: the control service's answer to the switch, and the policy version it made
+    switch_answer: dict[str, Any] = field(default_factory=dict)
+    #: the device's key as `devices add` printed it, its update and the receipt's decision
+    device_key: str = ""
+    device_update: str = ""
+    device_decision: dict[str, Any] = field(default_factory=dict)
+    #: every ledger record, as `docker compose run --rm fedasync ledger export` writes them
+    ledger: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _status(control: str, token: str) -> dict[str, Any]:
     """The control service's /v1/status, polled until it answers (it does within seconds)."""
     deadline = time.monotonic() + STATUS_S
     while time.monotonic() < deadline:
-        code, body = get_json(f"{control}/v1/status", token)
+        code, body = http_json(f"{control}/v1/status", token)
         if code == 200 and isinstance(body, dict):
             return body
         time.sleep(0.5)
     raise AssertionError(f"{control}/v1/status did not answer within {STATUS_S:.0f} s")
+
+
+def _targets(prometheus: str) -> dict[str, str]:
+    """Prometheus's active targets, job -> health, polled until each is up (scrapes are 5 s
+    apart, and a target is `unknown` until its first)."""
+    deadline = time.monotonic() + STATUS_S
+    health: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        code, body = http_json(f"{prometheus}/api/v1/targets")
+        if code == 200:
+            active = body["data"]["activeTargets"]
+            health = {target["labels"]["job"]: target["health"] for target in active}
+            if health and all(h == "up" for h in health.values()):
+                break
+        time.sleep(0.5)
+    return health
+
+
+def _operate(stack: Stack, seen: Observed, token: str) -> None:
+    """The operator's paths, while training runs."""
+    seen.targets = _targets(stack.url("prometheus", 9090))
+    code, answer = http_json(
+        f"{stack.url('control', 8082)}/v1/switches/{SWITCH}",
+        token,
+        body={"on": True, "reason": "compose test: update rate spike"},
+    )
+    assert code == 200, (code, answer)
+    seen.switch_answer = answer
+    seen.device_key = stack.tool("devices", "add", DEVICE).split()[0]
+    with SyncDeviceClient(
+        stack.url("snapshot", 8081),
+        DEVICE,
+        key=seen.device_key,
+        ingest_url=stack.url("ingest", 8084),
+    ) as device:
+        model = device.latest()
+        assert model is not None
+        published = device.publish(model.weights.copy(), model.version, 10)
+        seen.device_update = published.update_id
+        receipt = device.receipt(published.update_id, wait=STATUS_S)
+        assert receipt.decision is not None, "no decision within the deadline"
+        seen.device_decision = receipt.decision.to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +149,7 @@ def observed(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         began = time.monotonic()
         version = 0
         while version < BUDGET and time.monotonic() < began + TRAIN_S:
-            code, meta = get_json(
+            code, meta = http_json(
                 f"{snapshot}/v1/models/latest/meta?newer_than={version}&wait={LONG_POLL_S}",
                 timeout_s=LONG_POLL_S + 30,
             )
@@ -95,6 +158,7 @@ def observed(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 seen.versions.append(version)
                 if not seen.status_while_training:
                     seen.status_while_training = _status(control, token)
+                    _operate(stack, seen, token)
         seen.training_s = time.monotonic() - began
         deadline = time.monotonic() + STATUS_S
         while time.monotonic() < deadline:  # the workers see training done and stop
@@ -106,6 +170,7 @@ def observed(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         seen.unhealthy_at_end = stack.unhealthy(others)
         verify = stack.compose("run", "--rm", "-T", "fedasync", "ledger", "verify", check=False)
         seen.verify_exit, seen.verify_output = verify.returncode, verify.stdout + verify.stderr
+        seen.ledger = [json.loads(line) for line in stack.tool("ledger", "export").splitlines()]
         print(
             f"compose stack: up to healthy {seen.up_to_healthy_s:.0f} s, {BUDGET} updates in "
             f"{seen.training_s:.0f} s, accuracy "
@@ -160,3 +225,43 @@ def test_ledger_verify_as_the_admin_user_reproduces_the_model(observed: Observed
     assert observed.verify_exit == 0, observed.verify_output
     assert "ledger verify: OK" in observed.verify_output
     assert f"committed model version {BUDGET}: reproduced bit for bit" in observed.verify_output
+
+
+def test_prometheus_scrapes_every_service(observed: Observed) -> None:
+    """/api/v1/targets on Prometheus's published port: one job per fedasync service, all up."""
+    config = yaml.safe_load((ROOT / "docker" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert {"aggregator", "snapshot", "control", "evaluator", "ingest"} <= jobs
+    assert observed.targets == dict.fromkeys(jobs, "up")
+
+
+def test_a_degrade_switch_through_the_control_port_changes_the_next_decisions(
+    observed: Observed,
+) -> None:
+    """Decided before the flip: the first policy version; after it, every decision names the
+    new one, the device's update (published after the flip) among them."""
+    answer = observed.switch_answer
+    assert answer["switch"] == SWITCH
+    assert answer["on"] is True
+    new = answer["policy"]["version"]
+    versions = [record["policy_version"] for record in observed.ledger]
+    flipped = versions.index(new)
+    assert flipped >= 1  # training had decided updates before the flip
+    assert set(versions[:flipped]) == {0}
+    assert set(versions[flipped:]) == {new}
+    (device,) = [r for r in observed.ledger if r["update_id"] == observed.device_update]
+    assert device["policy_version"] == new
+
+
+def test_a_device_key_from_compose_run_lets_a_signed_update_through_ingest(
+    observed: Observed,
+) -> None:
+    assert len(observed.device_key) == 64
+    int(observed.device_key, 16)  # 64 hex characters, as the device client takes it
+    decision = observed.device_decision
+    assert decision["update_id"] == observed.device_update
+    assert decision["client_id"] == DEVICE
+    assert decision["outcome"] == "applied", decision
+    (record,) = [r for r in observed.ledger if r["update_id"] == observed.device_update]
+    assert record["outcome"] == "applied"
+    assert record["client_id"] == DEVICE

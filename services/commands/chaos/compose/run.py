@@ -38,7 +38,7 @@ from fedasync.services.commands.chaos.compose.stack import (
     ComposeError,
     Stack,
     fresh_settings,
-    get_json,
+    http_json,
 )
 from fedasync.services.commands.chaos.faults import Event
 from fedasync.services.commands.chaos.probe import served_model
@@ -203,7 +203,7 @@ class Run:
             restarts_at_end = self._restart_counts()
             journals = self._journals()
             read = self._read()
-            _, alerts = get_json(f"{self.control}/v1/alerts?count=10000", self.token)
+            _, alerts = http_json(f"{self.control}/v1/alerts?count=10000", self.token)
             summary = self._summary(
                 duration_s=time.monotonic() - begun,
                 drained=drained,
@@ -227,7 +227,7 @@ class Run:
         """Long-poll the snapshot service until a version above 0 is served."""
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
-            code, meta = get_json(f"{self.snapshot}/v1/models/latest/meta?newer_than=0&wait=20")
+            code, meta = http_json(f"{self.snapshot}/v1/models/latest/meta?newer_than=0&wait=20")
             if code == 200 and meta and int(meta["version"]) > 0:
                 self.started = time.monotonic()
                 self.say(f"chaos --compose: training runs (version {meta['version']})")
@@ -284,7 +284,7 @@ class Run:
         return recovery
 
     def _status(self) -> dict[str, Any] | None:
-        code, body = get_json(f"{self.control}/v1/status", self.token)
+        code, body = http_json(f"{self.control}/v1/status", self.token)
         return body if code == 200 and isinstance(body, dict) else None
 
     def _status_marks(self) -> tuple[int, int] | None:

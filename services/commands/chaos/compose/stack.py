@@ -319,9 +319,15 @@ class Stack:
 
 
 # ----------------------------------------------------------------------------- HTTP
-def get_json(url: str, token: str | None = None, timeout_s: float = 30.0) -> tuple[int, Any]:
-    """GET a JSON document: (status, body); (0, None) when nothing answered."""
-    request = urllib.request.Request(url)
+def http_json(
+    url: str, token: str | None = None, *, body: Any = None, timeout_s: float = 30.0
+) -> tuple[int, Any]:
+    """GET a JSON document, or POST `body` as one: (status, answer); (0, None) when nothing
+    answered."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
