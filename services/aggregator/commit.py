@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 COMMIT_SCRIPT = """
 local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
+local done_key, receipts_key, order_key, dedup_key = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local expected = tonumber(ARGV[1])
 local epoch = ARGV[2]
 if redis.call('GET', epoch_key) ~= epoch then
@@ -51,6 +51,7 @@ local keep, group, channel, model_prefix = tonumber(ARGV[6]), ARGV[7], ARGV[8], 
 local done_reason, now = ARGV[10], ARGV[11]
 local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local capacity = tonumber(ARGV[15])
+local n_dedup, dedup_floor = tonumber(ARGV[16]), ARGV[17]
 
 redis.call('SET', state_key, state)
 if model ~= '' then
@@ -65,7 +66,19 @@ if model ~= '' then
   end
   redis.call('SET', version_key, version)
 end
-local i = 16
+local i = 18
+local added = 0
+while added < n_dedup do
+  local chunk = {}
+  for _ = 1, math.min(500, n_dedup - added) do
+    chunk[#chunk + 1] = ARGV[i + 1]
+    chunk[#chunk + 1] = ARGV[i]
+    i = i + 2
+    added = added + 1
+  end
+  redis.call('ZADD', dedup_key, unpack(chunk))
+end
+redis.call('ZREMRANGEBYSCORE', dedup_key, '-inf', '(' .. dedup_floor)
 for _ = 1, n_ledger do
   local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
   if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
@@ -138,6 +151,11 @@ class Batch:
     dead: list[DeadLetter] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
     done_reason: str = ""
+    #: update ids the dedup memory took in since the last commit, (id, key), and its floor
+    dedup: list[tuple[str, int]] = field(default_factory=list)
+    dedup_floor: int = 0
+    #: (stream id, payload) of the ledger's updates, for the archive (when there is one)
+    archive: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
 class Committer:
@@ -184,7 +202,11 @@ class Committer:
             len(batch.dead),
             len(batch.acks),
             self._receipts,
+            len(batch.dedup),
+            batch.dedup_floor,
         ]
+        for update_id, key in batch.dedup:
+            args += [update_id, key]
         for entry in batch.ledger:
             args += [entry.record, entry.receipt]
         for dead in batch.dead:
@@ -202,6 +224,7 @@ class Committer:
             keys.done,
             keys.receipts,
             keys.receipts_order,
+            keys.dedup,
         ]
         code, value = await self._script(keys=redis_keys, args=args)
         if code == -1:

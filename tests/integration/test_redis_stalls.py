@@ -123,6 +123,7 @@ RESTART = (
     "XLEN ledger",
     "XPENDING updates",
     "XREVRANGE ledger",
+    "ZRANGEBYSCORE dedup",
 )
 
 
