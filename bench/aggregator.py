@@ -7,7 +7,8 @@ acknowledgements atomically). Both are timed from "all updates in the stream" to
 and acknowledged"; the ratio is what exactly-once costs. Also: seconds from an aggregator
 restart after kill -9 to its next commit.
 
-Both read the same number of entries per XREADGROUP; the aggregator commits with its defaults
+Both read the same number of entries per XREADGROUP (`--batch`, fewer for models so large that
+they would exceed ~256 MB a read); the aggregator commits with its defaults
 (group commit of up to 256 decisions or 50 ms).
 
 Also, against the same raw consumption of float32 payloads in the stream: the aggregator fed
@@ -170,12 +171,18 @@ async def main_async(
             )
             for size, mode in rows:
                 count = counts.get(size, 200)
+                # both sides read as many entries per XREADGROUP, at most ~256 MB of them
+                per_read = min(batch, max(1, (256 << 20) // (4 * size)))
                 raw = payloads(size, count)
                 mine = payloads(size, count, "float16") if mode == "float16" else raw
                 claim_dir = Path(tmp) / f"objects-{size}"
                 settings = load_settings(
-                    redis={"url": server.url, "key_prefix": f"bench-{size}"},
-                    aggregator={"read_count": batch},
+                    redis={
+                        "url": server.url,
+                        "key_prefix": f"bench-{size}",
+                        "socket_timeout_s": 120,
+                    },
+                    aggregator={"read_count": per_read},
                     budget={"max_updates": 10**9, "max_seconds": 10**9},
                     wire={"claim_check_dir": str(claim_dir) if mode == "claim-check" else None},
                 )
@@ -184,7 +191,7 @@ async def main_async(
                 try:
                     for _ in range(repeat):
                         await fill(redis, f"raw-{size}", raw)
-                        raw_rates.append(await raw_consume(redis, f"raw-{size}", count, batch))
+                        raw_rates.append(await raw_consume(redis, f"raw-{size}", count, per_read))
                         await redis.flushall()
                         store = ClaimStore(claim_dir) if mode == "claim-check" else None
                         our_rates.append(await ours(settings, redis, size, mine, store))

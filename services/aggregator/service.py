@@ -326,8 +326,12 @@ class Aggregator:
     # ------------------------------------------------------------------------------ claims
     async def _claim_idle(self) -> None:
         """Take over what sat idle under any consumer (claims.py); re-read it before the next
-        batch. Raises `Fenced` once a newer aggregator started, even with nothing to commit."""
-        taken = await self.claims.take(self.committer.epoch, self._inflight_acks, self._stopping)
+        batch. Raises `Fenced` once a newer aggregator started, even with nothing to commit.
+
+        Neither the commit in flight's entries nor the read-ahead's are taken: both are this
+        aggregator's, on their way (a large read may take longer than `claim_idle_s` to decide)."""
+        exclude = self._inflight_acks | await self._read_ahead_ids()
+        taken = await self.claims.take(self.committer.epoch, exclude, self._stopping)
         if taken:
             self.metrics.claimed.inc(sum(taken.values()))
             log.warning(
@@ -407,6 +411,17 @@ class Aggregator:
                 raise
 
         return await retrying("XREADGROUP", read, self.settings.redis, self._stopping)
+
+    async def _read_ahead_ids(self) -> frozenset[bytes]:
+        """The entries the read-ahead delivered (waiting for its reply if it is still on its
+        way: it is read next anyway); none if there is none, or it failed."""
+        if self._ahead is None or not self.claims.due():
+            return frozenset()
+        task = self._ahead[1]
+        await _settle(task)
+        if task.cancelled() or task.exception() is not None or not task.result():
+            return frozenset()
+        return frozenset(entry_id for entry_id, _ in task.result()[0][1])
 
     async def _fetch_claims(self, addresses: set[str]) -> dict[str, bytes | ClaimError]:
         """The claim-check messages of a read, fetched and checked in a worker thread before
