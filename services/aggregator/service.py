@@ -41,7 +41,13 @@ from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_service import listening
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
-from fedasync.services.runtime.redis_conn import TRANSIENT, best_effort, connect, retrying
+from fedasync.services.runtime.redis_conn import (
+    TRANSIENT,
+    best_effort,
+    connect,
+    is_out_of_memory,
+    retrying,
+)
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import REDIS_OOM, STATE_MISMATCH, try_add_alert
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
@@ -266,11 +272,13 @@ class Aggregator:
         self._stopping = stopping
         try:
             await self._loop(stopping, burst)
-        except TRANSIENT as exc:
-            if not stopping.is_set():
+        except (*TRANSIENT, ResponseError) as exc:
+            refused = isinstance(exc, ResponseError)
+            if not stopping.is_set() or (refused and not is_out_of_memory(exc)):
                 raise
             # nothing is lost: whatever was decided but not committed is re-read next time
-            log.warning("stopping without a final commit: Redis unreachable (%s)", exc)
+            why = "Redis is out of memory" if refused else "Redis unreachable"
+            log.warning("stopping without a final commit: %s (%s)", why, exc)
         finally:
             if self._ahead is not None:  # what it read stays pending: re-read at the next start
                 await cancel_tasks([self._ahead[1]])
