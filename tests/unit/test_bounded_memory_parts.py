@@ -18,6 +18,7 @@ from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, save_state
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
+from fedasync.shared.wire import _all_finite
 
 
 def test_the_journal_drains_what_was_remembered_since_the_last_drain() -> None:
@@ -108,3 +109,10 @@ def test_retrying_does_not_retry_other_error_replies() -> None:
 
     with pytest.raises(ResponseError, match="NOPERM"):
         asyncio.run(retrying("commit", action, RedisSettings()))
+
+
+def test_the_float16_finiteness_check_on_bits_agrees_with_numpy_on_every_value() -> None:
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    expected = np.isfinite(every)
+    assert [_all_finite(every[i : i + 1]) for i in range(65536)] == list(expected)
+    assert _all_finite(every[expected])
