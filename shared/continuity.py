@@ -34,6 +34,8 @@ class Check(StrEnum):
     GROUP_MISSING = "group-missing"
     GROUP_BEHIND_LEDGER = "group-behind-ledger"
     COMMIT_SEQ_MOVED = "commit-seq-moved"
+    #: the state names a client's remembered delta (memory mode) that `{p}:memory` lacks
+    MEMORY_MISSING = "memory-missing"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,11 @@ Two guards run before anything is written:
 Redis runs a script without interleaving other commands; since the guards come first and the
 writes after them cannot fail on valid arguments, no partial commit is ever visible.
 
+Per-client memory (the `memory` mode, shared/aggregation.py): the checkpoint leaves the clients'
+remembered deltas out; each commit writes to `{p}:memory` only the clients whose delta changed
+in its batch (HSET) or that were forgotten (HDEL), in the same script as the state that names
+them, so the hash and the state always belong to the same commit.
+
 Receipts: each ledger entry names its update (`update_digest(client id, update id)`); the first
 decision about an update is indexed in `{p}:receipts` (field → ledger entry id, HSETNX: a later
 duplicate never hides it) and its field appended to `{p}:receipts-order`. Beyond `capacity`
@@ -36,7 +41,7 @@ log = logging.getLogger(__name__)
 COMMIT_SCRIPT = """
 local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
+local done_key, receipts_key, order_key, memory_key = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local expected = tonumber(ARGV[1])
 local epoch = ARGV[2]
 if redis.call('GET', epoch_key) ~= epoch then
@@ -51,6 +56,7 @@ local keep, group, channel, model_prefix = tonumber(ARGV[6]), ARGV[7], ARGV[8], 
 local done_reason, now = ARGV[10], ARGV[11]
 local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local capacity = tonumber(ARGV[15])
+local n_remember, n_forget = tonumber(ARGV[16]), tonumber(ARGV[17])
 
 redis.call('SET', state_key, state)
 if model ~= '' then
@@ -65,7 +71,15 @@ if model ~= '' then
   end
   redis.call('SET', version_key, version)
 end
-local i = 16
+local i = 18
+for _ = 1, n_remember do
+  redis.call('HSET', memory_key, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for _ = 1, n_forget do
+  redis.call('HDEL', memory_key, ARGV[i])
+  i = i + 1
+end
 for _ = 1, n_ledger do
   local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
   if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
@@ -138,6 +152,9 @@ class Batch:
     dead: list[DeadLetter] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
     done_reason: str = ""
+    #: memory mode: (client id, delta bytes) to write to `{p}:memory`, and client ids to delete
+    remember: list[tuple[str, bytes]] = field(default_factory=list)
+    forget: list[str] = field(default_factory=list)
 
 
 class Committer:
@@ -184,7 +201,12 @@ class Committer:
             len(batch.dead),
             len(batch.acks),
             self._receipts,
+            len(batch.remember),
+            len(batch.forget),
         ]
+        for client, delta in batch.remember:
+            args += [client, delta]
+        args += batch.forget
         for entry in batch.ledger:
             args += [entry.record, entry.receipt]
         for dead in batch.dead:
@@ -202,6 +224,7 @@ class Committer:
             keys.done,
             keys.receipts,
             keys.receipts_order,
+            keys.memory,
         ]
         code, value = await self._script(keys=redis_keys, args=args)
         if code == -1:

@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 from fedasync.services.runtime.redis_conn import as_text, get_bytes
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import last_record
+from fedasync.services.stores.memory_store import read_memory
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, saved_version
 from fedasync.shared.continuity import Found, GroupPosition, Mismatch
@@ -39,14 +40,16 @@ class Inspection:
     found: Found
     raw_state: bytes | None
     raw_model: bytes | None
+    #: the memory mode's per-client deltas (`{p}:memory`), client id → bytes
+    memory: dict[str, bytes]
 
     def restore(self) -> AggregationState:
-        """The state of the last commit, with the weights of its model (call only once
-        `found` passed the checks: then both exist)."""
+        """The state of the last commit, with the weights of its model and the clients'
+        remembered deltas (call only once `found` passed the checks: then all exist)."""
         if self.raw_state is None or self.raw_model is None:
             raise RuntimeError("no committed state to restore")
         model = decode_model(self.raw_model, max_bytes=len(self.raw_model))
-        return load_state(self.raw_state, weights=model.snapshot.weights)
+        return load_state(self.raw_state, weights=model.snapshot.weights, memory_deltas=self.memory)
 
 
 async def inspect(redis: aioredis.Redis, keys: Keys) -> Inspection:
@@ -68,7 +71,7 @@ async def inspect(redis: aioredis.Redis, keys: Keys) -> Inspection:
         group=await group_position(redis, keys),
         started=bool(await redis.exists(keys.started)),
     )
-    return Inspection(found, raw_state, raw_model)
+    return Inspection(found, raw_state, raw_model, await read_memory(redis, keys))
 
 
 async def group_position(redis: aioredis.Redis, keys: Keys) -> GroupPosition | None:

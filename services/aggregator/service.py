@@ -50,7 +50,7 @@ from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy, read_policy
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
-from fedasync.shared.checkpoint import save_state
+from fedasync.shared.checkpoint import MemoryMissing, save_state
 from fedasync.shared.continuity import Check, Mismatch, mismatches
 from fedasync.shared.decision import Outcome
 from fedasync.shared.dedup import DedupMemory
@@ -147,7 +147,10 @@ class Aggregator:
             await r.set(keys.genesis, save_state(self.state))
             await self._commit(Batch(b"", 0, b""))
         else:
-            self.state = found.restore()
+            try:
+                self.state = found.restore()
+            except MemoryMissing as exc:  # written by one commit: only a Redis that lost writes
+                await self._refuse([Mismatch(Check.MEMORY_MISSING, str(exc))])
             self._committed_version = self.state.version
             self._closed_committed = self.state.closed is not None
         # only once the first commit is acknowledged, and on its own (no transaction): a Redis
@@ -406,7 +409,13 @@ class Aggregator:
         must not leak into it.
         """
         state = self.state
-        batch.state = save_state(state, include_weights=False)
+        batch.state = save_state(state, include_weights=False, include_memory=False)
+        for client in sorted(state.clients.take_changes()):
+            entry = state.clients.get(client)
+            if entry is not None and entry.delta is not None:
+                batch.remember.append((client, entry.delta.tobytes()))
+            else:
+                batch.forget.append(client)
         batch.version = state.version
         if state.version != self._committed_version:
             snapshot = ModelSnapshot(state.version, state.weights_view(), state.layout)

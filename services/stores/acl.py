@@ -104,6 +104,8 @@ def users(prefix: str) -> tuple[User, ...]:
                     "xreadgroup",
                     "xtrim",
                     "exists",
+                    # restore: the memory mode's per-client deltas
+                    "hgetall",
                     "xlen",
                     "xinfo|groups",
                     # the commit script (EVALSHA, SCRIPT LOAD if not cached) and what it runs
@@ -140,6 +142,7 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.policies,
                     k.receipts,
                     k.receipts_order,
+                    k.memory,
                 ),
             ),
             (
@@ -216,7 +219,7 @@ def users(prefix: str) -> tuple[User, ...]:
             Grant((*ping, "multi", "exec", "acl|log")),
             (
                 Grant(
-                    ("xrange", "get", "hget", "hlen", "llen"),
+                    ("xrange", "get", "hget", "hlen", "llen", "hgetall"),
                     read=(
                         k.ledger,
                         k.genesis,
@@ -226,6 +229,9 @@ def users(prefix: str) -> tuple[User, ...]:
                         models,
                         k.receipts,
                         k.receipts_order,
+                        # verify compares the committed state and memory with its replay
+                        k.state,
+                        k.memory,
                     ),
                 ),
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),

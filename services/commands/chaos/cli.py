@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedasync.services.commands.chaos.schedule import PROFILES
+from fedasync.shared.policy import Mode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule")
     parser.add_argument(
         "--out", type=Path, help="run folder (default runs/chaos-PROFILE-seedN-TIME)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        help="the aggregator's policy mode (default: the settings' default, fedasync); the "
+        "mode's preset gives the fields it leaves unset",
     )
     parser.add_argument(
         "--no-acl",
@@ -51,7 +58,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.no_acl:
         profile = dataclasses.replace(profile, acl=False)
     try:
-        summary = run(profile, args.seed, out)
+        summary = run(profile, args.seed, out, policy={"mode": args.mode} if args.mode else None)
     except (RedisNotFound, AclNeedsRedis7) as exc:
         print(f"fedasync chaos: {exc}", file=sys.stderr)
         return 2

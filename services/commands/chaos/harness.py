@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +45,18 @@ TICK_S = 0.1
 
 
 def run(
-    profile: Profile, seed: int, out: Path, say: Callable[[str], None] = print
+    profile: Profile,
+    seed: int,
+    out: Path,
+    say: Callable[[str], None] = print,
+    policy: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run the profile once; returns the summary (also written to `out`/summary.json)."""
+    """Run the profile once, the aggregator starting with `policy` (fields as their settings
+    spell them, e.g. {"mode": "memory"}); returns the summary (also in `out`/summary.json)."""
     out.mkdir(parents=True, exist_ok=True)
     schedule = build_schedule(profile, seed)
     started = time.monotonic()
-    with System(out, profile) as system:
+    with System(out, profile, policy) as system:
         say(f"chaos: starting Redis and services (logs in {out / 'logs'})")
         system.start()
         injector = Injector(system, slow_clients=profile.slow_clients)
@@ -101,6 +106,7 @@ def run(
         verdict=verdict,
         waits=waits,
         malformed_journal_lines=journals.malformed,
+        policy=dict(policy or {}),
     )
     write_summary(out, summary)
     return summary

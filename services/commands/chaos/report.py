@@ -37,6 +37,7 @@ def build_summary(
     verdict: Verdict,
     waits: Waits,
     malformed_journal_lines: int,
+    policy: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     scheduled = {kind.value for kind, count in profile.faults if count > 0}
     outcomes = verdict.outcomes
@@ -68,6 +69,7 @@ def build_summary(
         "profile": profile.name,
         "seed": seed,
         "acl": profile.acl,
+        "policy": policy or {},
         "out": str(out),
         "duration_s": round(duration_s, 1),
         "faults": dict(sorted(injector.injected.items())),
@@ -84,6 +86,10 @@ def build_summary(
             "dropped": outcomes["dropped"],
             "rejected": outcomes["rejected"],
             "duplicate_skipped": outcomes["duplicate"],
+            # the versions they made: every applied update in FedAsync, one per K in the others
+            "server_steps": sum(
+                1 for r in audit.records if r["outcome"] == "applied" and r.get("server_step", True)
+            ),
             "stream_entries": len(audit.entry_ids),
             "ledger_records": len(audit.records),
         },
@@ -153,6 +159,8 @@ def describe(summary: Mapping[str, Any]) -> str:
     lines = [
         f"chaos run: profile {summary['profile']}, seed {summary['seed']}, "
         f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
+        "policy: "
+        + (", ".join(f"{k} {v}" for k, v in summary["policy"].items()) or "the default"),
         "Redis "
         + (
             "under the ACL file, each service as its own user"
@@ -170,7 +178,7 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"unexpected {summary['unexpected']}, indeterminate {summary['indeterminate']}, "
         f"entries decided twice {summary['entries_decided_twice']}, "
         f"undecided {summary['entries_undecided']}",
-        f"versions {versions['first']}..{versions['last']}, "
+        f"versions {versions['first']}..{versions['last']} ({u['server_steps']} server steps), "
         f"{summary['version_gaps']} breaks in the sequence",
         f"longest XADD→decision wait {waits['longest_s']:.2f} s (entry {waits['longest_entry']}); "
         f"bound {waits['bound_s']:.2f} s plus the faults overlapping a wait; "

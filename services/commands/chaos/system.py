@@ -17,6 +17,7 @@ user no service has. Without it (`--no-acl`), everyone is Redis's default user.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -25,7 +26,7 @@ import redis
 from fedasync.services.commands.chaos.proxy import ProxyThread
 from fedasync.services.commands.chaos.schedule import Profile
 from fedasync.services.runtime.redis_server import RedisServer, free_port, server_version
-from fedasync.services.runtime.settings import AggregatorSettings
+from fedasync.services.runtime.settings import AggregatorSettings, env_name
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.acl import acl_file, users
 from fedasync.services.stores.keys import Keys
@@ -55,9 +56,13 @@ def worker_name(index: int) -> str:
 class System:
     """Redis, the aggregator, the snapshot service and the workers of one chaos run."""
 
-    def __init__(self, out: Path, profile: Profile) -> None:
+    def __init__(
+        self, out: Path, profile: Profile, policy: Mapping[str, str] | None = None
+    ) -> None:
         self.out = out
         self.profile = profile
+        #: policy fields the aggregator starts with (FEDASYNC_POLICY__*), e.g. {"mode": "memory"}
+        self.policy = dict(policy or {})
         self.keys = Keys(KEY_PREFIX)
         self.acl = profile.acl
         #: user → password under the ACL (fresh for each run); empty without it
@@ -130,7 +135,7 @@ class System:
             "FEDASYNC_AGGREGATOR__KEEP_VERSIONS": str(KEEP_VERSIONS),
             # every service validates that the socket timeout exceeds the aggregator's block
             "FEDASYNC_AGGREGATOR__BLOCK_MS": str(AGGREGATOR_SETTINGS.block_ms),
-        }
+        } | {env_name("policy", name): value for name, value in self.policy.items()}
 
     def aggregator_spec(self) -> ServiceSpec:
         port = self.aggregator_port
