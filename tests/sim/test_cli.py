@@ -43,7 +43,14 @@ def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) ->
     assert run(["simulate", "--list-presets"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == sorted(
-        ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped", "rate-spike"]
+        [
+            "fedbuff-vs-fedasync",
+            "iid-longtail",
+            "noniid-jitter",
+            "rare-class-dropped",
+            "rare-class-fair",
+            "rate-spike",
+        ]
     )
     assert all(len(line.split()) > 3 for line in lines)  # one line of description each
     assert "FedAsync, FedBuff (K = 10) and FedAvg" in lines[0]
