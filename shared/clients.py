@@ -51,6 +51,8 @@ class ClientBook:
         self._by_tau: list[tuple[int, str]] = []
         #: Σ arrivals over the entries (fedbuff-fair's total contribution count)
         self.arrivals = 0
+        #: entries holding a delta (memory mode): the memory is this × parameters × 4 bytes
+        self.deltas = 0
         #: clients whose delta was set or removed since the last `take_changes()` (not state:
         #: it tells a store which per-client records to write; see services/aggregator)
         self._changed: set[str] = set()
@@ -83,7 +85,9 @@ class ClientBook:
         return entry
 
     def set_delta(self, client: str, delta: np.ndarray | None) -> None:
-        self._entries[client].delta = delta
+        entry = self._entries[client]
+        self.deltas += (delta is not None) - (entry.delta is not None)
+        entry.delta = delta
         self._changed.add(client)
 
     def oldest(self) -> tuple[str, ClientEntry] | None:
@@ -97,6 +101,7 @@ class ClientBook:
         self._by_tau.remove((entry.tau, client))
         self.arrivals -= entry.arrivals
         if entry.delta is not None:
+            self.deltas -= 1
             self._changed.add(client)
         return entry
 
@@ -119,3 +124,4 @@ class ClientBook:
         self._entries[client] = entry
         bisect.insort(self._by_tau, (entry.tau, client))
         self.arrivals += entry.arrivals
+        self.deltas += entry.delta is not None

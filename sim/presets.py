@@ -189,22 +189,27 @@ name = "fedbuff-k10"
 buffer_size = 10
 tau_max = "auto"
 
+# tau_max 1000 everywhere below: nothing of the slow devices is dropped for staleness
 [[algorithms]]
 kind = "memory"
 name = "memory"
+tau_max = 1000
 
 [[algorithms]]
 kind = "memory"
 name = "memory-lr0.5"
 server_lr = 0.5
+tau_max = 1000
 
 [[algorithms]]
 kind = "tiered"
 name = "tiered"
+tau_max = 1000
 
 [[algorithms]]
 kind = "fedbuff-fair"
 name = "fedbuff-fair-k100"
+tau_max = 1000
 ''',
     "fedbuff-vs-fedasync": f'''
 name = "fedbuff-vs-fedasync"

@@ -99,6 +99,17 @@ class AggregatorMetrics:
         self.lag = Gauge(
             "fedasync_aggregator_lag", "Entries in the stream not yet read", registry=r
         )
+        self.remembered_clients = Gauge(
+            "fedasync_aggregator_remembered_clients",
+            "Clients in the server's book (memory, tiered, fedbuff-fair modes; policy "
+            "memory_clients bounds it)",
+            registry=r,
+        )
+        self.memory_bytes = Gauge(
+            "fedasync_aggregator_memory_bytes",
+            "Bytes of remembered deltas (memory mode): clients with a delta × parameters × 4",
+            registry=r,
+        )
 
         self.state_mismatches = Counter(
             "fedasync_aggregator_state_mismatches",

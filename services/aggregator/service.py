@@ -410,12 +410,15 @@ class Aggregator:
         """
         state = self.state
         batch.state = save_state(state, include_weights=False, include_memory=False)
-        for client in sorted(state.clients.take_changes()):
+        changes = state.clients.take_changes()
+        for client in sorted(changes):
             entry = state.clients.get(client)
             if entry is not None and entry.delta is not None:
                 batch.remember.append((client, entry.delta.tobytes()))
             else:
                 batch.forget.append(client)
+        self.metrics.remembered_clients.set(len(state.clients))
+        self.metrics.memory_bytes.set(state.clients.deltas * state.layout.size * 4)
         batch.version = state.version
         if state.version != self._committed_version:
             snapshot = ModelSnapshot(state.version, state.weights_view(), state.layout)

@@ -94,6 +94,7 @@ def test_memory_is_bounded_by_clients_and_forgets_the_least_recently_heard() -> 
         state.apply(make_update(f"u{i}", 0, one(1.0 + i), size=1, client=client), policy)
     assert [c for c, _ in state.clients.items()] == ["a", "c"]  # b was heard least recently
     assert state.memory.weight == 20
+    assert state.clients.deltas == 2
     entry_a, entry_c = state.clients.get("a"), state.clients.get("c")
     assert entry_a is not None
     assert entry_c is not None
