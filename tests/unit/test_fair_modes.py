@@ -245,6 +245,7 @@ def test_each_mode_round_trips_with_its_memory_kept_elsewhere(mode: Mode) -> Non
     raw = save_state(state, include_weights=False, include_memory=False)
     again = load_state(raw, state.weights_view(), deltas)
     assert save_state(again) == save_state(state)
+    assert again.clients.deltas == state.clients.deltas == len(deltas)
     follow = make_update("next", state.version, np.ones(3, np.float32), size=3, client="c1")
     assert again.apply(follow, policy) == state.apply(follow, policy)
     assert again.weights_view().tobytes() == state.weights_view().tobytes()
