@@ -104,8 +104,6 @@ def users(prefix: str) -> tuple[User, ...]:
                     "xreadgroup",
                     "xtrim",
                     "exists",
-                    # restore: the memory mode's per-client deltas
-                    "hgetall",
                     "xlen",
                     "xinfo|groups",
                     # the commit script (EVALSHA, SCRIPT LOAD if not cached) and what it runs
@@ -150,6 +148,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 alert,
                 # start-up: is the policy log still in an earlier release's format?
                 Grant(("type",), read=(k.policy_log,)),
+                # restore: the memory mode's per-client deltas (the commit writes them)
+                Grant(("hgetall",), read=(k.memory,)),
             ),
             (k.versions_channel,),
         ),
