@@ -52,6 +52,8 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args()
     print(f"SIGINT disposition of this process: {signal.getsignal(signal.SIGINT)}", flush=True)
+    # a `kill` of this wrapper still ends the hogs (the finally below), not just Ctrl-C
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     failed = 0
     if args.baseline:
         code, seconds, closing = run_suite(args.pytest_args)

@@ -8,8 +8,8 @@ up by the aggregator at its next batch boundary, so the ledger shows which decis
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from redis.exceptions import RedisError, ResponseError
 
 from fedasync.services.control.auth import refusal
 from fedasync.services.control.metrics import ControlMetrics
@@ -30,7 +31,7 @@ from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
-from fedasync.services.runtime.redis_conn import get_bytes
+from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.backlog import read_backlog
@@ -58,6 +59,9 @@ BUDGET_FIELDS = frozenset({"max_updates", "max_seconds"})
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
+
+
+log = logging.getLogger(__name__)
 
 
 class BadBody(Exception):
@@ -289,20 +293,41 @@ async def dashboard(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
+    """The metrics even while Redis is away (they count its failures): the policy version gauge
+    is refreshed when Redis answers and otherwise stays as it was."""
     metrics = request.app[METRICS]
-    with contextlib.suppress(NoPolicy):  # none yet: the gauge stays as it is
+    try:
         policy = await read_policy(request.app[REDIS], request.app[KEYS])
+    except NoPolicy:
+        pass
+    except (*TRANSIENT, RedisError) as exc:
+        log.debug("metrics: policy version not refreshed (%r)", exc)
+    else:
         metrics.policy_version.set(policy.version)
     return metrics_response(metrics.registry)
 
 
 @web.middleware
-async def no_policy_yet(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Before the aggregator's first start there is no policy to show or change: 503, not 500."""
+async def redis_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What Redis cannot give is a 503 the client may retry, never a 500: no policy yet (the
+    aggregator has not started), Redis unreachable or timed out, or an error reply.
+
+    A write whose reply was lost may have been made all the same, so the answer to one says so:
+    read the policy (or the switch) before repeating it, or the change is made twice (two
+    versions with the same values: harmless, but a second entry in the history).
+    """
     try:
         return await handler(request)
     except NoPolicy as exc:
         return _error(503, str(exc))
+    except (*TRANSIENT, RedisError) as exc:
+        kind = "redis" if isinstance(exc, ResponseError) else "connection"
+        request.app[METRICS].redis_unavailable.labels(kind).inc()
+        log.warning("%s %s: Redis failed (%r); answered 503", request.method, request.path, exc)
+        message = f"Redis unavailable: {exc}"
+        if request.method not in ("GET", "HEAD"):
+            message += "; the change may have been made: read it back before repeating it"
+        return web.json_response({"error": message}, status=503, headers={"Retry-After": "1"})
 
 
 async def evaluation_curve(request: web.Request) -> web.Response:
@@ -344,7 +369,7 @@ async def _rules(app: web.Application) -> AsyncIterator[None]:
 def create_app(
     settings: Settings, redis: aioredis.Redis, *, run_rules: bool = True
 ) -> web.Application:
-    app = web.Application(middlewares=[no_policy_yet])
+    app = web.Application(middlewares=[redis_answers])
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[KEYS] = Keys(settings.redis.key_prefix)

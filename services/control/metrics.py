@@ -32,6 +32,15 @@ class ControlMetrics:
         )
         for reason in RULE_FAILURE_REASONS:  # every series from 0
             self.rule_failures.labels(reason)
+        self.redis_unavailable = Counter(
+            "fedasync_control_redis_unavailable",
+            "Requests answered 503 because Redis failed or refused while serving them, by kind: "
+            "connection (unreachable, timed out), redis (an error reply)",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("connection", "redis"):
+            self.redis_unavailable.labels(kind)
         self.policy_version = Gauge(
             "fedasync_control_policy_version", "Version of the policy in force", registry=r
         )

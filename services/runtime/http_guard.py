@@ -5,9 +5,12 @@ stops arriving, and no bound on open connections: a few hundred clients that eac
 request hold a service's sockets for as long as they like. Each accepted connection therefore
 gets a `GuardedConnection`, a thin protocol wrapped around aiohttp's own, which only watches:
 
-- waiting for a request head (from the connection's start, or from its previous answer): it must
-  be complete within `header_timeout_s`, else the connection is closed (`header_timeout`; `idle`
-  if not one byte of it came, which is an idle keep-alive connection);
+- waiting for a request head: it must be complete within `header_timeout_s` of its first byte
+  (`header_timeout`); a new connection must start one within `header_timeout_s`, a kept-alive one
+  within `idle_timeout_s` of its previous answer (`idle`): clients' pools keep connections open
+  between requests (aiohttp's for up to its keep-alive default of 75 s, hence ours) and a cut
+  pooled connection costs every client a failed request or a retry, while a head trickled
+  byte by byte is still closed `header_timeout_s` after it began;
 - while a request's body is still owed: a pause longer than `body_timeout_s` fails the body read
   with 408 Request Timeout, and the connection closes (`body_timeout`); time during which the
   server itself stopped reading (flow control: the handler has not consumed the body yet) does
@@ -146,6 +149,8 @@ class GuardedConnection(asyncio.Protocol):
         self._request: web.BaseRequest | None = None
         self._since = self._loop.time()  # start of the current wait
         self._received = 0  # bytes since `_since` (a head begun, or not)
+        self._head_began = self._since  # when the first byte of the awaited head came
+        self._answered = False  # kept alive after an answer: idle_timeout_s for the next head
         self._last_received = self._since
         self._sending = (0, self._since)  # (bytes buffered to send, since when unchanged)
         #: set when a body timeout was signalled: the connection is closed by then at the latest
@@ -165,6 +170,15 @@ class GuardedConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = self._loop.time()
+        if self._request is None and self._received == 0 and data:
+            # a head begins: from now on it has header_timeout_s, not what is left of the idle
+            # allowance (the timer is moved only if that is sooner; _check re-arms it otherwise)
+            self._head_began = now
+            if (
+                self._timer is not None
+                and now + self._guard.limits.header_timeout_s < self._timer.when()
+            ):
+                self._arm(now + self._guard.limits.header_timeout_s)
         self._received += len(data)
         self._last_received = now
         if self._inner is not None:
@@ -200,6 +214,7 @@ class GuardedConnection(asyncio.Protocol):
         """An answer starts: once it is sent, the next head is awaited (or, after a body
         timeout, the connection closes: aiohttp closes it once the 408 is out)."""
         if self._doomed_at is None:
+            self._answered = True
             self._await_head()
 
     def stop_timer(self) -> None:
@@ -246,7 +261,11 @@ class GuardedConnection(asyncio.Protocol):
             return
         request = self._request
         if request is None:
-            deadline = self._since + limits.header_timeout_s
+            if self._received:
+                deadline = self._head_began + limits.header_timeout_s
+            else:
+                wait = limits.idle_timeout_s if self._answered else limits.header_timeout_s
+                deadline = self._since + wait
             if now >= deadline:
                 if self._received:
                     self._close("header_timeout", f"request head incomplete ({self._received} B)")

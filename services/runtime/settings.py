@@ -444,8 +444,14 @@ class HttpSettings(Section):
     header_timeout_s: float = Field(
         10.0,
         gt=0,
-        description="a request head must be complete this many seconds after the connection "
-        "opened or answered its previous request; also closes idle keep-alive connections",
+        description="a request head must be complete this many seconds after its first byte, "
+        "and a new connection must send one within this many seconds",
+    )
+    idle_timeout_s: float = Field(
+        75.0,
+        gt=0,
+        description="a keep-alive connection may wait this long for its next request after an "
+        "answer (clients' connection pools reuse it), then it is closed",
     )
     body_timeout_s: float = Field(
         30.0,

@@ -27,6 +27,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
@@ -86,6 +87,16 @@ class SnapshotMetrics:
             "the service then follows no more versions until it is restarted",
             registry=self.registry,
         )
+        self.follow_failures = Counter(
+            "fedasync_snapshot_follow_failures",
+            "Failures of the version follower, each retried after a backoff, by kind: "
+            "connection (Redis unreachable or timed out), redis (an error reply such as NOPERM), "
+            "error (anything else, e.g. a stored model that does not decode)",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in ("connection", "redis", "error"):
+            self.follow_failures.labels(kind)
 
 
 METRICS = web.AppKey("metrics", SnapshotMetrics)
@@ -223,7 +234,16 @@ async def _lookup(request: web.Request, version: int, route: str) -> Served | No
         body = {"error": f"only versions held in memory are served: {cache.frozen}"}
         raise web.HTTPServiceUnavailable(text=json.dumps(body), content_type="application/json")
     if served is None:
-        raw = await get_bytes(request.app[REDIS], request.app[KEYS].model(version))
+        try:
+            raw = await get_bytes(request.app[REDIS], request.app[KEYS].model(version))
+        except (*TRANSIENT, RedisError) as exc:
+            # a version not held in memory needs Redis: unavailable for now, not a 500
+            request.app[METRICS].requests.labels(route, "503").inc()
+            log.warning("version %d: Redis failed (%r); answered 503", version, exc)
+            body = {"error": f"Redis unavailable: {exc}"}
+            raise web.HTTPServiceUnavailable(
+                text=json.dumps(body), content_type="application/json", headers={"Retry-After": "1"}
+            ) from None
         if raw is None:
             return None
         served = Served.from_bytes(raw)
@@ -314,9 +334,21 @@ async def follow(app: web.Application) -> None:
         except asyncio.CancelledError:
             raise
         except TRANSIENT as exc:
+            app[METRICS].follow_failures.labels("connection").inc()
             log.warning("lost Redis (%s); resubscribing in %.1f s", exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+        except RedisError as exc:
+            # an error reply (NOPERM after an ACL change, OOM, LOADING...): it may clear, and
+            # the versions already held go on being served meanwhile
+            app[METRICS].follow_failures.labels("redis").inc()
+            log.error("Redis refused (%s); following again in %.1f s", exc, backoff)
+        except Exception:
+            # a bug or a stored model that does not decode: never stop following for good
+            app[METRICS].follow_failures.labels("error").inc()
+            log.exception("following versions failed; again in %.1f s", backoff)
+        else:
+            break
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, 5.0)
 
 
 async def _release_long_polls(app: web.Application) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -16,6 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.app import create_app
 from fedasync.services.control.openapi import spec
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
@@ -353,3 +356,60 @@ async def test_an_ended_training_stays_ended_and_says_so(
     await publish(redis, keys, make_update("late", base=2))
     result = await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
     assert (result.version, result.closed) == (2, "max_updates")
+
+
+async def test_a_redis_error_reply_is_a_503_that_says_the_change_may_be_made(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    # an earlier release's policy log (a stream): the change script's RPUSH gets WRONGTYPE
+    await redis.xadd(keys.policy_log, {"version": "0"})
+    response = await client.patch(
+        "/v1/policy", json={"changes": {"alpha0": 0.25}, "why": "calmer"}, headers=AUTH
+    )
+    assert response.status == 503
+    assert response.headers["Retry-After"] == "1"
+    body = await response.json()
+    assert "WRONGTYPE" in body["error"]
+    assert "read it back before repeating it" in body["error"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'fedasync_control_redis_unavailable_total{kind="redis"} 1.0' in metrics
+    assert 'fedasync_control_redis_unavailable_total{kind="connection"} 0.0' in metrics
+
+
+async def test_redis_gone_is_a_503_with_retry_after_not_a_500(
+    settings: Settings, tmp_path: Path
+) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        redis_settings = settings.redis.model_copy(update={"url": server.url})
+        settings = settings.model_copy(update={"redis": redis_settings})
+        redis = connect(settings.redis)
+        await run_aggregator(
+            settings,
+            redis=redis,
+            initial=initial_state(settings),
+            handle_signals=False,
+            burst=True,
+        )
+        control = settings.control.model_copy(update={"token": TOKEN})
+        app = create_app(settings.model_copy(update={"control": control}), redis, run_rules=False)
+        async with TestClient(TestServer(app)) as client:
+            assert (await client.get("/v1/policy", headers=AUTH)).status == 200
+            server.stop()
+            read = await client.get("/v1/policy", headers=AUTH)
+            assert (read.status, read.headers["Retry-After"]) == (503, "1")
+            assert "read it back" not in (await read.json())["error"]  # a read changes nothing
+            write = await client.patch(
+                "/v1/policy", json={"changes": {"alpha0": 0.25}}, headers=AUTH
+            )
+            assert (write.status, write.headers["Retry-After"]) == (503, "1")
+            assert "read it back before repeating it" in (await write.json())["error"]
+            scrape = await client.get("/metrics")  # answered all the same: it counts the 503s
+            assert scrape.status == 200
+            metrics = await scrape.text()
+        await redis.aclose()
+    finally:
+        server.stop()
+    assert 'fedasync_control_redis_unavailable_total{kind="connection"} 2.0' in metrics

@@ -136,6 +136,72 @@ async def test_a_request_head_that_never_completes_is_closed(service: tuple[str,
     assert closed(figures, "idle") >= 1
 
 
+async def answer_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """Send GET /livez on a kept-alive connection; its answer's status line."""
+    writer.write(request_head("GET", "/livez"))
+    status = await asyncio.wait_for(reader.readline(), DEADLINE_S)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
+    length = int(next(v for k, v in (h.split(b": ", 1) for h in head.split(b"\r\n")[:-2])
+                      if k.lower() == b"content-length"))  # fmt: skip
+    await asyncio.wait_for(reader.readexactly(length), DEADLINE_S)
+    return status
+
+
+@pytest.mark.parametrize("name", SERVICES)
+async def test_a_kept_alive_connection_waits_for_its_next_request_past_the_head_timeout(
+    name: str, settings: Settings, redis: aioredis.Redis
+) -> None:
+    async with running(name, configured(settings, idle_timeout_s=DEADLINE_S), redis) as port:
+        reader, writer = await open_raw(port)
+        try:
+            assert (await answer_on(reader, writer)).startswith(b"HTTP/1.1 200")
+            # a clock, not a sleep: a head opened after that answer, closed at the head timeout
+            slow_reader, slow_writer = await open_raw(port)
+            slow_writer.write(b"GET /livez HTTP/1.1\r\n")
+            assert await until_closed(slow_reader) == b""
+            slow_writer.close()
+            # the kept-alive connection, idle longer than the head timeout, is still served
+            assert (await answer_on(reader, writer)).startswith(b"HTTP/1.1 200")
+        finally:
+            writer.close()
+        figures = await metrics(port)
+    assert closed(figures, "header_timeout") == 1
+    assert closed(figures, "idle") == 0
+
+
+async def test_a_kept_alive_connection_is_closed_after_the_idle_timeout(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    async with running("snapshot", configured(settings, idle_timeout_s=TIMEOUT_S), redis) as port:
+        reader, writer = await open_raw(port)
+        try:
+            assert (await answer_on(reader, writer)).startswith(b"HTTP/1.1 200")
+            assert await until_closed(reader) == b""
+        finally:
+            writer.close()
+        figures = await metrics(port)
+    assert closed(figures, "idle") == 1
+
+
+async def test_a_head_begun_after_a_long_idle_wait_still_gets_only_the_head_timeout(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    # idle allowance far longer than the deadline this test waits: only the head timeout,
+    # counted from the head's first byte, can close the connection in time
+    async with running(
+        "snapshot", configured(settings, idle_timeout_s=10 * DEADLINE_S), redis
+    ) as port:
+        reader, writer = await open_raw(port)
+        try:
+            assert (await answer_on(reader, writer)).startswith(b"HTTP/1.1 200")
+            writer.write(b"GET /livez HTTP/1.1\r\nX-Slow: ")  # and nothing more
+            assert await until_closed(reader) == b""
+        finally:
+            writer.close()
+        figures = await metrics(port)
+    assert closed(figures, "header_timeout") == 1
+
+
 # ------------------------------------------------------------------------------------ bodies
 async def stalled_body(name: str, settings: Settings, redis: aioredis.Redis) -> bytes:
     """A request that declares a body and sends a little of it: each service's route that

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -14,6 +17,8 @@ from safetensors.numpy import load as load_safetensors
 from yarl import URL
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import (
     CACHE,
@@ -226,3 +231,72 @@ async def test_the_follower_ends_by_itself_once_the_cache_closes(
     done, _ = await asyncio.wait([follower], timeout=30)  # a deadline, not a sleep
     assert follower in done
     assert follower.result() is None
+
+
+class Logged(logging.Handler):
+    """Sets `seen` once a record containing `text` is logged: an event to await, not a sleep."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_an_error_reply_does_not_end_the_follower(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    refused = Logged("Redis refused")
+    logger = logging.getLogger("fedasync.services.snapshot.app")
+    logger.addHandler(refused)
+    try:
+        # the done flag is a hash; a string there makes the follower's HGETALL a WRONGTYPE reply
+        await redis.set(keys.done, "not a hash")
+        await asyncio.wait_for(refused.seen.wait(), 30)
+        await redis.delete(keys.done)
+    finally:
+        logger.removeHandler(refused)
+    # still following: a commit made after the error is announced to a long-poll
+    waiting = asyncio.create_task(client.get("/v1/models/latest?newer_than=0&wait=30"))
+    await commit_updates(settings, redis, ["after-error"])
+    newer = await waiting
+    assert (newer.status, newer.headers[VERSION_HEADER]) == (200, "1")
+    metrics = await (await client.get("/metrics")).text()
+    failures = re.search(r'fedasync_snapshot_follow_failures_total\{kind="redis"\} (\S+)', metrics)
+    assert failures is not None
+    assert float(failures.group(1)) >= 1
+
+
+async def test_a_version_that_needs_an_absent_redis_is_a_503_not_a_500(
+    settings: Settings, tmp_path: Path
+) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        settings = settings.model_copy(
+            update={"redis": settings.redis.model_copy(update={"url": server.url})}
+        )
+        redis = connect(settings.redis)
+        await run_aggregator(
+            settings,
+            redis=redis,
+            initial=initial_state(settings),
+            handle_signals=False,
+            burst=True,
+        )
+        app = create_app(settings, redis)
+        async with TestClient(TestServer(app)) as client:
+            await wait_ready(app)
+            server.stop()
+            held = await client.get("/v1/models/0")  # in memory: served without Redis
+            assert held.status == 200
+            absent = await client.get("/v1/models/999")  # only Redis knows: unavailable
+            assert (absent.status, absent.headers["Retry-After"]) == (503, "1")
+            assert "Redis unavailable" in (await absent.json())["error"]
+        await redis.aclose()
+    finally:
+        server.stop()
