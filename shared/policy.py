@@ -328,8 +328,8 @@ MODE_PRESETS: Mapping[Mode, Mapping[str, Any]] = types.MappingProxyType(
         Mode.FEDBUFF: types.MappingProxyType({"decay": Decay.POLYNOMIAL, "gamma": 0.5}),
         # MIFA applies a memorised update whatever its age: no staleness discount; η 0.2 is
         # stable on the write-up's fleet where 1.0 diverged (docs/experiments.md, section 7);
-        # τ_max 300 server steps keeps a 10-minute device of that fleet (τ up to 231 at K = 10)
-        # and bounds the base models kept (τ_max + 1 of them, as in FedBuff)
+        # τ_max 300 server steps keeps a 10-minute device of that fleet (τ up to 291 at K = 10
+        # over five seeds) and bounds the base models kept (τ_max + 1 of them, as in FedBuff)
         Mode.MEMORY: types.MappingProxyType(
             {"decay": Decay.CONSTANT, "buffer_size": 10, "server_lr": 0.2, "tau_max": 300}
         ),
