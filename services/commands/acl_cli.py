@@ -43,7 +43,7 @@ def register(commands: Any) -> None:
 def _acl(args: argparse.Namespace) -> int:
     from fedasync.services.stores.acl import (
         acl_file,
-        all_users,
+        password_variables,
         passwords_from_env,
         passwords_of,
         sentinel_acl,
@@ -53,10 +53,8 @@ def _acl(args: argparse.Namespace) -> int:
     prefix = args.prefix if args.prefix is not None else load_settings().redis.key_prefix
     try:
         if args.new_passwords:
-            # the Sentinels' discovery user too (the `sentinel` user is the same on both sides)
-            names = {u.name: u for u in (*all_users(prefix), *sentinel_users())}
-            for user in names.values():
-                print(f"{user.password_variable}={secrets.token_hex(24)}")
+            for variable in password_variables(prefix):
+                print(f"{variable}={secrets.token_hex(24)}")
             return 0
         if args.sentinel:
             among = sentinel_users()

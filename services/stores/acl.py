@@ -385,3 +385,10 @@ def passwords_of(among: tuple[User, ...], environ: Mapping[str, str]) -> dict[st
             raise ValueError(f"{user.password_variable} is not set")
         out[user.name] = check_password(user.name, value)
     return out
+
+
+def password_variables(prefix: str) -> list[str]:
+    """Every `REDIS_PASSWORD_<USER>` a deployment needs (compose requires each): the data
+    servers' users and the Sentinels' (the `sentinel` user is the same on both sides)."""
+    names = {u.name: u for u in (*all_users(prefix), *sentinel_users())}
+    return [user.password_variable for user in names.values()]

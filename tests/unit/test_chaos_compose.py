@@ -93,3 +93,17 @@ def test_the_command_says_why_it_cannot_run(
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["--compose", "--project-dir", str(tmp_path)]) == 2
     assert "no docker CLI on PATH" in capsys.readouterr().err
+
+
+def test_the_chaos_stack_gives_compose_every_password_it_requires() -> None:
+    """compose refuses to start without each `${REDIS_PASSWORD_<USER>:?…}`; the merge of the
+    Sentinel users once left three of them out of the chaos stack's settings."""
+    import re
+    from pathlib import Path
+
+    from fedasync.services.commands.chaos.compose.stack import fresh_settings
+
+    text = (Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text()
+    required = set(re.findall(r"\$\{(REDIS_PASSWORD_[A-Z]+):\?", text))
+    assert len(required) == 10
+    assert required <= set(fresh_settings())

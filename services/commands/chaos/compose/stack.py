@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedasync.services.runtime.settings import RedisSettings
-from fedasync.services.stores.acl import users
+from fedasync.services.stores.acl import password_variables
 
 COMPOSE_FILE = "docker-compose.yml"
 #: the one-off tools service (profile `tools`): the `fedasync` command as the admin Redis user
@@ -75,7 +75,7 @@ def fresh_settings(**extra: str) -> dict[str, str]:
     """New Redis passwords for every user (as `fedasync acl --new-passwords` makes them) and a
     new control token, plus `extra` (budgets, the workers' journal, ...)."""
     prefix = RedisSettings().key_prefix
-    values = {user.password_variable: secrets.token_hex(24) for user in users(prefix)}
+    values = {variable: secrets.token_hex(24) for variable in password_variables(prefix)}
     values["FEDASYNC_CONTROL__TOKEN"] = secrets.token_hex(24)
     return values | extra
 
