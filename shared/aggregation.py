@@ -320,16 +320,30 @@ class AggregationState:
                 return self._reject_norm(update, policy, tau, norm_of_delta, bound)
             delta *= bound / norm_of_delta
             norm_of_delta = bound
+        s = policy.staleness(tau, self.version)
+        remembered = None
+        if policy.mode is Mode.MEMORY:
+            with np.errstate(over="ignore"):
+                remembered = _frozen((s * delta).astype(np.float32))
+            if not np.isfinite(remembered).all():  # finite weights, a delta beyond float32
+                return self._decide(
+                    update,
+                    policy,
+                    Outcome.REJECTED,
+                    tau=tau,
+                    delta_norm=norm_of_delta,
+                    reason=RejectReason.NON_FINITE,
+                    detail="its delta overflows float32 (the memory keeps float32)",
+                )
         # nothing below can refuse the update: the state may change from here on
         before = self._weights
         x, optimizer, settled = self._weights, self.optimizer, 0
         if self._settles(policy):
             x, optimizer, settled = self._settled(policy)
             self._commit_settle(policy, optimizer, settled)
-        s = policy.staleness(tau, self.version)
         step = False
-        if policy.mode is Mode.MEMORY:
-            alpha = self._remember(update, delta, tau, s, policy)
+        if remembered is not None:
+            alpha = self._remember(update, remembered, tau, s, policy)
             memory = self.memory
             if memory.pending >= policy.buffer_size:
                 memory.pending = 0
@@ -367,7 +381,7 @@ class AggregationState:
         return decision
 
     def _remember(
-        self, update: Update, delta: np.ndarray, tau: int, s: float, policy: Policy
+        self, update: Update, remembered: np.ndarray, tau: int, s: float, policy: Policy
     ) -> float:
         """Memory mode: the client's delta replaces the one remembered for it.
 
@@ -387,6 +401,7 @@ class AggregationState:
         S and W are running sums: a replaced or forgotten delta is subtracted, never summed
         anew, so a step costs one pass over the parameters whatever the number of clients.
         Returns α, the update's weight in each step it takes part in: η·s(τ)·n_i/W.
+        `remembered` is m_i, already checked to be finite.
         """
         client = str(update.client_id)
         memory = self.memory
@@ -396,7 +411,6 @@ class AggregationState:
             memory.weight -= entry.samples
         elif entry is None:
             self._make_room(policy)
-        remembered = _frozen((s * delta).astype(np.float32))
         samples = int(update.num_samples)
         self.clients.heard(client, samples=samples, seen=self.version, tau=tau)
         self.clients.set_delta(client, remembered)

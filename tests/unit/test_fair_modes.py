@@ -261,3 +261,13 @@ def test_fedasync_and_fedbuff_keep_no_book() -> None:
         state.apply(make_update(f"b{i}", state.version, client=f"c{i}"), Policy.fedbuff())
     assert len(state.clients) == 0
     assert state.tiers == []
+
+
+def test_a_memory_delta_beyond_float32_is_rejected_and_changes_nothing() -> None:
+    """Finite weights far apart: the delta exists in float64 but not in the float32 memory."""
+    state = make_state(size=1, value=-3e38)
+    d = state.apply(make_update("far", 0, one(3e38), size=1), memory())
+    assert (d.outcome, d.reason) == (Outcome.REJECTED, "non_finite")
+    assert "overflows float32" in d.detail
+    assert (len(state.clients), state.memory.weight, state.memory.pending) == (0, 0, 0)
+    assert (state.version, state.weights_view()[0]) == (0, np.float32(-3e38))
