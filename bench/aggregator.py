@@ -7,10 +7,17 @@ acknowledgements atomically). Both are timed from "all updates in the stream" to
 and acknowledged"; the ratio is what exactly-once costs. Also: seconds from an aggregator
 restart after kill -9 to its next commit.
 
-Both read the same number of entries per XREADGROUP; the aggregator commits with its defaults
+Both read the same number of entries per XREADGROUP (`--batch`, fewer for models so large that
+they would exceed ~256 MB a read); the aggregator commits with its defaults
 (group commit of up to 256 decisions or 50 ms).
 
-Run: python bench/aggregator.py [--sizes 10000 100000 1000000] [--batch 32]
+Also, against the same raw consumption of float32 payloads in the stream: the aggregator fed
+float16 updates (`--fp16`, FEDASYNC_WIRE__DTYPE=float16: half the bytes) and claim-check updates
+(`--claim-check`: the stream carries content addresses, the payloads sit in a directory store,
+services/stores/claim_check.py, fetched and checked ahead of deciding).
+
+Run: python bench/aggregator.py [--sizes 10000 100000 1000000] [--batch 32] [--fp16 1000000]
+     [--claim-check 1000000 10000000]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +42,7 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
+from fedasync.services.stores.claim_check import ClaimStore
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
@@ -44,20 +53,29 @@ from fedasync.shared.wire import encode_update
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def payloads(size: int, count: int) -> list[bytes]:
+def payloads(size: int, count: int, dtype: str = "float32") -> list[bytes]:
     rng = np.random.default_rng(0)
     out = []
     for i in range(count):
         weights = rng.standard_normal(size).astype(np.float32)
-        out.append(encode_update(Update(f"u{i}", f"c{i % 50}", max(i - 3, 0), 10, weights)))
+        update = Update(f"u{i}", f"c{i % 50}", max(i - 3, 0), 10, weights)
+        out.append(encode_update(update, dtype))
     return out
 
 
-async def fill(redis: aioredis.Redis, stream: str, raw: list[bytes]) -> None:
-    for start in range(0, len(raw), 16):
+async def fill(
+    redis: aioredis.Redis, stream: str, raw: list[bytes], store: ClaimStore | None = None
+) -> None:
+    """The messages into `stream`; with a claim-check `store`, only their content addresses
+    (the messages put in the store first, as a publisher does)."""
+    per = max(1, min(16, (64 << 20) // max(len(raw[0]), 1)))  # at most ~64 MB per round trip
+    for start in range(0, len(raw), per):
         pipe = redis.pipeline(transaction=False)
-        for message in raw[start : start + 16]:
-            pipe.xadd(stream, stream_entry.build(message))
+        for message in raw[start : start + per]:
+            if store is None:
+                pipe.xadd(stream, stream_entry.build(message))
+            else:
+                pipe.xadd(stream, stream_entry.build_claim(store.put(message)))
         await pipe.execute()
 
 
@@ -72,11 +90,17 @@ async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int
     return count / (time.perf_counter() - start)
 
 
-async def ours(settings: Settings, redis: aioredis.Redis, size: int, raw: list[bytes]) -> float:
+async def ours(
+    settings: Settings,
+    redis: aioredis.Redis,
+    size: int,
+    raw: list[bytes],
+    store: ClaimStore | None = None,
+) -> float:
     keys = Keys(settings.redis.key_prefix)
     initial = AggregationState(np.zeros(size, np.float32), Layout.flat(size))
     await run_aggregator(settings, redis=redis, initial=initial, handle_signals=False, burst=True)
-    await fill(redis, keys.updates, raw)
+    await fill(redis, keys.updates, raw, store)
     start = time.perf_counter()
     await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
     elapsed = time.perf_counter() - start
@@ -130,39 +154,59 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
         second.wait()
 
 
-async def main_async(sizes: list[int], batch: int, repeat: int) -> None:
-    counts = {10_000: 2000, 100_000: 600, 1_000_000: 100}
+async def main_async(
+    sizes: list[int], batch: int, repeat: int, fp16: list[int], claim_check: list[int]
+) -> None:
+    counts = {10_000: 2000, 100_000: 600, 1_000_000: 100, 10_000_000: 16}
+    rows = [(size, "float32") for size in sizes]
+    rows += [(size, "float16") for size in fp16] + [(size, "claim-check") for size in claim_check]
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis")
         server.start()
         try:
-            print(f"median of {repeat} alternating runs")
-            print(f"{'parameters':>11} {'updates':>8} {'raw/s':>9} {'ours/s':>9} {'ours/raw':>9}")
-            for size in sizes:
+            print(f"median of {repeat} alternating runs; raw always consumes float32 in-stream")
+            print(
+                f"{'parameters':>11} {'ours':>12} {'updates':>8} {'raw/s':>9} {'ours/s':>9} "
+                f"{'ours/raw':>9}"
+            )
+            for size, mode in rows:
                 count = counts.get(size, 200)
+                # both sides read as many entries per XREADGROUP, at most ~256 MB of them
+                per_read = min(batch, max(1, (256 << 20) // (4 * size)))
                 raw = payloads(size, count)
+                mine = payloads(size, count, "float16") if mode == "float16" else raw
+                claim_dir = Path(tmp) / f"objects-{size}"
                 settings = load_settings(
-                    redis={"url": server.url, "key_prefix": f"bench-{size}"},
-                    aggregator={"read_count": batch},
+                    redis={
+                        "url": server.url,
+                        "key_prefix": f"bench-{size}",
+                        "socket_timeout_s": 120,
+                    },
+                    aggregator={"read_count": per_read},
                     budget={"max_updates": 10**9, "max_seconds": 10**9},
+                    wire={"claim_check_dir": str(claim_dir) if mode == "claim-check" else None},
                 )
                 redis = connect(settings.redis)
                 raw_rates, our_rates = [], []
                 try:
                     for _ in range(repeat):
                         await fill(redis, f"raw-{size}", raw)
-                        raw_rates.append(await raw_consume(redis, f"raw-{size}", count, batch))
+                        raw_rates.append(await raw_consume(redis, f"raw-{size}", count, per_read))
                         await redis.flushall()
-                        our_rates.append(await ours(settings, redis, size, raw))
+                        store = ClaimStore(claim_dir) if mode == "claim-check" else None
+                        our_rates.append(await ours(settings, redis, size, mine, store))
                         await redis.flushall()
+                        shutil.rmtree(claim_dir, ignore_errors=True)
                 finally:
                     await redis.aclose()
+                del raw, mine
                 raw_rate, our_rate = statistics.median(raw_rates), statistics.median(our_rates)
                 ratios = sorted(o / r for o, r in zip(our_rates, raw_rates, strict=True))
                 spread = ", ".join(f"{x:.2f}" for x in ratios)
                 print(
-                    f"{size:>11} {count:>8} {raw_rate:>9.0f} {our_rate:>9.0f} "
-                    f"{statistics.median(ratios):>9.2f}   (ratios {spread})"
+                    f"{size:>11} {mode:>12} {count:>8} {raw_rate:>9.1f} {our_rate:>9.1f} "
+                    f"{statistics.median(ratios):>9.2f}   (ratios {spread})",
+                    flush=True,
                 )
             settings = load_settings(redis={"url": server.url, "key_prefix": "bench-recovery"})
             redis = connect(settings.redis)
@@ -180,8 +224,18 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--batch", type=int, default=32, help="entries per XREADGROUP, both sides")
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs per size")
+    parser.add_argument(
+        "--fp16", type=int, nargs="*", default=[1_000_000], help="sizes with float16 updates"
+    )
+    parser.add_argument(
+        "--claim-check",
+        type=int,
+        nargs="*",
+        default=[1_000_000, 10_000_000],
+        help="sizes with claim-check updates (payloads in a directory store)",
+    )
     args = parser.parse_args()
-    asyncio.run(main_async(args.sizes, args.batch, args.repeat))
+    asyncio.run(main_async(args.sizes, args.batch, args.repeat, args.fp16, args.claim_check))
 
 
 if __name__ == "__main__":

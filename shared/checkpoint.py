@@ -7,6 +7,7 @@ property tests check the equality bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,11 +31,16 @@ class CheckpointError(ValueError):
     """Bytes that are not a checkpoint this build can restore."""
 
 
-def save_state(state: AggregationState, *, include_weights: bool = True) -> bytes:
+def save_state(
+    state: AggregationState, *, include_weights: bool = True, include_dedup_ids: bool = True
+) -> bytes:
     """Everything `apply` depends on, in a deterministic byte string.
 
     `include_weights=False` leaves out the current weights, for a store that already keeps them
     (the aggregator's model snapshot of the same version); pass them back to load_state.
+    `include_dedup_ids=False` leaves out the remembered update ids (their floor, horizon and
+    capacity stay), for a store that keeps them by increments (the aggregator's commit); pass
+    them back to load_state as `dedup_ids`.
     """
     buffer = state.buffer
     return pack(
@@ -49,7 +55,9 @@ def save_state(state: AggregationState, *, include_weights: bool = True) -> byte
                 "horizon": state.dedup.horizon,
                 "capacity": state.dedup.capacity,
                 "floor": state.dedup.floor,
-                "ids": [[update_id, key] for update_id, key in state.dedup.items()],
+                "ids": [[update_id, key] for update_id, key in state.dedup.items()]
+                if include_dedup_ids
+                else None,
             },
             # an empty FedBuff buffer is all zeros: not worth 8 bytes a parameter
             "buffer": {
@@ -64,10 +72,15 @@ def save_state(state: AggregationState, *, include_weights: bool = True) -> byte
     )
 
 
-def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationState:
+def load_state(
+    raw: bytes,
+    weights: np.ndarray | None = None,
+    dedup_ids: Iterable[tuple[str, int]] | None = None,
+) -> AggregationState:
     """Inverse of save_state; refuses anything it does not recognise.
 
-    `weights` must be given exactly when the checkpoint was saved without them.
+    `weights` must be given exactly when the checkpoint was saved without them; `dedup_ids` is
+    used only when the checkpoint was saved without its ids (none when not given).
     """
     try:
         data = unpack(raw, max_bytes=len(raw))
@@ -83,7 +96,9 @@ def load_state(raw: bytes, weights: np.ndarray | None = None) -> AggregationStat
             dedup_data["horizon"],
             dedup_data["capacity"],
             dedup_data["floor"],
-            ((str(i), int(k)) for i, k in dedup_data["ids"]),
+            ((str(i), int(k)) for i, k in dedup_data["ids"])
+            if dedup_data["ids"] is not None
+            else (dedup_ids or ()),
         )
         saved = data["weights"]
         if (saved is None) == (weights is None):

@@ -24,7 +24,7 @@ DEFAULT_CAPACITY = 500_000
 class DedupMemory:
     """Decided update ids, grouped by key so that whole versions can be forgotten at once."""
 
-    __slots__ = ("_buckets", "_floor", "_key_of", "capacity", "horizon")
+    __slots__ = ("_buckets", "_floor", "_journal", "_key_of", "capacity", "horizon")
 
     def __init__(self, horizon: int = DEFAULT_HORIZON, capacity: int = DEFAULT_CAPACITY) -> None:
         if horizon < TAU_MAX_LIMIT:
@@ -36,6 +36,22 @@ class DedupMemory:
         self._floor = 0
         self._key_of: dict[str, int] = {}
         self._buckets: dict[int, list[str]] = {}
+        #: ids remembered since the last `drain`, once `keep_journal` was called
+        self._journal: list[tuple[str, int]] | None = None
+
+    def keep_journal(self, *, with_current: bool = False) -> None:
+        """Record every id remembered from now on, for a store kept in step by increments (the
+        aggregator's commit adds them and forgets below the floor, instead of saving the whole
+        memory each time); `with_current` starts the journal with what is held already."""
+        self._journal = list(self._key_of.items()) if with_current else []
+
+    def drain(self) -> list[tuple[str, int]]:
+        """(id, key) remembered since the last drain, oldest first; some may be below the floor
+        already (forgotten in the same step), which the store forgets along with the rest."""
+        if self._journal is None:
+            return []
+        drained, self._journal = self._journal, []
+        return drained
 
     @property
     def floor(self) -> int:
@@ -52,6 +68,8 @@ class DedupMemory:
         """Record a decided id; `key` must be at or above the floor."""
         self._key_of[update_id] = key
         self._buckets.setdefault(key, []).append(update_id)
+        if self._journal is not None:
+            self._journal.append((update_id, key))
         while len(self._key_of) > self.capacity:
             self._forget_below(min(self._buckets) + 1)
 

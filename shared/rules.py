@@ -27,6 +27,8 @@ class Figures:
     lag: float = 0.0  # entries waiting in the stream (or seconds the oldest has waited)
     #: per client over its last decisions: (applied, decided)
     clients: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: Redis memory used ÷ its `maxmemory` (0 when it has no limit, or in the simulator)
+    memory_share: float = 0.0
 
 
 class ActionKind(StrEnum):
@@ -101,6 +103,8 @@ class SwitchRule:
     enabled: bool = True
     #: the switch is on, but someone else (an operator) turned it on: theirs to turn off
     overridden: bool = False
+    #: also raise an alert when it turns the switch on (a condition an operator must act on)
+    alert: bool = False
 
     def sync(self, owner: str | None) -> None:
         """Take the switch's recorded state: `owner` is who turned it on, None if it is off.
@@ -124,7 +128,10 @@ class SwitchRule:
         level = self.gate.high if turned else self.gate.low
         side = "above" if turned else "below"
         message = f"{self.figure} {value:.3g} {side} {level:.3g} for {self.gate.hold_s:g} s"
-        return [Action(kind, self.name, message, switch=self.switch)]
+        actions = [Action(kind, self.name, message, switch=self.switch)]
+        if turned and self.alert:
+            actions.append(Action(ActionKind.ALERT, self.name, f"{message}: {self.switch} on"))
+        return actions
 
 
 @dataclass(slots=True)
@@ -220,7 +227,7 @@ class DecisionWindow:
         """(applied, decided) over each client's last decisions."""
         return {client: (sum(h), len(h)) for client, h in self.clients.items()}
 
-    def figures(self, now: float, lag: float = 0.0) -> Figures:
+    def figures(self, now: float, lag: float = 0.0, memory_share: float = 0.0) -> Figures:
         self.expire(now)
         return Figures(
             now=now,
@@ -229,6 +236,7 @@ class DecisionWindow:
             consecutive_drops=self.consecutive_drops,
             lag=lag,
             clients=self.acceptance(),
+            memory_share=memory_share,
         )
 
 
@@ -244,7 +252,7 @@ def sync_switch_rules(rules: Iterable[Rule], owners: Mapping[str, str]) -> None:
 
 
 #: every rule's name, in the order they are evaluated
-RULE_NAMES = ("update-rate", "lag", "drops", "fairness")
+RULE_NAMES = ("update-rate", "lag", "drops", "fairness", "memory")
 
 
 def build_rules(
@@ -261,8 +269,14 @@ def build_rules(
     fairness_decisions: int,
     disabled: Iterable[str] = (),
     rate_switch: str = "raise-gamma",
+    memory_high: float = 0.8,
+    memory_low: float = 0.6,
 ) -> list[Rule]:
-    """The four automatic rules, built one way for the control service and the simulator alike."""
+    """The automatic rules, built one way for the control service and the simulator alike.
+
+    The memory rule turns `pause-ingest` on, and alerts, while Redis's used memory stays above
+    `memory_high` of its maxmemory, before Redis refuses writes; off again below `memory_low`.
+    """
     rules: list[Rule] = [
         SwitchRule(
             "update-rate",
@@ -275,6 +289,13 @@ def build_rules(
         ),
         DropAlertRule(max_consecutive_drops, max_drop_share, cooldown_s),
         FairnessRule(fairness_min_rate, fairness_decisions, cooldown_s),
+        SwitchRule(
+            "memory",
+            "memory_share",
+            "pause-ingest",
+            Hysteresis(memory_high, memory_low, hold_s, cooldown_s),
+            alert=True,
+        ),
     ]
     off = set(disabled)
     for rule in rules:

@@ -171,9 +171,19 @@ def decode_array(value: Any, field: str) -> np.ndarray:
             f"{field}.data has {len(data)} bytes, shape {shape} of {dtype_name} needs {expected}",
         )
     array = np.frombuffer(data, dtype=dtype).reshape(shape)
-    if not np.isfinite(array).all():
+    if not _all_finite(array):
         raise WireError(WireReason.NON_FINITE, f"{field} contains NaN or Inf")
     return array
+
+
+def _all_finite(array: np.ndarray) -> bool:
+    """No NaN or Inf. numpy emulates float16 arithmetic in software, so a float16 array is
+    checked on its bits instead (exponent all ones = Inf or NaN): the same answer, many times
+    faster, which is what lets float16 updates be decoded faster than float32 ones."""
+    if array.dtype == DTYPES["float16"]:
+        exponent = np.bitwise_and(array.view(np.uint16), np.uint16(0x7C00))
+        return not bool((exponent == 0x7C00).any())
+    return bool(np.isfinite(array).all())
 
 
 def check_update_fields(message: Any) -> None:

@@ -26,6 +26,8 @@ T = TypeVar("T")
 
 #: the ingest service's reason while the operators have paused it (docs/http-api.md)
 INGEST_PAUSED = "ingest_paused"
+#: the ingest service's reason while Redis is full: waited out the same way, no attempt used up
+REDIS_FULL = "redis_out_of_memory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +102,8 @@ class Transport:
                 if answer.status >= 300:
                     wait = max(wait, retry_after_s(answer.headers.get("Retry-After")))
                 problem = f"{answer.status} {answer.reason}"
-                if answer.status == 503 and answer.reason == INGEST_PAUSED:
-                    log.info("ingest paused; trying again in %.0f s", wait)
+                if answer.status == 503 and answer.reason in (INGEST_PAUSED, REDIS_FULL):
+                    log.info("%s; trying again in %.0f s", answer.reason, wait)
                     await self.pause(wait)
                     continue
             failures += 1

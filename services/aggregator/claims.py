@@ -92,6 +92,10 @@ class IdleClaims:
         self._settings = settings
         self._due = 0.0  # time.monotonic() of the next claim
 
+    def due(self) -> bool:
+        """Whether the next `take` will claim (not merely return at once)."""
+        return time.monotonic() >= self._due
+
     def block_ms(self) -> int:
         """How long a blocking read may wait: never past the next claim (and BLOCK 0 is for
         ever, so at least 1 ms)."""

@@ -53,7 +53,7 @@ COMMIT_SCRIPT = """
 local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
-local announced_key = KEYS[12]
+local announced_key, dedup_key = KEYS[12], KEYS[13]
 local expected = tonumber(ARGV[1])
 local epoch = ARGV[2]
 if redis.call('GET', epoch_key) ~= epoch then
@@ -73,7 +73,8 @@ local done_reason, now = ARGV[10], ARGV[11]
 local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local capacity = tonumber(ARGV[15])
 local announce = ARGV[16] == '1'
-local first_ack = 17 + 2 * n_ledger + 4 * n_dead
+local n_dedup, dedup_floor = tonumber(ARGV[17]), ARGV[18]
+local first_ack = 19 + 2 * n_dedup + 2 * n_ledger + 4 * n_dead
 for j = first_ack, first_ack + n_acks - 1 do
   if #redis.call('XPENDING', updates_key, group, ARGV[j], ARGV[j], 1) == 0 then
     return {-3, ARGV[j]}
@@ -93,7 +94,19 @@ if model ~= '' then
   end
   redis.call('SET', version_key, version)
 end
-local i = 17
+local i = 19
+local added = 0
+while added < n_dedup do
+  local chunk = {}
+  for _ = 1, math.min(500, n_dedup - added) do
+    chunk[#chunk + 1] = ARGV[i + 1]
+    chunk[#chunk + 1] = ARGV[i]
+    i = i + 2
+    added = added + 1
+  end
+  redis.call('ZADD', dedup_key, unpack(chunk))
+end
+redis.call('ZREMRANGEBYSCORE', dedup_key, '-inf', '(' .. dedup_floor)
 for _ = 1, n_ledger do
   local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
   if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
@@ -184,6 +197,11 @@ class Batch:
     dead: list[DeadLetter] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
     done_reason: str = ""
+    #: update ids the dedup memory took in since the last commit, (id, key), and its floor
+    dedup: list[tuple[str, int]] = field(default_factory=list)
+    dedup_floor: int = 0
+    #: (stream id, payload) of the ledger's updates, for the archive (when there is one)
+    archive: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
 class Committer:
@@ -258,7 +276,11 @@ class Committer:
             len(batch.acks),
             self._receipts,
             "0" if self.durable else "1",
+            len(batch.dedup),
+            batch.dedup_floor,
         ]
+        for update_id, key in batch.dedup:
+            args += [update_id, key]
         for entry in batch.ledger:
             args += [entry.record, entry.receipt]
         for dead in batch.dead:
@@ -277,6 +299,7 @@ class Committer:
             keys.receipts,
             keys.receipts_order,
             keys.announced,
+            keys.dedup,
         ]
         reply: Any = await self._script(keys=redis_keys, args=args, client=client)
         code, value = reply

@@ -2,7 +2,8 @@
 
 The reads cost the same whatever the run's length: GETs of the commit sequence, the version, the
 state and that version's model (the restore needs them anyway), XLEN and the last entry of the
-ledger, XINFO GROUPS of the updates stream, EXISTS of the training's start time. They run after
+ledger, XINFO GROUPS of the updates stream, EXISTS of the training's start time; and the dedup
+memory's ids, bounded by its capacity, which the restore needs too. They run after
 the epoch was raised, when no older aggregator's commit can land any more, so they see one
 commit's state, not two halves. shared/continuity.py decides whether the values agree; a
 disagreement is a StateMismatch and the aggregator refuses to go on.
@@ -10,7 +11,7 @@ disagreement is a StateMismatch and the aggregator refuses to go on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,14 +40,21 @@ class Inspection:
     found: Found
     raw_state: bytes | None
     raw_model: bytes | None
+    #: the dedup memory's ids as the commits left them, (id, key)
+    dedup_ids: list[tuple[str, int]] = field(default_factory=list)
 
     def restore(self) -> AggregationState:
-        """The state of the last commit, with the weights of its model (call only once
-        `found` passed the checks: then both exist)."""
+        """The state of the last commit, with the weights of its model and the dedup ids the
+        commits keep beside it (call only once `found` passed the checks: then both exist).
+
+        A checkpoint written before the ids moved out of it still carries them; those are
+        used, and journaled so that the next commit moves them into the sorted set."""
         if self.raw_state is None or self.raw_model is None:
             raise RuntimeError("no committed state to restore")
         model = decode_model(self.raw_model, max_bytes=len(self.raw_model))
-        return load_state(self.raw_state, weights=model.snapshot.weights)
+        state = load_state(self.raw_state, weights=model.snapshot.weights, dedup_ids=self.dedup_ids)
+        state.dedup.keep_journal(with_current=not self.dedup_ids and len(state.dedup) > 0)
+        return state
 
 
 async def inspect(redis: aioredis.Redis, keys: Keys) -> Inspection:
@@ -68,7 +76,12 @@ async def inspect(redis: aioredis.Redis, keys: Keys) -> Inspection:
         group=await group_position(redis, keys),
         started=bool(await redis.exists(keys.started)),
     )
-    return Inspection(found, raw_state, raw_model)
+    dedup: Any = (
+        []
+        if raw_state is None
+        else await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
+    )
+    return Inspection(found, raw_state, raw_model, [(as_text(i), int(k)) for i, k in dedup])
 
 
 async def group_position(redis: aioredis.Redis, keys: Keys) -> GroupPosition | None:

@@ -99,6 +99,11 @@ class AggregatorMetrics:
         self.lag = Gauge(
             "fedasync_aggregator_lag", "Entries in the stream not yet read", registry=r
         )
+        self.redis_oom = Counter(
+            "fedasync_aggregator_redis_oom_refusals",
+            "Writes (commits, start-up) Redis refused for want of memory; each is retried",
+            registry=r,
+        )
 
         self.state_mismatches = Counter(
             "fedasync_aggregator_state_mismatches",

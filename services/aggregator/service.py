@@ -51,12 +51,15 @@ from fedasync.services.runtime.redis_conn import (
     TRANSIENT,
     best_effort,
     connect,
+    is_out_of_memory,
     replicated,
     retrying,
 )
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
+from fedasync.services.stores.alerts import REDIS_OOM, STATE_MISMATCH, try_add_alert
+from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
 from fedasync.services.stores.backlog import read_backlog, trim_decided
+from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy, read_policy
@@ -83,6 +86,11 @@ log = logging.getLogger(__name__)
 
 #: how often the policy record is re-read between batches, seconds
 POLICY_REFRESH_S = 0.2
+#: payload bytes in one read from which it is decided in a worker thread (numpy releases the
+#: GIL on large arrays, so the event loop receives the next read meanwhile); below, inline
+THREAD_DECIDE_BYTES = 4 * 1024 * 1024
+#: at most one out-of-memory alert per this many seconds while Redis refuses commits
+OOM_ALERT_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +124,24 @@ class Aggregator:
         self.metrics = AggregatorMetrics()
         self.device_keys = KeyCache(redis, keys, settings.auth.key_refresh_s)
         self.ready = Readiness()
+        self._oom_alerted_at = -OOM_ALERT_INTERVAL_S
+        #: when Redis began refusing our writes for want of memory (None: it takes them)
+        self._oom_since: float | None = None
+        claim_dir = settings.wire.claim_check_dir
+        #: where claim-check entries' messages are (None: such entries are refused as missing)
+        self.claim_store = None if claim_dir is None else ClaimStore(claim_dir)
+        #: the messages of the read being decided, fetched by content address ahead of it
+        self._claimed: dict[str, bytes | ClaimError] = {}
+        archive_dir = settings.aggregator.archive_dir
+        #: where payloads go before their commit, then out of Redis (None: they stay)
+        self.archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
         self._gauges_at = 0.0
         #: cursor in our own pending entries (re-read first after a restart); None once done
         self._backlog: str | None = "0"
         #: a read of new entries failed: it may have delivered entries whose reply was lost
         self._reread_pending = False
+        #: the next read, sent before the current one is decided: (its start, its reply)
+        self._ahead: tuple[str, asyncio.Task[Any]] | None = None
 
     # ------------------------------------------------------------------------------ start-up
     async def start(self, initial: AggregationState | None) -> None:
@@ -129,7 +150,42 @@ class Aggregator:
         Retried as a whole on a transient error: each step is safe to repeat (a second INCR
         only raises the epoch further; the genesis commit is a compare-and-set).
         """
-        await retrying("start", lambda: self._start(initial), self.settings.redis, self._stopping)
+        await retrying(
+            "start",
+            lambda: self._start(initial),
+            self.settings.redis,
+            self._stopping,
+            on_oom=self._out_of_memory,
+        )
+        await self._memory_freed()
+
+    async def _out_of_memory(self, exc: BaseException) -> None:
+        """Redis refused a write for want of memory (it is retried): count it, and alert at
+        most once a minute (the alert itself is a write; it lands once memory is freed)."""
+        self.metrics.redis_oom.inc()
+        now = time.monotonic()
+        if self._oom_since is None:
+            self._oom_since = now
+        if now - self._oom_alerted_at < OOM_ALERT_INTERVAL_S:
+            return
+        self._oom_alerted_at = now
+        message = (
+            f"Redis refused a write of the aggregator for want of memory ({exc}); retrying: "
+            'free memory or raise maxmemory (docs/operations.md, "Redis memory")'
+        )
+        await try_add_alert(self.redis, self.keys, REDIS_OOM, message, time.time())
+
+    async def _memory_freed(self) -> None:
+        """A write passed after out-of-memory refusals: say for how long they lasted."""
+        if self._oom_since is None:
+            return
+        lasted, self._oom_since = time.monotonic() - self._oom_since, None
+        message = (
+            f"Redis refused the aggregator's writes for want of memory for {lasted:.0f} s; "
+            "they pass again and deciding goes on (nothing was lost)"
+        )
+        log.warning("%s", message)
+        await try_add_alert(self.redis, self.keys, REDIS_OOM, message, time.time())
 
     async def _start(self, initial: AggregationState | None) -> None:
         r, keys, cfg = self.redis, self.keys, self.settings.aggregator
@@ -161,6 +217,7 @@ class Aggregator:
         self.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
         if seq == 0:
             self.state = initial if initial is not None else self._initial_state()
+            self.state.dedup.keep_journal(with_current=True)
             # the exact starting point, kept for ever so `ledger verify` can replay from it
             await r.set(keys.genesis, save_state(self.state))
             await self._commit(Batch(b"", 0, b""))
@@ -231,12 +288,16 @@ class Aggregator:
         self._stopping = stopping
         try:
             await self._loop(stopping, burst)
-        except TRANSIENT as exc:
-            if not stopping.is_set():
+        except (*TRANSIENT, ResponseError) as exc:
+            refused = isinstance(exc, ResponseError)
+            if not stopping.is_set() or (refused and not is_out_of_memory(exc)):
                 raise
             # nothing is lost: whatever was decided but not committed is re-read next time
-            log.warning("stopping without a final commit: Redis unreachable (%s)", exc)
+            why = "Redis is out of memory" if refused else "Redis unreachable"
+            log.warning("stopping without a final commit: %s (%s)", why, exc)
         finally:
+            if self._ahead is not None:  # what it read stays pending: re-read at the next start
+                await cancel_tasks([self._ahead[1]])
             if self._inflight is not None:  # a commit lands whole or not at all: safe to drop
                 await cancel_tasks([self._inflight])
         return RunResult(self.state.version, self.state.closed, self.committer.seq)
@@ -256,6 +317,7 @@ class Aggregator:
                 self._reread_pending, self._backlog = False, "0"
             await self._refresh_policy()
             if self.policy.paused:  # an operator paused aggregation: leave updates in the stream
+                await self._drop_read_ahead()
                 if burst:
                     break
                 with contextlib.suppress(TimeoutError):
@@ -288,8 +350,12 @@ class Aggregator:
     # ------------------------------------------------------------------------------ claims
     async def _claim_idle(self) -> None:
         """Take over what sat idle under any consumer (claims.py); re-read it before the next
-        batch. Raises `Fenced` once a newer aggregator started, even with nothing to commit."""
-        taken = await self.claims.take(self.committer.epoch, self._inflight_acks, self._stopping)
+        batch. Raises `Fenced` once a newer aggregator started, even with nothing to commit.
+
+        Neither the commit in flight's entries nor the read-ahead's are taken: both are this
+        aggregator's, on their way (a large read may take longer than `claim_idle_s` to decide)."""
+        exclude = self._inflight_acks | await self._read_ahead_ids()
+        taken = await self.claims.take(self.committer.epoch, exclude, self._stopping)
         if taken:
             self.metrics.claimed.inc(sum(taken.values()))
             log.warning(
@@ -302,8 +368,55 @@ class Aggregator:
 
     # ------------------------------------------------------------------------------ reads
     async def _read(self, start: str, batch: Batch, block: int | None) -> int:
+        """Read up to the batch's room from `start` (">" or our backlog cursor) and decide it.
+
+        The reply comes from the read-ahead when one was sent for this `start`; while the entries
+        are decided (in a worker thread: numpy releases the GIL on large arrays), the next read
+        is already on its way, so Redis serves it while we decide.
+        """
         cfg = self.settings.aggregator
         room = min(cfg.batch_max - len(batch.acks), cfg.read_count)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == start:
+            reply: Any = await ahead[1]
+            if not (reply and reply[0][1]) and block is not None:
+                reply = await self._xreadgroup(start, room, block)
+        else:
+            if ahead is not None:  # sent for another start: a re-read from "0" covers it
+                await _settle(ahead[1])
+            reply = await self._xreadgroup(start, room, block)
+        entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
+        if entries and self._backlog is not None:
+            self._backlog = entries[-1][0].decode()
+        if len(entries) >= room and not self._reread_pending:
+            # full: more is probably waiting; sized to what the next _read will have room for
+            left = cfg.batch_max - len(batch.acks) - len(entries)
+            count = min(cfg.read_count, left if left > 0 else cfg.batch_max)
+            following = self._backlog or ">"
+            self._ahead = (
+                following,
+                asyncio.create_task(self._xreadgroup(following, count, None), name="read-ahead"),
+            )
+        signers = {c for _, fields in entries if (c := _signer(fields)) is not None}
+        if signers:  # one round trip for the keys of the whole read, before deciding any
+            await retrying(
+                "HMGET device keys",
+                lambda: self.device_keys.load(signers),
+                self.settings.redis,
+                self._stopping,
+            )
+        addresses = {a for _, fields in entries if (a := stream_entry.address_of(fields))}
+        self._claimed = await self._fetch_claims(addresses) if addresses else {}
+        size = sum(len(stream_entry.message_of(fields) or b"") for _, fields in entries)
+        size += sum(len(m) for m in self._claimed.values() if isinstance(m, bytes))
+        if size >= THREAD_DECIDE_BYTES:
+            await asyncio.to_thread(self._decide_all, entries, batch)
+        else:  # small: a thread's hand-over would cost more than the overlap gains
+            self._decide_all(entries, batch)
+        return len(entries)
+
+    async def _xreadgroup(self, start: str, count: int, block: int | None) -> Any:
+        cfg = self.settings.aggregator
 
         durable = self.settings.redis.durable_replicas > 0
 
@@ -312,7 +425,7 @@ class Aggregator:
                 AGGREGATOR_GROUP,
                 cfg.consumer,
                 {self.keys.updates: start},
-                count=room,
+                count=count,
                 block=block,
             )
             if durable:
@@ -335,26 +448,56 @@ class Aggregator:
                     self._reread_pending = True
                 raise
 
-        reply: Any = await retrying("XREADGROUP", read, self.settings.redis, self._stopping)
-        entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
-        signers = {c for _, fields in entries if (c := _signer(fields)) is not None}
-        if signers:  # one round trip for the keys of the whole read, before deciding any
-            await retrying(
-                "HMGET device keys",
-                lambda: self.device_keys.load(signers),
-                self.settings.redis,
-                self._stopping,
-            )
+        return await retrying("XREADGROUP", read, self.settings.redis, self._stopping)
+
+    async def _read_ahead_ids(self) -> frozenset[bytes]:
+        """The entries the read-ahead delivered (waiting for its reply if it is still on its
+        way: it is read next anyway); none if there is none, or it failed."""
+        if self._ahead is None or not self.claims.due():
+            return frozenset()
+        task = self._ahead[1]
+        await _settle(task)
+        if task.cancelled() or task.exception() is not None or not task.result():
+            return frozenset()
+        return frozenset(entry_id for entry_id, _ in task.result()[0][1])
+
+    async def _fetch_claims(self, addresses: set[str]) -> dict[str, bytes | ClaimError]:
+        """The claim-check messages of a read, fetched and checked in a worker thread before
+        any of it is decided; without a store each is missing (a rejection, not a crash)."""
+        if self.claim_store is None:
+            missing = ClaimError("claim_missing", "no claim-check store configured")
+            return dict.fromkeys(addresses, missing)
+        return await asyncio.to_thread(self.claim_store.fetch, addresses)
+
+    async def _drop_read_ahead(self) -> None:
+        """Forget the read-ahead; what it delivered stays pending under this consumer, so the
+        backlog is re-read from the start before anything new."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            await _settle(ahead[1])
+            self._reread_pending = True
+
+    def _decide_all(
+        self, entries: list[tuple[bytes, dict[bytes, bytes] | None]], batch: Batch
+    ) -> None:
         for stream_id, fields in entries:
             self._decide(stream_id, fields, batch)
-        if entries and self._backlog is not None:
-            self._backlog = entries[-1][0].decode()
-        return len(entries)
 
     def _decide(self, stream_id: bytes, fields: dict[bytes, bytes] | None, batch: Batch) -> None:
         started = time.perf_counter()
         batch.acks.append(stream_id)
         raw = stream_entry.message_of(fields)
+        address = stream_entry.address_of(fields) if raw is None else None
+        if address is not None:
+            claimed = self._claimed.get(address)
+            if not isinstance(claimed, bytes):  # missing, or not the bytes it names
+                error = claimed or ClaimError("claim_missing", f"{address} was not fetched")
+                detail = f"{address}: {error.detail}"
+                batch.dead.append(DeadLetter(error.reason, detail, stream_id, address.encode()))
+                self.metrics.rejections.labels(error.reason).inc()
+                log.warning("dead-lettered %s: %s", stream_id.decode(), error)
+                return
+            raw = claimed
         if raw is None:  # trimmed while pending, or written by something else
             batch.dead.append(DeadLetter("missing_payload", "entry has no message", stream_id, b""))
             self.metrics.rejections.labels("missing_payload").inc()
@@ -378,6 +521,9 @@ class Aggregator:
         batch.ledger.append(
             LedgerEntry(pack(record), update_digest(update.client_id, update.update_id))
         )
+        if self.archive is not None:  # a claim-check message stays in its store: its address
+            kept = raw if address is None else ADDRESS_MARK + address.encode()
+            batch.archive.append((stream_id, kept))
         if decision.outcome is Outcome.REJECTED:  # invalid content: also a dead letter
             keep = raw[: self.settings.aggregator.deadletter_payload_bytes]
             batch.dead.append(DeadLetter(str(decision.reason), decision.detail, stream_id, keep))
@@ -441,7 +587,9 @@ class Aggregator:
         must not leak into it.
         """
         state = self.state
-        batch.state = save_state(state, include_weights=False)
+        # the dedup ids go to their sorted set by increments (commit.py), not whole each time
+        batch.state = save_state(state, include_weights=False, include_dedup_ids=False)
+        batch.dedup, batch.dedup_floor = state.dedup.drain(), state.dedup.floor
         batch.version = state.version
         if state.version != self._committed_version:
             snapshot = ModelSnapshot(state.version, state.weights_view(), state.layout)
@@ -453,12 +601,16 @@ class Aggregator:
     async def _send(self, batch: Batch) -> None:
         started = time.perf_counter()
         now = time.time()
+        if self.archive is not None and batch.archive:
+            # durable before the commit: no decision is ever recorded without its payload
+            await asyncio.to_thread(self.archive.write, batch.archive)
         try:
             # a retry after a lost reply finds its own commit in place and writes nothing (CAS)
             await retrying(
                 f"commit {self.committer.seq + 1}",
                 lambda: self.committer.commit(batch, now=now),
                 self.settings.redis,
+                on_oom=self._out_of_memory,
             )
         except CommitConflict as exc:  # our epoch, yet not what we left: Redis moved under us
             await self._refuse([Mismatch(exc.check, str(exc))])
@@ -468,12 +620,15 @@ class Aggregator:
                 f"announce {batch.version}",
                 lambda: self.committer.announce(batch.version),
                 self.settings.redis,
+                on_oom=self._out_of_memory,
             )
+        await self._memory_freed()
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.commits.inc()
         self.metrics.version.set(batch.version)
         await self._stream_gauges()
-        if not self.settings.aggregator.keep_payloads and batch.acks:
+        trimming = self.archive is not None or not self.settings.aggregator.keep_payloads
+        if trimming and batch.acks:
             # never past an entry pending elsewhere: taken over later, it needs its payload
             await best_effort("trim", lambda: trim_decided(self.redis, self.keys, batch.acks[-1]))
 
@@ -501,6 +656,14 @@ class Aggregator:
         self._seal(batch)
         await self._finish_commit()
         await self._send(batch)
+
+
+async def _settle(task: asyncio.Task[Any]) -> None:
+    """Wait for a read whose reply is no longer wanted, whatever it ended with: what it
+    delivered stays pending under this consumer, re-read from "0" (and a Redis that is away
+    fails the read that comes next)."""
+    with contextlib.suppress(Exception):
+        await task
 
 
 def _signer(fields: dict[bytes, bytes] | None) -> str | None:

@@ -93,7 +93,15 @@ def _ledger(args: argparse.Namespace) -> int:
             command,
             f", or give --run runs/up-… to {args.ledger_command} the ledger of a `fedasync up` run",
         )
-        return asyncio.run(_ledger_job(args, redis_settings, settings.wire.max_message_bytes))
+        return asyncio.run(
+            _ledger_job(
+                args,
+                redis_settings,
+                settings.wire.max_message_bytes,
+                settings.aggregator.archive_dir,
+                settings.wire.claim_check_dir,
+            )
+        )
     prefix_given = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
     with saved_run(args.run, settings.redis, prefix_given, command) as run:
         if not run.finished:
@@ -102,15 +110,29 @@ def _ledger(args: argparse.Namespace) -> int:
                 "of its Redis as it is now",
                 file=sys.stderr,
             )
-        return asyncio.run(_ledger_job(args, run.redis, settings.wire.max_message_bytes))
+        return asyncio.run(
+            _ledger_job(
+                args,
+                run.redis,
+                settings.wire.max_message_bytes,
+                settings.aggregator.archive_dir,
+                settings.wire.claim_check_dir,
+            )
+        )
 
 
 async def _ledger_job(
-    args: argparse.Namespace, redis_settings: RedisSettings, max_message_bytes: int
+    args: argparse.Namespace,
+    redis_settings: RedisSettings,
+    max_message_bytes: int,
+    archive_dir: Path | None = None,
+    claim_check_dir: Path | None = None,
 ) -> int:
     from fedasync.services.commands.redis_target import talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores import ledger
+    from fedasync.services.stores.archive import PayloadArchive
+    from fedasync.services.stores.claim_check import ClaimStore
     from fedasync.services.stores.keys import Keys
 
     redis = connect(redis_settings)
@@ -130,7 +152,9 @@ async def _ledger_job(
         return 0
 
     async def verify() -> int:
-        report = await ledger.verify(redis, keys, max_message_bytes)
+        archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
+        claims = None if claim_check_dir is None else ClaimStore(claim_check_dir)
+        report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
         print(report.describe())
         return 0 if report.ok else 1
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from fedasync.services.stores.memory import Memory
+
 #: why a run of the automatic rules was skipped
 RULE_FAILURE_REASONS = ("connection", "redis", "error")
 
@@ -44,3 +46,20 @@ class ControlMetrics:
         self.policy_version = Gauge(
             "fedasync_control_policy_version", "Version of the policy in force", registry=r
         )
+        self.redis_used_memory = Gauge(
+            "fedasync_redis_used_memory_bytes", "Memory Redis uses (INFO used_memory)", registry=r
+        )
+        self.redis_maxmemory = Gauge(
+            "fedasync_redis_maxmemory_bytes", "Redis's maxmemory; 0 = no limit", registry=r
+        )
+        self.redis_memory_share = Gauge(
+            "fedasync_redis_memory_share",
+            "Used memory ÷ maxmemory (0 without a limit); the memory rule's figure: above "
+            "FEDASYNC_CONTROL__MEMORY_HIGH it turns pause-ingest on and alerts",
+            registry=r,
+        )
+
+    def observe_memory(self, memory: Memory) -> None:
+        self.redis_used_memory.set(memory.used)
+        self.redis_maxmemory.set(memory.limit)
+        self.redis_memory_share.set(memory.share)

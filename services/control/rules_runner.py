@@ -25,6 +25,7 @@ from fedasync.services.runtime.settings import ControlSettings
 from fedasync.services.stores.alerts import add_alert
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.memory import read_memory
 from fedasync.services.stores.policy_store import PolicyConflict
 from fedasync.shared.rules import Action, ActionKind, Rule, rule_actor, sync_switch_rules
 from fedasync.shared.rules import build_rules as shared_build_rules
@@ -47,6 +48,8 @@ def build_rules(cfg: ControlSettings) -> list[Rule]:
         fairness_min_rate=cfg.fairness_min_rate,
         fairness_decisions=cfg.fairness_decisions,
         disabled=cfg.disabled_rules,
+        memory_high=cfg.memory_high,
+        memory_low=cfg.memory_low,
     )
 
 
@@ -78,7 +81,9 @@ class RuleRunner:
         await self.window.refresh(now)
         backlog = await read_backlog(self.redis, self.keys)
         sync_switch_rules(self.rules, await switch_owners(self.redis, self.keys))
-        figures = self.window.figures(now, float(backlog.waiting))
+        memory = await read_memory(self.redis)
+        self.metrics.observe_memory(memory)
+        figures = self.window.figures(now, float(backlog.waiting), memory.share)
         actions = [a for rule in self.rules for a in rule.evaluate(figures)]
         for action in actions:
             await self._carry_out(action)

@@ -43,8 +43,8 @@ class LedgerWindow:
                     )
             self.window.expire(now)
 
-    def figures(self, now: float, lag: float) -> Figures:
-        return self.window.figures(now, lag)
+    def figures(self, now: float, lag: float, memory_share: float = 0.0) -> Figures:
+        return self.window.figures(now, lag, memory_share)
 
     def summary(self) -> dict[str, Any]:
         w = self.window

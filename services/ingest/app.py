@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from redis.exceptions import ResponseError
 
 from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.ingest.openapi import spec
@@ -37,7 +38,7 @@ from fedasync.services.ingest.refusal import (
 from fedasync.services.ingest.store import IngestStore, UpdateIdReused
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
-from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import Keys
@@ -150,6 +151,17 @@ class Ingest:
         except TRANSIENT as exc:
             # maybe added, maybe not: a retry with the same update id settles it
             raise unavailable(exc) from None
+        except ResponseError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            # refused whole, nothing added: the device sends it again later
+            log.error("Redis is out of memory: update refused, device told to retry (%s)", exc)
+            raise Refusal(
+                503,
+                "redis_out_of_memory",
+                "the update store is full; retry later",
+                {"Retry-After": str(self.settings.ingest.paused_retry_after_s)},
+            ) from None
         return Accepted(update, ingested.entry_id, ingested.new, len(body))
 
     async def check_not_paused(self) -> None:

@@ -4,7 +4,8 @@ Binary responses (payloads are msgpack), RESP2 pinned so replies have one shape,
 above the longest blocking read, and no automatic re-send: redis-py would otherwise silently retry
 a command after a connection error, and a commit must only ever be retried on purpose (see
 services/aggregator/commit.py). The one retry policy: actions that are safe to repeat go through
-`retrying`, which backs off, logs every attempt and gives up after a bounded number; actions
+`retrying`, which backs off, logs every attempt and gives up after a bounded number (except
+while Redis refuses writes for want of memory: retried for as long as it lasts); actions
 whose failure costs nothing but a figure (gauges, housekeeping) go through `best_effort`, which
 tries once and logs, so they can never stop or hold up the work they describe.
 
@@ -20,6 +21,7 @@ the next attempt goes to whichever server is the primary by then. Durable mode
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,7 +39,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fedasync.services.runtime.settings import Durability, RedisSettings
@@ -72,6 +74,18 @@ class NotReplicated(FailoverError):
 
 #: errors after which a command may be repeated on a new connection (FailoverError among them)
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+#: seconds between attempts while Redis refuses writes for want of memory
+OOM_RETRY_S = 2.0
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write because `maxmemory` is reached (with `noeviction`): nothing was
+    written, and the same write may be sent again once memory is freed. The one place this is
+    recognised: redis-py raises OutOfMemoryError for the `-OOM` reply, and Redis 6.2 wraps the
+    same refusal of a write inside a script in an `ERR Error running script` reply."""
+    if isinstance(exc, OutOfMemoryError):
+        return True
+    return isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
 
 
 def failover_reply(error: ResponseError) -> bool:
@@ -217,11 +231,45 @@ async def retrying(
     action: Callable[[], Awaitable[T]],
     settings: RedisSettings,
     stopping: asyncio.Event | None = None,
+    on_oom: Callable[[BaseException], Awaitable[None]] | None = None,
 ) -> T:
     """Run an idempotent Redis action, reconnecting with backoff on transient errors.
 
-    Gives up at once when `stopping` is set: a service asked to stop must not sit out a backoff.
+    An out-of-memory refusal (`is_out_of_memory`) wrote nothing: it is logged as such, reported
+    to `on_oom` (a metric, an alert) and retried every OOM_RETRY_S for as long as it lasts,
+    never turned into an exit. Gives up at once when `stopping` is set: a service asked to stop
+    must not sit out a backoff.
     """
+    while True:
+        try:
+            return await _retrying_transient(what, action, settings, stopping)
+        except ResponseError as exc:
+            if not is_out_of_memory(exc) or (stopping is not None and stopping.is_set()):
+                raise
+            log.error(
+                "redis %s refused: Redis is out of memory (maxmemory reached, nothing written); "
+                "retrying every %.0f s until memory is freed (docs/operations.md, "
+                '"Redis memory")',
+                what,
+                OOM_RETRY_S,
+            )
+            if on_oom is not None:
+                await on_oom(exc)
+            if stopping is None:
+                await asyncio.sleep(OOM_RETRY_S)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), OOM_RETRY_S)
+            if stopping.is_set():
+                raise
+
+
+async def _retrying_transient(
+    what: str,
+    action: Callable[[], Awaitable[T]],
+    settings: RedisSettings,
+    stopping: asyncio.Event | None,
+) -> T:
     # every error after which a command may be repeated, not only redis-py's own two
     errors: Any = TRANSIENT
     policy = Retry(ExponentialBackoff(cap=2.0, base=0.05), settings.reconnect_attempts, errors)

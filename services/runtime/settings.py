@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
@@ -292,6 +293,12 @@ class AggregatorSettings(Section):
     keep_payloads: bool = Field(
         True, description="keep update payloads in the stream for `ledger verify` (audit)"
     )
+    archive_dir: Path | None = Field(
+        None,
+        description="directory (may be shared) the payloads of decided updates are archived to "
+        "before their commit, then trimmed from the stream: bounded Redis memory, and "
+        "`ledger verify` reads them from there (services/stores/archive.py)",
+    )
     host: str = Field("127.0.0.1", description="bind address of /livez, /readyz, /metrics")
     port: int | None = Field(
         8090, ge=0, le=65535, description="port of /livez, /readyz, /metrics; 0 picks a free one"
@@ -344,6 +351,11 @@ class WireSettings(Section):
         DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="larger messages are refused unread"
     )
     dtype: Literal["float32", "float16"] = Field("float32", description="dtype devices send")
+    claim_check_dir: Path | None = Field(
+        None,
+        description="directory store (may be shared) of claim-check updates: the stream carries "
+        "their content address, the aggregator and `ledger verify` read them from here",
+    )
 
 
 class DedupSettings(Section):
@@ -385,8 +397,18 @@ class ControlSettings(Section):
         0.1, ge=0, le=1, description="acceptance under which a client raises a fairness alert"
     )
     fairness_decisions: int = Field(20, ge=1, description="decisions per client it is judged on")
+    memory_high: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Redis used memory ÷ maxmemory that turns pause-ingest on, with an alert",
+    )
+    memory_low: float = Field(
+        0.6, ge=0, le=1, description="Redis memory share below which pause-ingest turns off"
+    )
     disabled_rules: list[str] = Field(
-        default_factory=list, description="rules not to run: update-rate, lag, drops, fairness"
+        default_factory=list,
+        description="rules not to run: update-rate, lag, drops, fairness, memory",
     )
 
     @field_validator("token")
@@ -408,7 +430,7 @@ class ControlSettings(Section):
     @model_validator(mode="after")
     def _levels_in_order(self) -> ControlSettings:
         """A rule turns on above its high level and off below its low one: low ≤ high."""
-        for name in ("rate", "lag"):
+        for name in ("rate", "lag", "memory"):
             low, high = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
             if low > high:
                 raise ValueError(f"{name}_low ({low}) must not exceed {name}_high ({high})")

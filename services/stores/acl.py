@@ -150,6 +150,7 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.policies,
                     k.receipts,
                     k.receipts_order,
+                    k.dedup,
                 ),
             ),
             (
@@ -196,6 +197,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 Grant(("xadd", "xrevrange"), keys=(k.alerts,)),
                 # the backlog figures only: never the update payloads
                 Grant(("exists", "xlen", "xinfo|groups"), read=(k.updates,)),
+                # Redis's memory against maxmemory, for the memory rule (stores/memory.py)
+                Grant(("info",)),
             ),
         ),
         User(

@@ -23,6 +23,8 @@ KEEP = 10_000
 
 #: the aggregator found a state that does not match its ledger or consumer group
 STATE_MISMATCH = "aggregator-state-mismatch"
+#: Redis refused a write for want of memory (maxmemory): the writer retries until it is freed
+REDIS_OOM = "redis-out-of-memory"
 #: the snapshot service saw Redis report a version lower than one it had served
 VERSION_REGRESSED = "snapshot-version-regressed"
 

@@ -157,6 +157,13 @@ class Keys:
         return self._k("receipts")
 
     @property
+    def dedup(self) -> str:
+        """Sorted set: the update ids the dedup memory holds, scored by their key (the version
+        they are remembered under); the commit adds each batch's and removes those below the
+        floor, so the checkpoint does not carry them (shared/dedup.py)."""
+        return self._k("dedup")
+
+    @property
     def receipts_order(self) -> str:
         """List: the fields of `receipts` in the order they were written; the commit pops the
         oldest beyond FEDASYNC_RECEIPTS__CAPACITY and deletes them from `receipts`."""

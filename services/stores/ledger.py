@@ -1,9 +1,10 @@
 """The ledger: every decision the aggregator committed, exported or replayed to prove the model.
 
 `verify` replays the recorded decisions through the core, from the genesis checkpoint, with the
-payloads kept in the updates stream and the policy version each decision names, and checks that
-every decision comes out the same and that the committed model is reproduced bit for bit, and
-that every receipt still indexed names a decision about its own update.
+payloads kept in the updates stream (or, once trimmed, in the payload archive) and the policy
+version each decision names, and checks that every decision comes out the same and that the
+committed model is reproduced bit for bit, and that every receipt still indexed names a decision
+about its own update.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entries
+from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
+from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import stream_entry
@@ -118,8 +121,17 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> VerifyReport:
-    """Replay the ledger from genesis and compare decisions and the committed model."""
+async def verify(
+    redis: aioredis.Redis,
+    keys: Keys,
+    max_message_bytes: int,
+    archive: PayloadArchive | None = None,
+    claims: ClaimStore | None = None,
+) -> VerifyReport:
+    """Replay the ledger from genesis and compare decisions and the committed model.
+
+    A payload no longer in the updates stream is read from `archive` (the aggregator's, when
+    it has one: services/stores/archive.py); a claim-check update's message from `claims`."""
     report = VerifyReport()
     genesis = await get_bytes(redis, keys.genesis)
     if genesis is None:
@@ -134,11 +146,25 @@ async def verify(redis: aioredis.Redis, keys: Keys, max_message_bytes: int) -> V
         payload: Any = await redis.xrange(
             keys.updates, min=record["stream_id"], max=record["stream_id"]
         )
-        raw = stream_entry.message_of(payload[0][1]) if payload else None
+        fields = payload[0][1] if payload else None
+        raw = stream_entry.message_of(fields)
+        address = stream_entry.address_of(fields) if raw is None else None
+        if raw is None and address is None and archive is not None:
+            raw = archive.read(str(record["stream_id"]))
+            if raw is not None and raw.startswith(ADDRESS_MARK):
+                address, raw = raw[len(ADDRESS_MARK) :].decode(), None
+        if address is not None:
+            try:
+                if claims is None:
+                    raise ClaimError("claim_missing", "no claim-check store given")
+                raw = claims.get(address)
+            except ClaimError as exc:
+                report.mismatches.append(f"{record['update_id']}: claim check: {exc}")
+                break
         if raw is None:
             report.mismatches.append(
                 f"{record['update_id']}: payload {record['stream_id']} not kept "
-                "(set FEDASYNC_AGGREGATOR__KEEP_PAYLOADS=true to audit)"
+                "(set FEDASYNC_AGGREGATOR__ARCHIVE_DIR, or KEEP_PAYLOADS=true, to audit)"
             )
             break
         if record["reason"] == DropReason.CLOSED and state.closed is None:

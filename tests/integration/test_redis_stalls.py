@@ -126,6 +126,7 @@ RESTART = (
     "XLEN ledger",
     "XPENDING updates",
     "XREVRANGE ledger",
+    "ZRANGEBYSCORE dedup",
 )
 
 

@@ -210,9 +210,39 @@ def test_sync_switch_rules_reads_each_rules_own_switch() -> None:
         fairness_decisions=10,
     )
     sync_switch_rules(rules, {"freshest-only": rule_actor("lag"), "raise-gamma": "ops"})
-    rate, lag = (r for r in rules if isinstance(r, SwitchRule))
+    rate, lag, memory = (r for r in rules if isinstance(r, SwitchRule))
     assert (rate.gate.active, rate.overridden) == (False, True)
     assert (lag.gate.active, lag.overridden) == (True, False)
+    assert (memory.gate.active, memory.overridden) == (False, False)
+
+
+def test_memory_rule_pauses_ingest_and_alerts_near_the_limit_then_resumes() -> None:
+    rules = build_rules(
+        rate_high=100,
+        rate_low=60,
+        lag_high=10,
+        lag_low=5,
+        hold_s=5,
+        cooldown_s=0,
+        max_consecutive_drops=5,
+        max_drop_share=0.5,
+        fairness_min_rate=0.1,
+        fairness_decisions=10,
+        memory_high=0.8,
+        memory_low=0.6,
+    )
+    (memory,) = (r for r in rules if r.name == "memory")
+    assert memory.evaluate(Figures(now=0, memory_share=0.85)) == []  # held 5 s first
+    actions = memory.evaluate(Figures(now=5, memory_share=0.9))
+    assert [(a.kind, a.switch) for a in actions] == [
+        (ActionKind.SWITCH_ON, "pause-ingest"),
+        (ActionKind.ALERT, None),
+    ]
+    assert "pause-ingest on" in actions[1].message
+    assert memory.evaluate(Figures(now=10, memory_share=0.7)) == []  # between the levels
+    memory.evaluate(Figures(now=11, memory_share=0.5))
+    actions = memory.evaluate(Figures(now=16, memory_share=0.5))
+    assert [(a.kind, a.switch) for a in actions] == [(ActionKind.SWITCH_OFF, "pause-ingest")]
 
 
 def test_disabled_rules_do_nothing() -> None:

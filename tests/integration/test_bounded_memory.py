@@ -1,0 +1,164 @@
+"""Bounded Redis memory: payloads archived and trimmed, dedup ids kept by increments, claim-check
+entries, and a Redis that refuses writes for want of memory met with retries, a metric and an
+alert."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from fedasync.services.aggregator.service import Aggregator, run
+from fedasync.services.runtime.redis_conn import get_bytes
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.alerts import REDIS_OOM
+from fedasync.services.stores.archive import PayloadArchive
+from fedasync.services.stores.claim_check import ClaimStore, address_of
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.ledger import verify
+from fedasync.shared import stream_entry
+from fedasync.shared.wire import encode_update, unpack
+from tests.integration.helpers import dead_letters, initial_state, ledger, make_update, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+def archived(settings: Settings, folder: Path) -> Settings:
+    return settings.model_copy(
+        update={
+            "aggregator": settings.aggregator.model_copy(
+                update={"archive_dir": folder, "batch_max": 4, "port": None}
+            )
+        }
+    )
+
+
+async def test_archived_payloads_leave_the_stream_and_verify_reads_them_from_the_archive(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    lean = archived(settings, tmp_path / "archive")
+    for i in range(10):
+        await publish(redis, keys, make_update(f"a{i}", base=0, value=float(i)))
+
+    await run(lean, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True)
+
+    records = await ledger(redis, keys)
+    assert len(records) == 10
+    assert await redis.xlen(keys.updates) <= 1  # trimmed below the last acknowledged entry
+    archive = PayloadArchive(tmp_path / "archive", keys.prefix)
+    assert all(archive.read(str(r["stream_id"])) is not None for r in records)
+    report = await verify(redis, keys, settings.wire.max_message_bytes, archive)
+    assert report.ok, report.describe()
+    assert report.replayed == 10
+    without = await verify(redis, keys, settings.wire.max_message_bytes)
+    assert not without.ok
+    assert "not kept" in without.mismatches[0]
+
+
+async def test_dedup_ids_are_kept_beside_the_checkpoint_and_survive_a_restart(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    for i in range(3):
+        await publish(redis, keys, make_update(f"d{i}", base=0))
+    await run(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    raw_state = await get_bytes(redis, keys.state)
+    assert raw_state is not None
+    assert unpack(raw_state, len(raw_state))["dedup"]["ids"] is None  # not re-serialised
+    assert await redis.zcard(keys.dedup) == 3
+
+    await publish(redis, keys, make_update("d1", base=0))  # a retry, after a restart
+    await run(settings, redis=redis, handle_signals=False, burst=True)
+
+    outcomes = [(r["update_id"], r["outcome"]) for r in await ledger(redis, keys)]
+    assert outcomes[-1] == ("d1", "duplicate")
+    assert [o for _, o in outcomes[:3]] == ["applied"] * 3
+
+
+async def test_a_commit_refused_for_want_of_memory_is_retried_counted_and_alerted(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    quiet = settings.model_copy(
+        update={"aggregator": settings.aggregator.model_copy(update={"port": None})}
+    )
+    await run(quiet, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True)
+    for i in range(3):
+        await publish(redis, keys, make_update(f"m{i}", base=0))
+    config: Any = await redis.config_get("maxmemory")
+    before = config["maxmemory"]
+    aggregator = Aggregator(quiet, redis, keys)
+    refused = asyncio.Event()
+    count_and_alert = aggregator._out_of_memory
+
+    async def on_oom(exc: BaseException) -> None:
+        await count_and_alert(exc)
+        refused.set()
+
+    aggregator._out_of_memory = on_oom  # type: ignore[method-assign]
+    await redis.config_set("maxmemory", 1)  # every write that allocates is refused
+    try:
+        task = asyncio.create_task(_start_and_run(aggregator))
+        await asyncio.wait_for(refused.wait(), 30)
+        assert not task.done()  # retrying, not exited
+    finally:
+        await redis.config_set("maxmemory", before)
+    result = await asyncio.wait_for(task, 60)
+
+    assert result == 3
+    assert [r["outcome"] for r in await ledger(redis, keys)] == ["applied"] * 3
+    assert aggregator.metrics.redis_oom._value.get() >= 1
+    alerts: Any = await redis.xrange(keys.alerts)
+    messages = [f[b"message"].decode() for _, f in alerts if f[b"rule"] == REDIS_OOM.encode()]
+    assert any("pass again" in m for m in messages)
+
+
+async def _start_and_run(aggregator: Aggregator) -> int:
+    await aggregator.start(None)
+    result = await aggregator.run(asyncio.Event(), burst=True)
+    return result.version
+
+
+async def test_claim_check_entries_are_decided_from_the_store_and_bad_ones_refused(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    store = ClaimStore(tmp_path / "objects")
+    claimed = settings.model_copy(
+        update={
+            "wire": settings.wire.model_copy(update={"claim_check_dir": tmp_path / "objects"}),
+            "aggregator": settings.aggregator.model_copy(
+                update={"archive_dir": tmp_path / "archive", "port": None}
+            ),
+        }
+    )
+    good = [
+        store.put(encode_update(make_update(f"c{i}", base=0, value=float(i)))) for i in range(3)
+    ]
+    tampered = store.put(encode_update(make_update("tampered", base=0)))
+    (tmp_path / "objects" / tampered[7:9] / tampered[7:]).write_bytes(b"other bytes")
+    for address in [*good, address_of(b"never stored"), tampered]:
+        await redis.xadd(keys.updates, stream_entry.build_claim(address))
+
+    await run(
+        claimed, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+
+    assert [r["outcome"] for r in await ledger(redis, keys)] == ["applied"] * 3
+    reasons = [d[b"reason"].decode() for d in await dead_letters(redis, keys)]
+    assert reasons == ["claim_missing", "claim_mismatch"]
+    report = await verify(
+        redis,
+        keys,
+        settings.wire.max_message_bytes,
+        PayloadArchive(tmp_path / "archive", keys.prefix),
+        store,
+    )
+    assert report.ok, report.describe()
+    assert report.replayed == 3
