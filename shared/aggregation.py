@@ -7,8 +7,20 @@ initial state and the same updates give bit-identical weights and decisions in a
 
 The model version counts server steps, the moments the weights change: in FedAsync every applied
 update is one (Xie et al. 2019), in FedBuff one step takes K buffered updates (Nguyen et al. 2022).
-So τ = version − base version counts server steps in both, as both papers (and FLSim) count it,
-and every version number names exactly one model.
+So τ = version − base version counts server steps in every mode, as both papers (and FLSim) count
+it, and every version number names exactly one model.
+
+Five modes (`Policy.mode`), each one rule, with the formula it implements in its method's
+docstring: `fedasync` (`_mix`), `fedbuff` and `fedbuff-fair` (`_buffer`, `_fair_weight`),
+`memory` (`_remember`, stepped in `_buffer`) and `tiered` (`_tiered`). The last three keep
+something per client between its updates (shared/clients.py), so that a slow client's data is
+not forgotten between its rare updates (docs/experiments.md, "rare-class-fair").
+
+A mode may change at runtime. What the previous mode left pending is then applied first, as part
+of the first update the new mode applies (`_settled`): a partial FedBuff buffer is stepped, the
+memory's updates since its last step are stepped and the memory emptied, partial tier rounds are
+completed and the tiers averaged, then emptied. That update's decision is a server step whenever
+the settling changed the weights, so a version still names exactly one model.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedasync.shared.clients import ClientBook
 from fedasync.shared.decision import Decision, DropReason, Outcome, RejectReason
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
@@ -39,17 +52,49 @@ class ModelSnapshot:
     layout: Layout
 
 
+#: the modes whose updates go through the FedBuff buffer
+_BUFFERED = (Mode.FEDBUFF, Mode.FEDBUFF_FAIR)
+
+
 @dataclass(slots=True)
 class FedBuffBuffer:
-    """Σ s(τ_i)·Δ_i over the updates buffered since the last server step, in float64."""
+    """Σ w_i·s(τ_i)·Δ_i over the updates buffered since the last server step, in float64, and
+    Σ w_i (K in FedBuff, where every w_i is 1; the inverse-rate weights in fedbuff-fair)."""
 
     total: np.ndarray
     count: int = 0
+    weight: float = 0.0
+
+
+@dataclass(slots=True)
+class Memory:
+    """Memory mode: S = Σ n_i·m_i over the deltas the client book holds (float64), W = Σ n_i,
+    and the updates remembered since the last server step."""
+
+    total: np.ndarray
+    weight: int = 0
+    pending: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Tier:
+    """Tiered mode: one latency tier's round in progress and its latest completed model."""
+
+    #: Σ n_i·x_i over the round's updates so far, float64
+    total: np.ndarray
+    #: Σ n_i over them
+    weight: int = 0
+    #: updates in the round so far (a round completes at K)
+    count: int = 0
+    #: rounds completed (FedAT's T_m)
+    rounds: int = 0
+    #: the model of its latest completed round, float32; None before its first
+    model: np.ndarray | None = None
 
 
 class AggregationState:
-    """Model version, weights, dedup memory, FedBuff buffer, history and server optimizer, and
-    decision counters."""
+    """Model version, weights, dedup memory, FedBuff buffer, history and server optimizer, the
+    client book, memory and tiers, and decision counters."""
 
     def __init__(
         self,
@@ -83,6 +128,12 @@ class AggregationState:
         #: delta norms of the last applied updates (after clipping), newest last; kept whether or
         #: not a bound is on, so turning one on at runtime finds a history ready
         self.norms: deque[float] = deque(maxlen=NORM_WINDOW_LIMIT)
+        #: memory, tiered and fedbuff-fair: what the server remembers per client
+        self.clients = ClientBook()
+        #: memory mode: the running sum of the book's deltas
+        self.memory = Memory(np.zeros(layout.size, dtype=np.float64))
+        #: tiered mode: one entry per tier, fastest first; empty outside tiered mode
+        self.tiers: list[Tier] = []
         self._weights = _frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
 
@@ -154,6 +205,8 @@ class AggregationState:
         new = update.weights.astype(np.float32, copy=False)
         if policy.mode is Mode.FEDASYNC:
             return self._mix(update, new, tau, policy)
+        if policy.mode is Mode.TIERED:
+            return self._tiered(update, new, tau, policy)
         return self._buffer(update, new, tau, policy)
 
     def _validate(self, update: Update) -> tuple[RejectReason, str] | None:
@@ -192,11 +245,11 @@ class AggregationState:
         """
         x = self._weights
         flushed_optimizer = self.optimizer
-        flush = self.buffer.count > 0
-        if flush:  # leftovers of a FedBuff period are applied first, never lost
+        flush = self._settles(policy)
+        if flush:  # leftovers of another mode are applied first, never lost
             if not np.isfinite(new).all():
                 return self._reject_non_finite(update, policy)
-            x, flushed_optimizer = self._flushed(policy)
+            x, flushed_optimizer, settled = self._settled(policy)
         alpha = policy.alpha(tau, self.version)
         exact: np.ndarray | None = None
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
@@ -225,9 +278,8 @@ class AggregationState:
             else:
                 mixed = (x + scale * exact).astype(np.float32)
             delta = bound
-        if flush:  # the flushed weights are x, from which `mixed` was formed
-            self.optimizer = flushed_optimizer
-            self._clear_buffer()
+        if flush:  # the settled weights are x, from which `mixed` was formed
+            self._commit_settle(policy, flushed_optimizer, settled)
         self._weights = _frozen(mixed)
         self.history.clear()
         self.counters["server_steps"] += 1
@@ -236,13 +288,19 @@ class AggregationState:
         )
 
     def _buffer(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
-        """FedBuff: add s(τ)·(x_new − x_base) to the buffer; step once K are in.
+        """The modes that form a delta against the model the device trained from:
+        Δ_i = x_i − x_base(i), τ the server steps since that model (Nguyen et al. 2022,
+        Algorithm 1), weighted by s(τ) (the policy's decay) for τ_max alike.
 
-        τ is the number of server steps since the model the device trained from (Nguyen et al.
-        2022, Algorithm 1), for the weight s(τ) and for τ_max alike. The update counts as applied
-        when it enters the buffer; its decision records the version in force, which the K-th
-        update's server step then raises by one: the buffered updates are part of that next
-        version. A partial buffer is stepped when the mode returns to FedAsync.
+        fedbuff: buffer w·s(τ)·Δ with w = 1 and take one server step once K are in (FedBuff).
+        fedbuff-fair: the same with w the client's inverse contribution rate (`_fair_weight`).
+        memory: replace the client's delta in the memory and step every K updates with the
+        average over every client's latest (`_remember`, MIFA).
+
+        The update counts as applied when it is taken in; its decision records the version in
+        force, which the step then raises by one: the updates taken in since the last step are
+        part of that next version. A partial buffer is stepped when the mode changes
+        (`_settled`).
         """
         if not self.history:
             self.history.append((self.version, self._weights))
@@ -263,14 +321,55 @@ class AggregationState:
             delta *= bound / norm_of_delta
             norm_of_delta = bound
         s = policy.staleness(tau, self.version)
-        self.buffer.total += s * delta
-        self.buffer.count += 1
-        alpha = policy.server_lr * s / policy.buffer_size
+        remembered = None
+        if policy.mode is Mode.MEMORY:
+            with np.errstate(over="ignore"):
+                remembered = _frozen((s * delta).astype(np.float32))
+            if not np.isfinite(remembered).all():  # finite weights, a delta beyond float32
+                return self._decide(
+                    update,
+                    policy,
+                    Outcome.REJECTED,
+                    tau=tau,
+                    delta_norm=norm_of_delta,
+                    reason=RejectReason.NON_FINITE,
+                    detail="its delta overflows float32 (the memory keeps float32)",
+                )
+        # nothing below can refuse the update: the state may change from here on
+        before = self._weights
+        x, optimizer, settled = self._weights, self.optimizer, 0
+        if self._settles(policy):
+            x, optimizer, settled = self._settled(policy)
+            self._commit_settle(policy, optimizer, settled)
+        step = False
+        if remembered is not None:
+            alpha = self._remember(update, remembered, tau, s, policy)
+            memory = self.memory
+            if memory.pending >= policy.buffer_size:
+                memory.pending = 0
+                if memory.weight > 0:  # 0 once every remembered client was forgotten
+                    x, optimizer = server_step(x, memory.total, memory.weight, optimizer, policy)
+                    step = True
+        else:
+            weight = 1.0
+            if policy.mode is Mode.FEDBUFF_FAIR:
+                weight = self._fair_weight(update, tau, policy)
+            self.buffer.total += (weight * s) * delta if weight != 1.0 else s * delta
+            self.buffer.count += 1
+            self.buffer.weight += weight
+            alpha = policy.server_lr * weight * s / policy.buffer_size
+            if self.buffer.count >= policy.buffer_size:
+                x, optimizer = server_step(
+                    x, self.buffer.total, self.buffer.weight, optimizer, policy
+                )
+                self._clear_buffer()
+                step = True
+        if step and policy.mode is Mode.MEMORY:
+            self.counters["server_steps"] += 1
+        stepped = step or settled > 0
         norm = 0.0
-        stepped = self.buffer.count >= policy.buffer_size
         if stepped:
-            before = self._weights
-            self._flush_buffer(policy)
+            self._weights, self.optimizer = _frozen(x), optimizer
             norm = math.sqrt(_sum_of_squares(self._weights - before))
         decision = self._advance(
             update, policy, tau, alpha, norm, norm_of_delta, clipped, server_step=stepped
@@ -278,26 +377,234 @@ class AggregationState:
         if stepped:
             self.history.append((self.version, self._weights))
         self._prune_history(policy.tau_max)
+        self._forget_idle(policy)
         return decision
 
-    def _flush_buffer(self, policy: Policy) -> None:
-        """One FedBuff server step on Δ̄ = (Σ s(τ_i)Δ_i)/K, K being the updates buffered, with
-        the policy's server optimizer (shared/server_optimizer.py)."""
-        if self.buffer.count == 0:
-            return
-        self._weights, self.optimizer = self._flushed(policy)
-        self._clear_buffer()
+    def _remember(
+        self, update: Update, remembered: np.ndarray, tau: int, s: float, policy: Policy
+    ) -> float:
+        """Memory mode: the client's delta replaces the one remembered for it.
 
-    def _flushed(self, policy: Policy) -> tuple[np.ndarray, OptimizerState]:
-        """The weights and optimizer state a FedBuff server step would give, not committed."""
-        weights, optimizer = server_step(
-            self._weights, self.buffer.total, self.buffer.count, self.optimizer, policy
+        MIFA (Gu et al. 2021, "Fast Federated Learning in the Presence of Arbitrary Device
+        Unavailability", Algorithm 1) keeps G_i, the latest update of every device i, and steps
+        w ← w − η·(1/N)·Σ_i G_i, whether or not device i took part in this round; an absent
+        device's memorised update stands in for it until it sends a new one. Here G_i is the
+        client's latest s(τ_i)·Δ_i (float32, m_i), the average is weighted by sample count
+        (p_i = n_i / Σ n, the weights FedAvg uses), and a "round" is K applied updates:
+
+            m_i ← s(τ_i)·Δ_i;   every K updates:  x ← x + η·(Σ_i n_i·m_i) / (Σ_i n_i)
+
+        over every client the book holds, with the server optimizer as in FedBuff. FedVARP
+        (Jhunjhunwala et al. 2022) keeps the same per-client memory y_i and steps with
+        ȳ + mean_S(Δ_i − y_i); with one update at a time that correction is the newest delta
+        at full weight, which is FedAsync's forgetting again, so it is not this rule.
+        S and W are running sums: a replaced or forgotten delta is subtracted, never summed
+        anew, so a step costs one pass over the parameters whatever the number of clients.
+        Returns α, the update's weight in each step it takes part in: η·s(τ)·n_i/W.
+        `remembered` is m_i, already checked to be finite.
+        """
+        client = str(update.client_id)
+        memory = self.memory
+        entry = self.clients.get(client)
+        if entry is not None and entry.delta is not None:
+            memory.total -= entry.delta.astype(np.float64) * entry.samples
+            memory.weight -= entry.samples
+        elif entry is None:
+            self._make_room(policy)
+        samples = int(update.num_samples)
+        self.clients.heard(client, samples=samples, seen=self.version, tau=tau)
+        self.clients.set_delta(client, remembered)
+        memory.total += remembered.astype(np.float64) * samples
+        memory.weight += samples
+        memory.pending += 1
+        return policy.server_lr * s * samples / memory.weight
+
+    def _fair_weight(self, update: Update, tau: int, policy: Policy) -> float:
+        """fedbuff-fair: the client's inverse contribution rate, capped at K.
+
+        A client that sent c_i of the C updates the book has counted, among N clients, has a
+        contribution rate c_i/C; equal rates would be 1/N. Its delta is weighted by
+        w_i = C / (N·c_i), so every client's deltas weigh about the same per unit of time
+        whatever its speed (inverse-probability weighting), and the buffer steps with
+        Σ w_i·s(τ_i)·Δ_i / Σ w_i (FedBuff's mean, Nguyen et al. 2022, with these weights).
+        Capped at K, so one update never outweighs a whole buffer of others.
+        """
+        client = str(update.client_id)
+        if client not in self.clients:
+            self._make_room(policy)
+        entry = self.clients.heard(
+            client, samples=int(update.num_samples), seen=self.version, tau=tau
         )
-        return _frozen(weights), optimizer
+        rate = self.clients.arrivals / (len(self.clients) * entry.arrivals)
+        return min(rate, float(policy.buffer_size))
+
+    def _tiered(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
+        """Tiered mode, in the spirit of FedAT (Chai et al. 2021, "FedAT: a high-performance
+        and communication-efficient federated learning system with asynchronous tiers").
+
+        Clients are ranked by the τ of their latest update (server steps: their latency) into
+        M equal-count tiers, fastest first (`ClientBook.tier`). Within a tier, FedAvg: a round
+        takes K of the tier's updates and its model is their sample-weighted mean,
+        w_m = Σ n_i·x_i / Σ n_i. Across tiers, asynchrony: whenever a tier completes a round,
+        the global model becomes FedAT's weighted average of every tier's latest model, with
+        the slower tiers weighted up by the round counts T_m taken in mirror order,
+
+            x ← x + η·(Σ_m ω_m·w_m − x),   ω_m = (T_{M−1−m} + 1) / Σ_j (T_{M−1−j} + 1)
+
+        (FedAT's ω_m = T_{M+1−m}/T, tiers numbered from 1; the + 1 keeps a tier whose mirror has
+        not finished a round yet from weighing nothing), over the tiers that have a model. A
+        tier's latest model stays in the average until its next round replaces it: the memory
+        is per tier, not per client. No delta is formed, so no base model is needed; the
+        poisoning bound measures ‖x_new − x‖ as FedAsync does.
+        """
+        if not np.isfinite(new).all():
+            return self._reject_non_finite(update, policy)
+        x = self._weights
+        pull = new.astype(np.float64) - x
+        delta = math.sqrt(float(np.sum(pull * pull)))
+        bound = self.norm_bound(policy)
+        clipped = bound is not None and delta > bound
+        taken = new.astype(np.float64)
+        if bound is not None and clipped:
+            if policy.norm_action is NormAction.REJECT:
+                return self._reject_norm(update, policy, tau, delta, bound)
+            taken = x + pull * (bound / delta)
+            delta = bound
+        optimizer, settled = self.optimizer, 0
+        if self._settles(policy):
+            x, optimizer, settled = self._settled(policy)
+            self._commit_settle(policy, optimizer, settled)
+        if not self.tiers:
+            self.tiers = [
+                Tier(np.zeros(self.layout.size, dtype=np.float64)) for _ in range(policy.tiers)
+            ]
+        client = str(update.client_id)
+        if client not in self.clients:
+            self._make_room(policy)
+        samples = int(update.num_samples)
+        self.clients.heard(client, samples=samples, seen=self.version, tau=tau)
+        index = self.clients.tier(client, policy.tiers)
+        tier = self.tiers[index]
+        tier.total += taken * samples
+        tier.weight += samples
+        tier.count += 1
+        alpha = policy.server_lr * _tier_weights(self.tiers, tier)[index] * samples / tier.weight
+        step = tier.count >= policy.buffer_size
+        if step:
+            _finish_round(tier)
+            x = self._tier_average(x, policy)
+            self.counters["server_steps"] += 1
+        stepped = step or settled > 0
+        norm = 0.0
+        if stepped:
+            before = self._weights
+            self._weights = _frozen(x)
+            norm = math.sqrt(_sum_of_squares(self._weights - before))
+            self.history.clear()
+        decision = self._advance(
+            update, policy, tau, alpha, norm, delta, clipped, server_step=stepped
+        )
+        self._forget_idle(policy)
+        return decision
+
+    def _tier_average(self, x: np.ndarray, policy: Policy) -> np.ndarray:
+        """x + η·(Σ_m ω_m·w_m − x) over the tiers with a model (see `_tiered`)."""
+        weights = _tier_weights(self.tiers)
+        average = np.zeros(self.layout.size, dtype=np.float64)
+        for omega, tier in zip(weights, self.tiers, strict=True):
+            if tier.model is not None:
+                average += omega * tier.model.astype(np.float64)
+        start = x.astype(np.float64)
+        moved: np.ndarray = (start + policy.server_lr * (average - start)).astype(np.float32)
+        return moved
+
+    # ----------------------------------------------------------------------------- the book
+    def _make_room(self, policy: Policy) -> None:
+        """Before a new client enters the book: forget the least recently heard ones beyond
+        `memory_clients` (which may have been lowered at runtime)."""
+        while len(self.clients) >= policy.memory_clients:
+            oldest = self.clients.oldest()
+            assert oldest is not None
+            self._forget(oldest[0])
+
+    def _forget_idle(self, policy: Policy) -> None:
+        """Forget every client silent for more than `memory_idle` server steps."""
+        while True:
+            oldest = self.clients.oldest()
+            if oldest is None or self.version - oldest[1].seen <= policy.memory_idle:
+                return
+            self._forget(oldest[0])
+
+    def _forget(self, client: str) -> None:
+        entry = self.clients.forget(client)
+        if entry.delta is not None:
+            self.memory.total -= entry.delta.astype(np.float64) * entry.samples
+            self.memory.weight -= entry.samples
+            if self.memory.weight == 0:  # nothing remembered: no rounding residue either
+                self.memory.total[:] = 0.0
+
+    # ----------------------------------------------------------------------------- mode changes
+    def _settles(self, policy: Policy) -> bool:
+        """Whether another mode left state that must be applied before `policy.mode` decides."""
+        mode = policy.mode
+        return (
+            (self.buffer.count > 0 and mode not in _BUFFERED)
+            or (self.memory.weight > 0 and mode is not Mode.MEMORY)
+            or (bool(self.tiers) and (mode is not Mode.TIERED or len(self.tiers) != policy.tiers))
+        )
+
+    def _settled(self, policy: Policy) -> tuple[np.ndarray, OptimizerState, int]:
+        """The weights and optimizer once what other modes left is applied, and the server
+        steps that took (0 when the weights did not change). Nothing is committed.
+
+        A partial FedBuff buffer is stepped; the memory's updates since its last step are
+        stepped; partial tier rounds are completed and the tiers averaged (each with the
+        policy now in force, as a FedBuff leftover always was).
+        """
+        x, optimizer, steps = self._weights, self.optimizer, 0
+        mode = policy.mode
+        if self.buffer.count > 0 and mode not in _BUFFERED:
+            weights, optimizer = server_step(
+                x, self.buffer.total, self.buffer.weight, optimizer, policy
+            )
+            x, steps = _frozen(weights), steps + 1
+        memory = self.memory
+        if memory.weight > 0 and mode is not Mode.MEMORY and memory.pending > 0:
+            weights, optimizer = server_step(x, memory.total, memory.weight, optimizer, policy)
+            x, steps = _frozen(weights), steps + 1
+        if self.tiers and (mode is not Mode.TIERED or len(self.tiers) != policy.tiers):
+            partial = [tier for tier in self.tiers if tier.count > 0]
+            if partial:
+                rounds = [_copy_tier(tier) for tier in self.tiers]
+                for tier in rounds:
+                    if tier.count > 0:
+                        _finish_round(tier)
+                x = _frozen(_with_tiers(self, rounds, x, policy))
+                steps += 1
+        return x, optimizer, steps
+
+    def _commit_settle(self, policy: Policy, optimizer: OptimizerState, steps: int) -> None:
+        """Empty what `_settled` applied, under the same conditions (the weights are the
+        caller's to commit)."""
+        mode = policy.mode
+        self.optimizer = optimizer
+        if self.buffer.count > 0 and mode not in _BUFFERED:
+            self._clear_buffer()  # counts its server step
+            steps -= 1
+        if self.memory.weight > 0 and mode is not Mode.MEMORY:
+            for client, entry in self.clients.items():
+                if entry.delta is not None:
+                    self.clients.set_delta(client, None)
+            self.memory.total[:] = 0.0
+            self.memory.weight = self.memory.pending = 0
+        if self.tiers and (mode is not Mode.TIERED or len(self.tiers) != policy.tiers):
+            self.tiers = []
+        self.counters["server_steps"] += steps
 
     def _clear_buffer(self) -> None:
         self.buffer.total[:] = 0.0
         self.buffer.count = 0
+        self.buffer.weight = 0.0
         self.counters["server_steps"] += 1
 
     # ----------------------------------------------------------------------------- poisoning bound
@@ -439,3 +746,40 @@ def _sum_of_squares(scratch: np.ndarray) -> float:
     """
     np.square(scratch, out=scratch)
     return float(np.sum(scratch))
+
+
+def _finish_round(tier: Tier) -> None:
+    """A tier's round is complete: its model is the sample-weighted mean of the round."""
+    tier.model = _frozen((tier.total / tier.weight).astype(np.float32))
+    tier.rounds += 1
+    tier.total[:] = 0.0
+    tier.weight = tier.count = 0
+
+
+def _copy_tier(tier: Tier) -> Tier:
+    return Tier(tier.total.copy(), tier.weight, tier.count, tier.rounds, tier.model)
+
+
+def _with_tiers(
+    state: AggregationState, tiers: list[Tier], x: np.ndarray, policy: Policy
+) -> np.ndarray:
+    """`_tier_average` over `tiers` (a settled copy) instead of the state's own."""
+    kept, state.tiers = state.tiers, tiers
+    try:
+        return state._tier_average(x, policy)
+    finally:
+        state.tiers = kept
+
+
+def _tier_weights(tiers: list[Tier], including: Tier | None = None) -> list[float]:
+    """FedAT's ω_m with add-one counts over the tiers that have a model (or are `including`,
+    the tier of the update being decided); 0 for the others. See `AggregationState._tiered`."""
+    count = len(tiers)
+    raw = [
+        float(tiers[count - 1 - m].rounds + 1)
+        if tier.model is not None or tier is including
+        else 0.0
+        for m, tier in enumerate(tiers)
+    ]
+    total = sum(raw)
+    return [w / total for w in raw] if total else raw

@@ -7,12 +7,13 @@ property tests check the equality bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.aggregation import AggregationState, Tier
+from fedasync.shared.clients import ClientEntry
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
 from fedasync.shared.server_optimizer import OptimizerState, ServerOptimizer
@@ -21,8 +22,11 @@ from fedasync.shared.wire import WireError, pack, unpack
 #: 2 added FedBuff's server optimizer state; a build that cannot step it must not restore it.
 #: Format 1 (no optimizer state) is still read: its FedBuff versions were numbered per update,
 #: and go on one per server step from there (`AggregationState._base_weights` finds their models).
-FORMAT_VERSION = 2
-_READABLE = (1, FORMAT_VERSION)
+#: 3 added the client book, the memory and the tiers (modes memory, tiered, fedbuff-fair) and
+#: the buffer's weight sum; formats 1 and 2 are read with all of them empty. A format-3 checkpoint
+#: may also leave the dedup ids to the caller (`"ids": None`, the aggregator's sorted set).
+FORMAT_VERSION = 3
+_READABLE = (1, 2, FORMAT_VERSION)
 _F32 = np.dtype("<f4")
 _F64 = np.dtype("<f8")
 
@@ -31,8 +35,16 @@ class CheckpointError(ValueError):
     """Bytes that are not a checkpoint this build can restore."""
 
 
+class MemoryMissing(CheckpointError):
+    """The checkpoint names a client's remembered delta that the caller did not hand back."""
+
+
 def save_state(
-    state: AggregationState, *, include_weights: bool = True, include_dedup_ids: bool = True
+    state: AggregationState,
+    *,
+    include_weights: bool = True,
+    include_dedup_ids: bool = True,
+    include_memory: bool = True,
 ) -> bytes:
     """Everything `apply` depends on, in a deterministic byte string.
 
@@ -41,8 +53,12 @@ def save_state(
     `include_dedup_ids=False` leaves out the remembered update ids (their floor, horizon and
     capacity stay), for a store that keeps them by increments (the aggregator's commit); pass
     them back to load_state as `dedup_ids`.
+    `include_memory=False` leaves out the clients' remembered deltas (memory mode), for a store
+    that keeps them per client (the aggregator's `{p}:memory` hash); each client entry still
+    says whether it has one, and load_state wants them back (`memory_deltas`).
     """
     buffer = state.buffer
+    memory = state.memory
     return pack(
         {
             "format": FORMAT_VERSION,
@@ -63,7 +79,38 @@ def save_state(
             "buffer": {
                 "count": buffer.count,
                 "total": _bytes(buffer.total, _F64) if buffer.count else None,
+                "weight": buffer.weight,
             },
+            # least recently heard first: [id, samples, seen, arrivals, τ, delta]; delta is
+            # its bytes, True when kept elsewhere (include_memory=False), or None
+            "clients": [
+                [
+                    client,
+                    entry.samples,
+                    entry.seen,
+                    entry.arrivals,
+                    entry.tau,
+                    None
+                    if entry.delta is None
+                    else (_bytes(entry.delta, _F32) if include_memory else True),
+                ]
+                for client, entry in state.clients.items()
+            ],
+            "memory": {
+                "weight": memory.weight,
+                "pending": memory.pending,
+                "total": _bytes(memory.total, _F64) if memory.weight else None,
+            },
+            "tiers": [
+                [
+                    tier.weight,
+                    tier.count,
+                    tier.rounds,
+                    _bytes(tier.total, _F64) if tier.count else None,
+                    None if tier.model is None else _bytes(tier.model, _F32),
+                ]
+                for tier in state.tiers
+            ],
             "history": [[first, _bytes(w, _F32)] for first, w in state.history],
             # the poisoning bound's memory; absent from checkpoints written before it existed
             "norms": list(state.norms),
@@ -75,12 +122,16 @@ def save_state(
 def load_state(
     raw: bytes,
     weights: np.ndarray | None = None,
+    *,
     dedup_ids: Iterable[tuple[str, int]] | None = None,
+    memory_deltas: Mapping[str, bytes] | None = None,
 ) -> AggregationState:
     """Inverse of save_state; refuses anything it does not recognise.
 
     `weights` must be given exactly when the checkpoint was saved without them; `dedup_ids` is
-    used only when the checkpoint was saved without its ids (none when not given).
+    used only when the checkpoint was saved without its ids (none when not given);
+    `memory_deltas` (client id → its delta's bytes) is wanted when it was saved without the
+    memory and names clients with a delta; a missing or malformed one is a CheckpointError.
     """
     try:
         data = unpack(raw, max_bytes=len(raw))
@@ -115,10 +166,21 @@ def load_state(
         state.buffer.count = int(data["buffer"]["count"])
         if state.buffer.count:
             state.buffer.total = _array(data["buffer"]["total"], _F64, layout.size).copy()
+        # format 2 and before: FedBuff's weights were all 1
+        state.buffer.weight = float(data["buffer"].get("weight", state.buffer.count))
+        _restore_book(state, data.get("clients", ()), memory_deltas or {}, layout.size)
+        saved_memory = data.get("memory", {"weight": 0, "pending": 0, "total": None})
+        state.memory.weight = int(saved_memory["weight"])
+        state.memory.pending = int(saved_memory["pending"])
+        if state.memory.weight:
+            state.memory.total = _array(saved_memory["total"], _F64, layout.size).copy()
+        state.tiers = [_restore_tier(t, layout.size) for t in data.get("tiers", ())]
         state.history = [(int(first), _array(w, _F32, layout.size)) for first, w in data["history"]]
         state.norms.extend(float(n) for n in data.get("norms", ()))
         if "optimizer" in data:
             state.optimizer = _restore_optimizer(data["optimizer"], layout.size)
+    except MemoryMissing:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"corrupt checkpoint: {exc!r}") from None
     return state
@@ -131,6 +193,38 @@ def saved_version(raw: bytes) -> int:
         return int(data["version"])
     except (WireError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"not a checkpoint: {exc!r}") from None
+
+
+def _restore_book(
+    state: AggregationState, saved: Any, deltas: Mapping[str, bytes], size: int
+) -> None:
+    for client, samples, seen, arrivals, tau, delta in saved:
+        name = str(client)
+        if delta is True:
+            if name not in deltas:
+                raise MemoryMissing(f"the remembered delta of client {name!r} is missing")
+            delta = deltas[name]
+        state.clients.restore(
+            name,
+            ClientEntry(
+                int(samples),
+                int(seen),
+                int(arrivals),
+                int(tau),
+                None if delta is None else _array(delta, _F32, size),
+            ),
+        )
+
+
+def _restore_tier(saved: Any, size: int) -> Tier:
+    weight, count, rounds, total, model = saved
+    return Tier(
+        np.zeros(size, np.float64) if total is None else _array(total, _F64, size).copy(),
+        int(weight),
+        int(count),
+        int(rounds),
+        None if model is None else _array(model, _F32, size),
+    )
 
 
 def _optimizer(optimizer: OptimizerState) -> dict[str, Any]:

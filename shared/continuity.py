@@ -36,6 +36,8 @@ class Check(StrEnum):
     COMMIT_SEQ_MOVED = "commit-seq-moved"
     #: a commit found an entry it acknowledges not pending: the read that delivered it was lost
     GROUP_LOST_DELIVERY = "group-lost-delivery"
+    #: the state names a client's remembered delta (memory mode) that `{p}:memory` lacks
+    MEMORY_MISSING = "memory-missing"
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,17 @@ class Mixture:
         return [DeviceLatency(medians[int(i)], self.jitter) for i in order]
 
 
+def slowest(medians: Sequence[float], share: float) -> list[int]:
+    """The ⌈share·n⌉ devices with the largest medians (ties: lower index first), ascending.
+
+    Which devices the `rare_class_on_slow` partition gives the rare class: the simulator and a
+    device worker ask the same question of the same profile draws, so they agree.
+    """
+    count = max(1, min(len(medians), int(np.ceil(share * len(medians) - 1e-9))))
+    ranked = sorted(range(len(medians)), key=lambda d: (-medians[d], d))
+    return sorted(ranked[:count])
+
+
 #: The write-up's fleet (section 1.2): 70% ~30 s, 20% ~90 s, 8% ~3 min, 2% ~10 min.
 LONG_TAIL = Mixture(((0.70, 30.0), (0.20, 90.0), (0.08, 180.0), (0.02, 600.0)))
 

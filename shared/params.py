@@ -72,6 +72,9 @@ def _fmt(x: float) -> str:
 #: the horizon would be dropped as stale under every valid policy.
 TAU_MAX_LIMIT = 1000
 
+#: The most clients a policy may let the server remember (`memory_clients`).
+MEMORY_CLIENTS_LIMIT = 1_000_000
+
 #: The longest history of delta norms the poisoning bound may look back over; the core keeps this
 #: many, so raising `norm_window` at runtime takes effect at once.
 NORM_WINDOW_LIMIT = 1000

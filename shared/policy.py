@@ -20,6 +20,7 @@ from typing import Any
 
 from fedasync.shared import staleness
 from fedasync.shared.params import (
+    MEMORY_CLIENTS_LIMIT,
     NORM_MIN_HISTORY,
     NORM_WINDOW_LIMIT,
     PARAM_KEY,
@@ -35,12 +36,22 @@ from fedasync.shared.staleness import Decay
 
 
 class Mode(StrEnum):
-    """How accepted updates reach the model."""
+    """How accepted updates reach the model (shared/aggregation.py has each rule's formula)."""
 
     #: mix each update into the model at once: x ← (1 − α)x + α·x_new
     FEDASYNC = "fedasync"
     #: buffer K staleness-weighted deltas, then take one server step (Nguyen et al. 2022)
     FEDBUFF = "fedbuff"
+    #: keep every client's latest delta; every K updates step with their average over all
+    #: clients, so a slow client's contribution stays until it sends a new one (MIFA, Gu et al.
+    #: 2021)
+    MEMORY = "memory"
+    #: clients ranked into latency tiers, FedAvg within a tier (K updates a round), the global
+    #: model a weighted average of the tiers' latest models, slower tiers weighted up (FedAT,
+    #: Chai et al. 2021)
+    TIERED = "tiered"
+    #: FedBuff whose deltas are weighted by the inverse of their client's share of all updates
+    FEDBUFF_FAIR = "fedbuff-fair"
 
 
 class NormAction(StrEnum):
@@ -65,7 +76,10 @@ class Policy:
         Scope.VERSION,
     )
     mode: Mode = param(
-        Mode.FEDASYNC, "how accepted updates reach the model: at once, or K buffered per step"
+        Mode.FEDASYNC,
+        "how accepted updates reach the model: at once (fedasync), K buffered per step "
+        "(fedbuff), a step with every client's latest delta every K (memory), latency tiers "
+        "(tiered), or FedBuff weighted by each client's inverse contribution rate (fedbuff-fair)",
     )
     decay: Decay = param(Decay.POLYNOMIAL, "the staleness rule s(τ) that discounts α0")
     alpha0: float = param(0.6, "α0, the mixing weight at τ = 0", Range(0.001, 1.0))
@@ -78,19 +92,43 @@ class Policy:
     tau_max: int = param(
         10,
         "updates with τ above this are dropped (τ counts model versions: applied updates in "
-        "FedAsync, server steps in FedBuff)",
+        "FedAsync, server steps in the other modes)",
         Range(0, TAU_MAX_LIMIT, integer=True),
     )
     buffer_size: int = param(
-        10, "FedBuff's K: deltas buffered per server step", Range(1, 10_000, integer=True)
+        10,
+        "K: updates per server step (fedbuff, fedbuff-fair, memory), per tier round (tiered)",
+        Range(1, 10_000, integer=True),
+    )
+    memory_clients: int = param(
+        1000,
+        "clients the server remembers in the memory, tiered and fedbuff-fair modes (memory: "
+        "each one's latest delta, 4 bytes a parameter); beyond it the least recently heard is "
+        "forgotten",
+        Range(1, MEMORY_CLIENTS_LIMIT, integer=True),
+    )
+    memory_idle: int = param(
+        1000,
+        "a client whose latest update was decided more than this many server steps ago is "
+        "forgotten (memory: its delta leaves the average)",
+        Range(1, 10**9, integer=True),
+    )
+    tiers: int = param(
+        4,
+        "tiered mode: latency tiers, equal numbers of clients ranked by the τ of their latest "
+        "update",
+        Range(1, 64, integer=True),
     )
     server_optimizer: ServerOptimizer = param(
         ServerOptimizer.SGD,
-        "how a FedBuff server step applies the buffer's mean delta: plain, with momentum, or "
-        "Adam (FedOpt, Reddi et al. 2021)",
+        "how a server step (fedbuff, fedbuff-fair, memory) applies its mean delta: plain, with "
+        "momentum, or Adam (FedOpt, Reddi et al. 2021)",
     )
     server_lr: float = param(
-        1.0, "FedBuff's server learning rate η", Range(0.0, 10.0, low_open=True)
+        1.0,
+        "server learning rate η of a server step (tiered: how far the model moves towards the "
+        "tiers' average)",
+        Range(0.0, 10.0, low_open=True),
     )
     server_momentum: float = param(
         0.9, "β of FedBuff's server momentum", Range(0.0, 1.0, high_open=True)
@@ -288,6 +326,18 @@ MODE_PRESETS: Mapping[Mode, Mapping[str, Any]] = types.MappingProxyType(
     {
         Mode.FEDASYNC: types.MappingProxyType({}),
         Mode.FEDBUFF: types.MappingProxyType({"decay": Decay.POLYNOMIAL, "gamma": 0.5}),
+        # MIFA applies a memorised update whatever its age: no staleness discount; η 0.2 is
+        # stable on the write-up's fleet where 1.0 diverged (docs/experiments.md, section 7);
+        # τ_max 300 server steps keeps a 10-minute device of that fleet (τ up to 291 at K = 10
+        # over five seeds) and bounds the base models kept (τ_max + 1 of them, as in FedBuff)
+        Mode.MEMORY: types.MappingProxyType(
+            {"decay": Decay.CONSTANT, "buffer_size": 10, "server_lr": 0.2, "tau_max": 300}
+        ),
+        # tiered keeps no base models, so a large τ_max costs nothing
+        Mode.TIERED: types.MappingProxyType({"buffer_size": 10, "tau_max": 1000}),
+        Mode.FEDBUFF_FAIR: types.MappingProxyType(
+            {"decay": Decay.POLYNOMIAL, "gamma": 0.5, "buffer_size": 100, "tau_max": 100}
+        ),
     }
 )
 

@@ -52,10 +52,12 @@ class OptimizerState:
 
 
 def server_step(
-    weights: np.ndarray, total: np.ndarray, count: int, state: OptimizerState, policy: Policy
+    weights: np.ndarray, total: np.ndarray, count: float, state: OptimizerState, policy: Policy
 ) -> tuple[np.ndarray, OptimizerState]:
-    """The weights after one server step on a buffer holding Σ s(τ_i)·Δ_i over `count` deltas,
-    and the optimizer state after it. Nothing is modified: the caller commits both, or neither.
+    """The weights after one server step on a buffer holding Σ w_i·s(τ_i)·Δ_i whose weights sum
+    to `count` (K in FedBuff; Σ w_i in fedbuff-fair; Σ n_i over the memory in memory mode), so
+    that Δ̄ = total / count, and the optimizer state after it. Nothing is modified: the caller
+    commits both, or neither.
     """
     kind = policy.server_optimizer
     if state.kind is not kind:

@@ -17,7 +17,7 @@ from fedasync.learning.partition import PartitionError
 from fedasync.learning.tasks import TaskError
 from fedasync.shared.fleet import ReplayedLatency, RunLatency
 from fedasync.sim.advisor import Advice, advise, estimated_rate
-from fedasync.sim.config import ConfigError, load_config
+from fedasync.sim.config import ConfigError, SimConfig, load_config
 from fedasync.sim.presets import PRESETS, SUMMARIES, UnknownPresetError, preset_text
 from fedasync.sim.result import Progress
 from fedasync.sim.trace import TraceError, read_durations
@@ -31,7 +31,18 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "simulate", help="run FedAsync, FedBuff and FedAvg on a simulated fleet"
     )
     _source_arguments(simulate)
-    simulate.add_argument("--out", type=Path, help="output folder (default runs/NAME-seedSEED)")
+    simulate.add_argument(
+        "--out", type=Path, help="output folder (default runs/NAME-seedSEED, runs/NAME-seeds)"
+    )
+    simulate.add_argument(
+        "--seeds",
+        type=int,
+        help="run seeds SEED, SEED+1, … (this many) and write mean ± sd across them "
+        "(seeds.md, seeds.json, per_class_time.png) beside each seed's own folder",
+    )
+    simulate.add_argument(
+        "--jobs", type=int, default=1, help="with --seeds: seeds simulated at once (processes)"
+    )
     simulate.add_argument("--no-plots", action="store_true", help="summary and CSVs only")
     simulate.add_argument("--quiet", action="store_true", help="no progress bar")
     simulate.add_argument(
@@ -92,6 +103,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.preset, args.seed)
     world = build_world(config)  # the task is built first: a bad one is one line, nothing shown
+    if args.seeds is not None:
+        return _simulate_seeds(args, config)
     out = args.out if args.out is not None else Path("runs") / f"{config.name}-seed{config.seed}"
     with _progress(config.budget.max_seconds, enabled=not args.quiet) as progress:
         sim = simulate(config, progress=progress, world=world)
@@ -105,6 +118,26 @@ def _simulate(args: argparse.Namespace) -> int:
             f"ended by {result['ended_by']}"
         )
     print(f"wrote {out}/summary.json" + ("" if args.no_plots else f" and {out}/report.md"))
+    return 0
+
+
+def _simulate_seeds(args: argparse.Namespace, config: SimConfig) -> int:
+    from fedasync.sim.multiseed import SeedRun, configs_for, run_seeds, write_seeds
+
+    if args.seeds < 1 or args.jobs < 1:
+        raise ConfigError("--seeds and --jobs must be at least 1")
+    out = args.out if args.out is not None else Path("runs") / f"{config.name}-seeds"
+
+    def done(run: SeedRun) -> None:
+        if not args.quiet:
+            print(f"seed {run.seed} done: {out}/seed{run.seed}", file=sys.stderr)
+
+    runs = run_seeds(
+        configs_for(config, args.seeds), out, jobs=args.jobs, plots=not args.no_plots, done=done
+    )
+    write_seeds(runs, config, out)
+    print((out / "seeds.md").read_text(), end="")
+    print(f"wrote {out}/seeds.md, {out}/seeds.json and {out}/per_class_time.png")
     return 0
 
 

@@ -329,6 +329,13 @@ class FedBuffConfig(_AsyncPolicyConfig):
     name: str | None = None
 
 
+class FairModeConfig(_AsyncPolicyConfig):
+    """The modes that keep a slow client's data in the model (shared/aggregation.py)."""
+
+    kind: Literal["memory", "tiered", "fedbuff-fair"]
+    name: str | None = None
+
+
 class FedAvgConfig(Strict):
     """Synchronous rounds: select, wait, average by sample count."""
 
@@ -342,7 +349,9 @@ class FedAvgConfig(Strict):
     min_clients: int = Field(1, ge=1, description="fewer online devices: wait")
 
 
-Algorithm = Annotated[FedAsyncConfig | FedBuffConfig | FedAvgConfig, Field(discriminator="kind")]
+Algorithm = Annotated[
+    FedAsyncConfig | FedBuffConfig | FairModeConfig | FedAvgConfig, Field(discriminator="kind")
+]
 
 
 class SimConfig(Strict):
@@ -367,7 +376,7 @@ class SimConfig(Strict):
         return self
 
 
-def label(algorithm: FedAsyncConfig | FedBuffConfig | FedAvgConfig) -> str:
+def label(algorithm: FedAsyncConfig | FedBuffConfig | FairModeConfig | FedAvgConfig) -> str:
     """The algorithm's name in outputs: its `name`, or its kind."""
     return algorithm.name or algorithm.kind
 

@@ -54,7 +54,8 @@ def simulate(
             result = run_sync(world, index, callback)
         else:
             own = advice
-            if algorithm.kind == "fedbuff" and algorithm.buffer_size > 1:
+            # every mode but FedAsync takes a server step per K updates (a tier round in tiered)
+            if algorithm.kind != "fedasync" and algorithm.buffer_size > 1:
                 own = fleet_advice(world, buffer_size=algorithm.buffer_size)
             policy = algorithm.policy(advised_tau_max=own.recommended_tau_max)
             result = run_async(world, index, policy, callback, on_decision)

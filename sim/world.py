@@ -18,7 +18,14 @@ from fedasync.learning.dataset import Dataset
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.tasks import get_task
 from fedasync.shared import fleet as profiles
-from fedasync.shared.fleet import AlwaysOnline, Availability, Intermittent, RunLatency, Windows
+from fedasync.shared.fleet import (
+    AlwaysOnline,
+    Availability,
+    Intermittent,
+    RunLatency,
+    Windows,
+    slowest,
+)
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
 from fedasync.sim import config as cfg
 from fedasync.sim.trace import read_durations, read_windows
@@ -147,13 +154,6 @@ def build_world(config: cfg.SimConfig) -> World:
         _trace_durations=durations,
         _trace_windows=windows,
     )
-
-
-def slowest(medians: Sequence[float], share: float) -> list[int]:
-    """The ⌈share·n⌉ devices with the largest medians (ties: lower index first), ascending."""
-    count = max(1, min(len(medians), int(np.ceil(share * len(medians) - 1e-9))))
-    ranked = sorted(range(len(medians)), key=lambda d: (-medians[d], d))
-    return sorted(ranked[:count])
 
 
 def _training(spec: cfg.TrainingConfig, suggested: TrainParams) -> TrainParams:

@@ -26,6 +26,11 @@ could take back (docs/architecture.md, "Past one machine"). A retried commit tha
 place writes its sequence number again, the same value, so that the WAIT after it covers the first
 attempt's writes.
 
+Per-client memory (the `memory` mode, shared/aggregation.py): the checkpoint leaves the clients'
+remembered deltas out; each commit writes to `{p}:memory` only the clients whose delta changed
+in its batch (HSET) or that were forgotten (HDEL), in the same script as the state that names
+them, so the hash and the state always belong to the same commit.
+
 Receipts: each ledger entry names its update (`update_digest(client id, update id)`); the first
 decision about an update is indexed in `{p}:receipts` (field → ledger entry id, HSETNX: a later
 duplicate never hides it) and its field appended to `{p}:receipts-order`. Beyond `capacity`
@@ -53,7 +58,7 @@ COMMIT_SCRIPT = """
 local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
-local announced_key, dedup_key = KEYS[12], KEYS[13]
+local announced_key, dedup_key, memory_key = KEYS[12], KEYS[13], KEYS[14]
 local expected = tonumber(ARGV[1])
 local epoch = ARGV[2]
 if redis.call('GET', epoch_key) ~= epoch then
@@ -74,7 +79,8 @@ local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumbe
 local capacity = tonumber(ARGV[15])
 local announce = ARGV[16] == '1'
 local n_dedup, dedup_floor = tonumber(ARGV[17]), ARGV[18]
-local first_ack = 19 + 2 * n_dedup + 2 * n_ledger + 4 * n_dead
+local n_remember, n_forget = tonumber(ARGV[19]), tonumber(ARGV[20])
+local first_ack = 21 + 2 * n_dedup + 2 * n_remember + n_forget + 2 * n_ledger + 4 * n_dead
 for j = first_ack, first_ack + n_acks - 1 do
   if #redis.call('XPENDING', updates_key, group, ARGV[j], ARGV[j], 1) == 0 then
     return {-3, ARGV[j]}
@@ -94,7 +100,7 @@ if model ~= '' then
   end
   redis.call('SET', version_key, version)
 end
-local i = 19
+local i = 21
 local added = 0
 while added < n_dedup do
   local chunk = {}
@@ -107,6 +113,14 @@ while added < n_dedup do
   redis.call('ZADD', dedup_key, unpack(chunk))
 end
 redis.call('ZREMRANGEBYSCORE', dedup_key, '-inf', '(' .. dedup_floor)
+for _ = 1, n_remember do
+  redis.call('HSET', memory_key, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for _ = 1, n_forget do
+  redis.call('HDEL', memory_key, ARGV[i])
+  i = i + 1
+end
 for _ = 1, n_ledger do
   local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
   if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
@@ -202,6 +216,9 @@ class Batch:
     dedup_floor: int = 0
     #: (stream id, payload) of the ledger's updates, for the archive (when there is one)
     archive: list[tuple[bytes, bytes]] = field(default_factory=list)
+    #: memory mode: (client id, delta bytes) to write to `{p}:memory`, and client ids to delete
+    remember: list[tuple[str, bytes]] = field(default_factory=list)
+    forget: list[str] = field(default_factory=list)
 
 
 class Committer:
@@ -278,9 +295,14 @@ class Committer:
             "0" if self.durable else "1",
             len(batch.dedup),
             batch.dedup_floor,
+            len(batch.remember),
+            len(batch.forget),
         ]
         for update_id, key in batch.dedup:
             args += [update_id, key]
+        for device, delta in batch.remember:
+            args += [device, delta]
+        args += batch.forget
         for entry in batch.ledger:
             args += [entry.record, entry.receipt]
         for dead in batch.dead:
@@ -300,6 +322,7 @@ class Committer:
             keys.receipts_order,
             keys.announced,
             keys.dedup,
+            keys.memory,
         ]
         reply: Any = await self._script(keys=redis_keys, args=args, client=client)
         code, value = reply

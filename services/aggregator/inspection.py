@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 from fedasync.services.runtime.redis_conn import as_text, get_bytes
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import last_record
+from fedasync.services.stores.memory_store import read_memory
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, saved_version
 from fedasync.shared.continuity import Found, GroupPosition, Mismatch
@@ -40,19 +41,27 @@ class Inspection:
     found: Found
     raw_state: bytes | None
     raw_model: bytes | None
+    #: the memory mode's per-client deltas (`{p}:memory`), client id → bytes
+    memory: dict[str, bytes]
     #: the dedup memory's ids as the commits left them, (id, key)
     dedup_ids: list[tuple[str, int]] = field(default_factory=list)
 
     def restore(self) -> AggregationState:
-        """The state of the last commit, with the weights of its model and the dedup ids the
-        commits keep beside it (call only once `found` passed the checks: then both exist).
+        """The state of the last commit, with the weights of its model, the dedup ids and the
+        clients' remembered deltas the commits keep beside it (call only once `found` passed the
+        checks: then all exist).
 
         A checkpoint written before the ids moved out of it still carries them; those are
         used, and journaled so that the next commit moves them into the sorted set."""
         if self.raw_state is None or self.raw_model is None:
             raise RuntimeError("no committed state to restore")
         model = decode_model(self.raw_model, max_bytes=len(self.raw_model))
-        state = load_state(self.raw_state, weights=model.snapshot.weights, dedup_ids=self.dedup_ids)
+        state = load_state(
+            self.raw_state,
+            weights=model.snapshot.weights,
+            dedup_ids=self.dedup_ids,
+            memory_deltas=self.memory,
+        )
         state.dedup.keep_journal(with_current=not self.dedup_ids and len(state.dedup) > 0)
         return state
 
@@ -81,7 +90,13 @@ async def inspect(redis: aioredis.Redis, keys: Keys) -> Inspection:
         if raw_state is None
         else await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
     )
-    return Inspection(found, raw_state, raw_model, [(as_text(i), int(k)) for i, k in dedup])
+    return Inspection(
+        found,
+        raw_state,
+        raw_model,
+        await read_memory(redis, keys),
+        [(as_text(i), int(k)) for i, k in dedup],
+    )
 
 
 async def group_position(redis: aioredis.Redis, keys: Keys) -> GroupPosition | None:

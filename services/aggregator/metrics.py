@@ -104,6 +104,18 @@ class AggregatorMetrics:
             "Writes (commits, start-up) Redis refused for want of memory; each is retried",
             registry=r,
         )
+        # (no "client" in a name or help: the exposition is checked to name none)
+        self.remembered = Gauge(
+            "fedasync_aggregator_remembered_devices",
+            "Devices in the server's book (memory, tiered and fedbuff-fair modes), at most the "
+            "policy's bound",
+            registry=r,
+        )
+        self.memory_bytes = Gauge(
+            "fedasync_aggregator_memory_bytes",
+            "Bytes of remembered deltas in the memory mode: devices with a delta × parameters × 4",
+            registry=r,
+        )
 
         self.state_mismatches = Counter(
             "fedasync_aggregator_state_mismatches",

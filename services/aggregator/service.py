@@ -65,8 +65,8 @@ from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy, read_policy
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
-from fedasync.shared.checkpoint import save_state
-from fedasync.shared.continuity import Mismatch, mismatches
+from fedasync.shared.checkpoint import MemoryMissing, save_state
+from fedasync.shared.continuity import Check, Mismatch, mismatches
 from fedasync.shared.decision import Outcome
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.device_auth import (
@@ -222,7 +222,10 @@ class Aggregator:
             await r.set(keys.genesis, save_state(self.state))
             await self._commit(Batch(b"", 0, b""))
         else:
-            self.state = found.restore()
+            try:
+                self.state = found.restore()
+            except MemoryMissing as exc:  # written by one commit: only a Redis that lost writes
+                await self._refuse([Mismatch(Check.MEMORY_MISSING, str(exc))])
             self._committed_version = self.state.version
             self._closed_committed = self.state.closed is not None
             # the version restored is offered again: an announcement lost with a primary (durable
@@ -587,9 +590,21 @@ class Aggregator:
         must not leak into it.
         """
         state = self.state
-        # the dedup ids go to their sorted set by increments (commit.py), not whole each time
-        batch.state = save_state(state, include_weights=False, include_dedup_ids=False)
+        # the dedup ids and the clients' remembered deltas go by increments (commit.py), not
+        # whole each time
+        batch.state = save_state(
+            state, include_weights=False, include_dedup_ids=False, include_memory=False
+        )
         batch.dedup, batch.dedup_floor = state.dedup.drain(), state.dedup.floor
+        changes = state.clients.take_changes()
+        for client in sorted(changes):
+            entry = state.clients.get(client)
+            if entry is not None and entry.delta is not None:
+                batch.remember.append((client, entry.delta.tobytes()))
+            else:
+                batch.forget.append(client)
+        self.metrics.remembered.set(len(state.clients))
+        self.metrics.memory_bytes.set(state.clients.deltas * state.layout.size * 4)
         batch.version = state.version
         if state.version != self._committed_version:
             snapshot = ModelSnapshot(state.version, state.weights_view(), state.layout)

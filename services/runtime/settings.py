@@ -253,8 +253,20 @@ class TaskSettings(Section):
     )
     seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
     num_devices: int = Field(10, ge=1, description="devices the training data is split across")
-    partition: Literal["iid", "dirichlet", "shards"] = Field(
+    partition: Literal["iid", "dirichlet", "shards", "rare_class_on_slow"] = Field(
         "iid", description="how data is split across devices (as in the simulator)"
+    )
+    rare_class: int = Field(
+        0, ge=0, description="rare_class_on_slow: the class only the slowest devices hold"
+    )
+    rare_keep: float = Field(
+        1.0, gt=0, le=1, description="rare_class_on_slow: share of that class's samples kept"
+    )
+    slow_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="rare_class_on_slow: the slowest devices by their profile's median latency",
     )
 
     @field_validator("name")
@@ -598,6 +610,17 @@ class Settings(BaseSettings):
     receipts: ReceiptsSettings = ReceiptsSettings()
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
+
+    @model_validator(mode="after")
+    def _slow_devices_need_a_profile(self) -> Settings:
+        """rare_class_on_slow gives the class to the slowest devices of the latency profile;
+        without one no device is slower than another."""
+        if self.task.partition == "rare_class_on_slow" and self.worker.profile == "none":
+            raise ValueError(
+                "task.partition rare_class_on_slow needs a worker.profile other than none: "
+                "the slow devices are those with the largest median latency"
+            )
+        return self
 
     @model_validator(mode="after")
     def _read_times_out_after_blocking(self) -> Settings:

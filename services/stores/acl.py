@@ -151,6 +151,7 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.receipts,
                     k.receipts_order,
                     k.dedup,
+                    k.memory,
                 ),
             ),
             (
@@ -158,6 +159,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 alert,
                 # start-up: is the policy log still in an earlier release's format?
                 Grant(("type",), read=(k.policy_log,)),
+                # restore: the memory mode's per-client deltas (the commit writes them)
+                Grant(("hgetall",), read=(k.memory,)),
             ),
             (k.versions_channel,),
         ),
@@ -233,7 +236,7 @@ def users(prefix: str) -> tuple[User, ...]:
             Grant((*ping, "multi", "exec", "acl|log")),
             (
                 Grant(
-                    ("xrange", "get", "hget", "hlen", "llen"),
+                    ("xrange", "get", "hget", "hlen", "llen", "hgetall"),
                     read=(
                         k.ledger,
                         k.genesis,
@@ -243,8 +246,13 @@ def users(prefix: str) -> tuple[User, ...]:
                         models,
                         k.receipts,
                         k.receipts_order,
+                        # verify compares the committed state and memory with its replay
+                        k.state,
+                        k.memory,
                     ),
                 ),
+                # and the dedup ids the commits keep beside the state
+                Grant(("zrangebyscore",), read=(k.dedup,)),
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
             ),
         ),

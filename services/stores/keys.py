@@ -47,6 +47,12 @@ class Keys:
         return self._k("state")
 
     @property
+    def memory(self) -> str:
+        """Hash: client id → its remembered delta (float32 bytes) in the `memory` mode; written
+        by the commit for the clients whose delta changed, with the state that names them."""
+        return self._k("memory")
+
+    @property
     def genesis(self) -> str:
         """String: the full checkpoint training started from (replayed by `ledger verify`)."""
         return self._k("genesis")

@@ -3,8 +3,10 @@
 `verify` replays the recorded decisions through the core, from the genesis checkpoint, with the
 payloads kept in the updates stream (or, once trimmed, in the payload archive) and the policy
 version each decision names, and checks that every decision comes out the same and that the
-committed model is reproduced bit for bit, and that every receipt still indexed names a decision
-about its own update.
+committed model is reproduced bit for bit, that the committed state (dedup memory, buffers, the
+client book, the memory's sum, the tiers, the optimizer) is the replay's byte for byte, and so is
+every client's remembered delta in `{p}:memory`, and that every receipt still indexed names a
+decision about its own update.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entr
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.keys import Keys, update_digest
+from fedasync.services.stores.memory_store import read_memory, remembered
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import stream_entry
-from fedasync.shared.checkpoint import load_state
+from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.checkpoint import FORMAT_VERSION, load_state, save_state
 from fedasync.shared.decision import DropReason
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.policy import Policy
-from fedasync.shared.wire import decode_update
+from fedasync.shared.wire import WireError, decode_update, unpack
 
 #: fields of a ledger record that the replay does not reproduce
 _CONTEXT = ("stream_id", "at")
@@ -101,12 +105,18 @@ class VerifyReport:
     mismatches: list[str] = field(default_factory=list)
     version: int = 0
     model_matches: bool = False
+    #: the committed state and the memory's deltas equal the replay's, byte for byte
+    state_matches: bool = False
+    #: clients whose remembered delta was compared (memory mode)
+    remembered: int = 0
     #: decisions whose receipt is still indexed (the oldest are forgotten beyond the capacity)
     receipts: int = 0
+    #: what was not checked, and why
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.model_matches and not self.mismatches
+        return self.model_matches and self.state_matches and not self.mismatches
 
     def describe(self) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
@@ -115,8 +125,12 @@ class VerifyReport:
             f"ledger verify: {verdict}: {self.replayed} decisions replayed ({counts})",
             f"  committed model version {self.version}: "
             + ("reproduced bit for bit" if self.model_matches else "NOT reproduced"),
+            "  committed state: "
+            + ("reproduced byte for byte" if self.state_matches else "NOT reproduced")
+            + f", {self.remembered} remembered client deltas among it",
             f"  receipts: {self.receipts} indexed, each naming a decision about its own update",
         ]
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  mismatch: {m}" for m in self.mismatches[:20]]
         return "\n".join(lines)
 
@@ -191,7 +205,56 @@ async def verify(
     report.model_matches = state.version == model.version and np.array_equal(
         state.weights_view().view(np.uint32), model.weights.view(np.uint32)
     )
+    await _check_state(redis, keys, state, report)
     return report
+
+
+async def _check_state(
+    redis: aioredis.Redis, keys: Keys, state: AggregationState, report: VerifyReport
+) -> None:
+    """The committed checkpoint and `{p}:memory` against the replay's, byte for byte.
+
+    A budget of time can close training after the last decision (no record says so): the
+    replay is closed the same way before comparing, the one thing it cannot know.
+    """
+    raw = await get_bytes(redis, keys.state)
+    if raw is None:
+        report.mismatches.append("no committed state")
+        return
+    try:
+        saved = unpack(raw, max_bytes=len(raw))
+        closed, written_by = saved.get("closed"), saved.get("format")
+    except (WireError, AttributeError):
+        report.mismatches.append("the committed state is not a checkpoint")
+        return
+    if written_by != FORMAT_VERSION:  # an earlier build's checkpoint has other fields
+        report.state_matches = True
+        report.notes.append(f"committed state in checkpoint format {written_by}: not compared")
+        return
+    if closed is not None and state.closed is None:
+        state.close(str(closed))
+    # the aggregator keeps the dedup ids by increments in `{p}:dedup`, not in the checkpoint
+    ids_apart = saved.get("dedup", {}).get("ids") is None
+    matches = (
+        save_state(
+            state, include_weights=False, include_dedup_ids=not ids_apart, include_memory=False
+        )
+        == raw
+    )
+    if not matches:
+        report.mismatches.append("the committed state differs from the replay's")
+    if ids_apart:
+        kept: Any = await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
+        if sorted((as_text(i), int(k)) for i, k in kept) != sorted(state.dedup.items()):
+            report.mismatches.append("the dedup memory's ids differ from the replay's")
+            matches = False
+    memory, replayed = await read_memory(redis, keys), remembered(state)
+    report.remembered = len(replayed)
+    for client in sorted(set(memory) | set(replayed)):
+        if memory.get(client) != replayed.get(client):
+            report.mismatches.append(f"the remembered delta of client {client!r} differs")
+            matches = False
+    report.state_matches = matches
 
 
 async def _check_receipt(

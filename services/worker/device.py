@@ -49,17 +49,28 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
     task = task_settings.build()
     seed = task_settings.seed
     train_data, _ = task.dataset(stream(seed, Stream.DATA))
+    devices = None
+    if worker.profile != "none":
+        devices = PROFILES[worker.profile].devices(
+            task_settings.num_devices, stream(seed, Stream.FLEET)
+        )
+    # the same slow devices the simulator picks from the same profile draws (sim/world.py)
+    slow = (
+        []
+        if devices is None
+        else fleet.slowest([d.median_s for d in devices], task_settings.slow_share)
+    )
     shares = partition.split(
         task_settings.partition,
         train_data.y,
         task_settings.num_devices,
         stream(seed, Stream.PARTITION),
+        slow=slow,
+        rare_class=task_settings.rare_class,
+        keep=task_settings.rare_keep,
     )
     latency = None
-    if worker.profile != "none":
-        devices = PROFILES[worker.profile].devices(
-            task_settings.num_devices, stream(seed, Stream.FLEET)
-        )
+    if devices is not None:
         latency = devices[worker.device_index].scaled(worker.time_scale)
     suggested = task.suggested
     params = TrainParams(

@@ -1,6 +1,7 @@
 """The fast chaos profile, as CI runs it: real processes, real faults, nothing lost or doubled.
 
-`pytest -m chaos` selects it (and `-m "not chaos"` leaves it out). One run of about 40 s, with
+`pytest -m chaos` selects it (and `-m "not chaos"` leaves it out). One run of about 40 s per
+mode (FedAsync, and the memory mode whose per-client memory is part of the committed state), with
 Redis under the generated ACL file and each service logged in as its own user: the aggregator
 killed 3 times, workers 5 times, Redis killed twice and paused once, the snapshot service
 restarted once, two of the aggregator's commands stalled at its Redis proxy and a second
@@ -20,16 +21,21 @@ from fedasync.services.commands.chaos.harness import run
 from fedasync.services.commands.chaos.report import describe
 from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
+from fedasync.shared.policy import MODE_PRESETS, Mode
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
 SEED = 1
 
 
-@pytest.fixture(scope="module")
-def summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("chaos")
-    result = run(PROFILES["fast"], SEED, out, say=lambda line: None)
+@pytest.fixture(scope="module", params=["fedasync", "memory"])
+def summary(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """One run per mode: FedAsync, and the memory mode, whose per-client memory lives in Redis
+    beside the state and must come back whole after every kill of the aggregator and of Redis."""
+    out = tmp_path_factory.mktemp(f"chaos-{request.param}")
+    result = run(PROFILES["fast"], SEED, out, say=lambda line: None, policy={"mode": request.param})
     print(describe(result))  # shown by pytest when an assertion fails
     return result
 
@@ -62,7 +68,12 @@ def test_no_decision_for_an_update_never_attempted(summary: dict[str, Any]) -> N
 
 def test_versions_are_contiguous(summary: dict[str, Any]) -> None:
     assert summary["version_gaps"] == 0, summary["examples"]["version_gaps"]
-    assert summary["versions"]["last"] == summary["updates"]["applied"]
+    assert summary["versions"]["last"] == summary["updates"]["server_steps"]
+    if summary["policy"]["mode"] == "fedasync":  # every applied update is a server step
+        assert summary["versions"]["last"] == summary["updates"]["applied"]
+    else:  # one step per K applied updates (the memory preset's K)
+        k = MODE_PRESETS[Mode.MEMORY]["buffer_size"]
+        assert summary["updates"]["server_steps"] == summary["updates"]["applied"] // k
 
 
 def test_ledger_verify_passes(summary: dict[str, Any]) -> None:

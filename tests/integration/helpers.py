@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -48,13 +49,23 @@ async def dead_letters(redis: aioredis.Redis, keys: Keys) -> list[dict[bytes, by
     return [fields for _, fields in entries]
 
 
+#: how long `wait_for_ledger` waits for the decisions it was asked for, in all
+LEDGER_DEADLINE_S = 60.0
+#: one blocking XREAD: shorter than the clients' socket timeout (5 s), which it would trip
+_BLOCK_MS = 2_000
+
+
 async def wait_for_ledger(redis: aioredis.Redis, keys: Keys, after: str, count: int) -> str:
-    """Block on the ledger stream (no polling) until `count` more decisions are committed."""
+    """Block on the ledger stream (no polling) until `count` more decisions are committed, for
+    at most LEDGER_DEADLINE_S (a loaded machine may take long to start an aggregator)."""
     seen = 0
+    deadline = time.monotonic() + LEDGER_DEADLINE_S
     while seen < count:
-        reply: Any = await redis.xread({keys.ledger: after}, block=20_000, count=count - seen)
+        reply: Any = await redis.xread({keys.ledger: after}, block=_BLOCK_MS, count=count - seen)
         if not reply:
-            raise TimeoutError("no decision committed within 20 s")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no decision committed within {LEDGER_DEADLINE_S:g} s")
+            continue
         entries = reply[0][1]
         seen += len(entries)
         after = entries[-1][0].decode()

@@ -365,8 +365,10 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("aggregator", ("DEL", KEYS.alerts), KEY_REFUSED),
     ("aggregator", ("XTRIM", KEYS.alerts, "MAXLEN", "0"), KEY_REFUSED),
     ("aggregator", ("XREVRANGE", KEYS.alerts, "+", "-"), KEY_REFUSED),
-    # aggregator: cannot read device keys in full, nor change them
-    ("aggregator", ("HGETALL", DEVICE_KEYS), command_refused("hgetall")),
+    # aggregator: cannot read device keys in full (HGETALL only of the memory mode's hash), nor
+    # change them
+    ("aggregator", ("HGETALL", DEVICE_KEYS), KEY_REFUSED),
+    ("aggregator", ("HSET", KEYS.memory + "x", "c", "d"), KEY_REFUSED),
     ("aggregator", ("HSET", DEVICE_KEYS, "d", "k"), KEY_REFUSED),
     # health (no password needed): PING only
     ("health", ("GET", STATE), command_refused("get")),

@@ -80,6 +80,14 @@ async def test_dedup_ids_are_kept_beside_the_checkpoint_and_survive_a_restart(
     assert outcomes[-1] == ("d1", "duplicate")
     assert [o for _, o in outcomes[:3]] == ["applied"] * 3
 
+    # ledger verify replays the ids too: the set as the commits left it matches, one lost not
+    report = await verify(redis, keys, settings.wire.max_message_bytes)
+    assert report.ok and report.state_matches, report.describe()
+    await redis.zrem(keys.dedup, "d2")
+    tampered = await verify(redis, keys, settings.wire.max_message_bytes)
+    assert not tampered.state_matches
+    assert "the dedup memory's ids differ from the replay's" in tampered.mismatches
+
 
 async def test_a_commit_refused_for_want_of_memory_is_retried_counted_and_alerted(
     settings: Settings, redis: aioredis.Redis

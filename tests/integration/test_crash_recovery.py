@@ -4,12 +4,18 @@ The aggregator runs as a real process; it is killed several times while updates 
 re-published duplicates) keep arriving, restarted each time, and finally drained. Then, in the
 manner of Jepsen's total-queue check (services/stores/exactly_once.py, as the chaos harness and
 the load benchmark run it): every published update has exactly one terminal decision, versions
-are contiguous, and replaying the ledger reproduces the committed model bit for bit.
+are contiguous, and replaying the ledger reproduces the committed model bit for bit, and the
+committed state byte for byte.
+
+Once in FedAsync and once in the memory mode, whose per-client memory is written to Redis client
+by client by each commit (`{p}:memory`) and read back at every restart: the replay from genesis
+must arrive at the same memory, delta for delta.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -39,7 +45,7 @@ KILLS = 8
 WAVE = 60
 
 
-def aggregator_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+def aggregator_process(settings: Settings, log: Path, mode: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         {
@@ -52,6 +58,7 @@ def aggregator_process(settings: Settings, log: Path) -> subprocess.Popen[bytes]
             "FEDASYNC_AGGREGATOR__BLOCK_MS": "100",
             "FEDASYNC_BUDGET__MAX_UPDATES": "100000",
             "FEDASYNC_POLICY__TAU_MAX": "1000",  # keep most updates applied: more state to lose
+            "FEDASYNC_POLICY__MODE": mode,
         }
     )
     with log.open("ab") as out:
@@ -84,8 +91,9 @@ async def publish_wave(
             )  # a retry after a lost acknowledgement
 
 
+@pytest.mark.parametrize("mode", ["fedasync", "memory"])
 async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
-    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path, mode: str
 ) -> None:
     keys = Keys(settings.redis.key_prefix)
     size = get_task(settings.task.name).layout.size
@@ -94,7 +102,7 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     cursor = "0-0"
     for round_ in range(KILLS):
         await publish_wave(redis, keys, size, published, rng)
-        process = aggregator_process(settings, tmp_path / "aggregator.log")
+        process = aggregator_process(settings, tmp_path / "aggregator.log", mode)
         try:
             if round_ % 4 != 0:  # every 4th is killed during start-up, the others mid-stream
                 cursor = await wait_for_ledger(redis, keys, cursor, int(rng.integers(1, WAVE)))
@@ -126,3 +134,10 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     assert pending["pending"] == 0
     report = await verify(redis, keys, settings.wire.max_message_bytes)
     assert report.ok, report.describe()
+    assert report.model_matches
+    assert report.state_matches
+    policy = json.loads(await redis.get(keys.policy))
+    assert policy["mode"] == mode  # the drain above ran on the policy the first start stored
+    if mode == "memory":  # all 12 devices remembered, each delta as the replay computed it
+        assert report.remembered == 12
+        assert await redis.hlen(keys.memory) == 12

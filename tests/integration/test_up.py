@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from fedasync.services.commands.cli import main
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.shared import stream_entry
 
@@ -132,6 +133,38 @@ def test_up_trains_to_its_budget_and_writes_the_run_folder(
         "worker-0.log",
         "worker-2.log",
     }
+
+
+def test_up_runs_the_memory_mode_on_a_rare_class_partition_and_its_ledger_verifies(
+    tmp_path: Path,
+    processes: list[subprocess.Popen[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fedasync up --mode memory` on digits, class 8 only on the slowest of 10 devices (its
+    profile's largest median, as in the simulator): every device's updates are applied, one
+    version per K = 10 of them, and `ledger verify --run` replays the run folder, the memory
+    of every device included."""
+    out = tmp_path / "run"
+    options = ("--mode", "memory", "--partition", "rare_class_on_slow", "--rare-class", "8")
+    process = up(out, *options, "--task", "digits", "--devices", "10", "--max-updates", "200")
+    processes.append(process)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["policy"]["mode"] == "memory"
+    assert summary["settings"]["task"]["partition"] == "rare_class_on_slow"
+    assert summary["updates"]["applied"] == 200
+    assert summary["version"] == 20  # the memory preset's K = 10 updates a step
+    assert len(summary["final"]["per_class"]) == 10
+    assert all(c["applied"] > 0 for c in summary["clients"])  # the slow device's too
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+    capsys.readouterr()
+    assert main(["ledger", "verify", "--run", str(out)]) == 0
+    verified = capsys.readouterr().out
+    assert "reproduced bit for bit" in verified
+    assert "committed state: reproduced byte for byte, 10 remembered client deltas" in verified
 
 
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["terminal", "nohup-shell"])

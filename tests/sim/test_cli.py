@@ -43,7 +43,14 @@ def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) ->
     assert run(["simulate", "--list-presets"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == sorted(
-        ["fedbuff-vs-fedasync", "iid-longtail", "noniid-jitter", "rare-class-dropped", "rate-spike"]
+        [
+            "fedbuff-vs-fedasync",
+            "iid-longtail",
+            "noniid-jitter",
+            "rare-class-dropped",
+            "rare-class-fair",
+            "rate-spike",
+        ]
     )
     assert all(len(line.split()) > 3 for line in lines)  # one line of description each
     assert "FedAsync, FedBuff (K = 10) and FedAvg" in lines[0]
@@ -95,3 +102,35 @@ def test_a_bad_policy_value_names_the_config_key_and_the_value(
         "  algorithms.1.gamma = -1: allowed (0, 10]",
         '  algorithms.1.tau_max = "never": allowed integer in [0, 1000] or "auto"',
     ]
+
+
+def test_seeds_runs_each_seed_and_writes_mean_and_sd_the_same_with_two_jobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        '[task]\nname = "linear"\nparams = {samples = 400}\n[fleet]\ndevices = 4\n'
+        '[budget]\nmax_updates = 20\n[eval]\ntarget = 0.5\n[[algorithms]]\nkind = "memory"\n'
+        'buffer_size = 2\n[[algorithms]]\nkind = "fedavg"\nclients_per_round = 2\n'
+    )
+    outs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        argv = ["simulate", "--config", str(config), "--out", str(out), "--seed", "4"]
+        assert run([*argv, "--seeds", "3", "--jobs", str(jobs), "--no-plots", "--quiet"]) == 0
+        outs[jobs] = out
+    printed = capsys.readouterr().out
+    assert "over 3 seeds (4, 5, 6)" in printed
+    result = json.loads((outs[1] / "seeds.json").read_text())
+    assert result["seeds"] == [4, 5, 6]
+    memory = result["algorithms"]["memory"]
+    assert len(memory["final"]["values"]) == 3
+    each = [
+        json.loads((outs[1] / f"seed{s}" / "summary.json").read_text())["algorithms"]["memory"]
+        for s in (4, 5, 6)
+    ]
+    assert memory["final"]["values"] == [a["final"]["score"] for a in each]
+    assert memory["final"]["mean"] == pytest.approx(sum(a["final"]["score"] for a in each) / 3)
+    assert (outs[1] / "per_class_time.png").stat().st_size > 10_000
+    assert (outs[1] / "seeds.json").read_bytes() == (outs[2] / "seeds.json").read_bytes()
+    assert (outs[1] / "seeds.md").read_text() == (outs[2] / "seeds.md").read_text()

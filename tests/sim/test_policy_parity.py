@@ -39,6 +39,9 @@ CHANGED: dict[str, Any] = {
     "hinge_b": 2,
     "tau_max": 7,
     "buffer_size": 4,
+    "memory_clients": 77,
+    "memory_idle": 33,
+    "tiers": 3,
     "server_optimizer": "adam",
     "server_lr": 0.7,
     "server_momentum": 0.5,
@@ -149,7 +152,7 @@ def test_every_policy_field_is_settable_in_the_simulator() -> None:
     """Each start field of the schema, set alone in a simulator algorithm, reaches its policy."""
     assert set(CHANGED) | {"mode"} == set(START)  # a new field must be added here too
     for name in START:
-        for kind in ("fedasync", "fedbuff"):
+        for kind in [m.value for m in Mode]:
             if name == "mode":  # the algorithm's kind is its mode
                 table: dict[str, Any] = {"kind": kind}
                 want: Any = Mode(kind)

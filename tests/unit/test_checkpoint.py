@@ -62,3 +62,22 @@ def test_weights_can_be_kept_elsewhere() -> None:
     assert again.closed == "max_updates"
     with pytest.raises(CheckpointError, match="weights"):
         load_state(save_state(state), weights=state.weights_view())
+
+
+def test_a_format_2_checkpoint_mid_fedbuff_buffer_restores_and_decides_the_same() -> None:
+    """Written by the build before the client book: no book, memory or tiers, and a buffer
+    without its weight sum (each FedBuff weight was 1, so it is the count)."""
+    state = make_state(size=3)
+    policy = Policy.fedbuff(buffer_size=3)
+    for i in range(4):
+        state.apply(make_update(f"u{i}", state.version, float(i), size=3), policy)
+    data = msgpack.unpackb(save_state(state), raw=False)
+    for key in ("clients", "memory", "tiers"):
+        del data[key]
+    del data["buffer"]["weight"]
+    data["format"] = 2
+    old = load_state(pack(data))
+    assert old.buffer.weight == old.buffer.count == 1
+    follow = make_update("next", state.version, 2.0, size=3)
+    assert old.apply(follow, policy) == state.apply(follow, policy)
+    assert old.weights_view().tobytes() == state.weights_view().tobytes()

@@ -91,7 +91,10 @@ def test_up_help_shows_the_defaults_up_uses_and_why_its_budget_differs(
     assert "--max-seconds X wall-clock seconds before training is done (default: 120.0;" in text
     assert "it stops at 400 updates / 120 s unless a flag or its FEDASYNC_BUDGET__" in text
     assert "(`fedasync settings`, docker compose) budget 1000 updates / 600 s" in text
-    assert "under mode fedbuff: 0.5 (default: 0.6; FEDASYNC_POLICY__GAMMA)" in text
+    assert (
+        "under mode fedbuff: 0.5, mode fedbuff-fair: 0.5 (default: 0.6; FEDASYNC_POLICY__GAMMA)"
+        in (text)
+    )
 
 
 def test_up_budget_is_the_demo_one_unless_a_flag_or_a_variable_sets_it(

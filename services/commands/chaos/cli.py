@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedasync.services.commands.chaos.schedule import PROFILES
+from fedasync.shared.policy import Mode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="replicated profiles: how far behind its primary each replica receives the "
         "replication stream, ms (default: the profile's; 0: as fast as loopback)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        help="the aggregator's policy mode (default: the settings' default, fedasync); the "
+        "mode's preset gives the fields it leaves unset",
     )
     parser.add_argument(
         "--no-acl",
@@ -94,10 +101,11 @@ def handle(args: argparse.Namespace) -> int:
             return 2
         profile = dataclasses.replace(profile, replica_lag_ms=args.replica_lag_ms)
     try:
+        policy = {"mode": args.mode} if args.mode else None
         summaries = (
-            run_failover(profile, args.seed, out)
+            run_failover(profile, args.seed, out, policy=policy)
             if profile.replicated
-            else [run(profile, args.seed, out)]
+            else [run(profile, args.seed, out, policy=policy)]
         )
     except (RedisNotFound, AclNeedsRedis7) as exc:
         print(f"fedasync chaos: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,18 @@ TICK_S = 0.1
 
 
 def run(
-    profile: Profile, seed: int, out: Path, say: Callable[[str], None] = print
+    profile: Profile,
+    seed: int,
+    out: Path,
+    say: Callable[[str], None] = print,
+    policy: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run the profile once; returns the summary (also written to `out`/summary.json)."""
+    """Run the profile once, the aggregator starting with `policy` (fields as their settings
+    spell them, e.g. {"mode": "memory"}); returns the summary (also in `out`/summary.json)."""
     out.mkdir(parents=True, exist_ok=True)
     schedule = build_schedule(profile, seed)
     started = time.monotonic()
-    with System(out, profile) as system:
+    with System(out, profile, policy) as system:
         say(f"chaos: starting Redis and services (logs in {out / 'logs'})")
         system.start()
         injector = Injector(system, slow_clients=profile.slow_clients)
@@ -108,6 +113,7 @@ def run(
         waits=waits,
         malformed_journal_lines=journals.malformed,
         acl_refusals=acl_refusals,
+        policy=dict(policy or {}),
     )
     write_summary(out, summary)
     return summary
@@ -118,7 +124,11 @@ FAILOVER_DURABLE_REPLICAS = 1
 
 
 def run_failover(
-    profile: Profile, seed: int, out: Path, say: Callable[[str], None] = print
+    profile: Profile,
+    seed: int,
+    out: Path,
+    say: Callable[[str], None] = print,
+    policy: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """A replicated profile with durable mode off, then on (same seed, same schedule), each in
     a folder of its own under `out`."""
@@ -127,7 +137,7 @@ def run_failover(
         variant = dataclasses.replace(profile, durable_replicas=replicas)
         say(f"chaos: profile {variant.label}")
         name = "durable-on" if replicas else "durable-off"
-        runs.append(run(variant, seed, out / name, say))
+        runs.append(run(variant, seed, out / name, say, policy))
     return runs
 
 

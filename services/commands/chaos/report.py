@@ -49,6 +49,7 @@ def build_summary(
     waits: Waits,
     malformed_journal_lines: int,
     acl_refusals: list[str] | None = None,
+    policy: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`acl_refusals`: what the ACL refused on every server and Sentinel (replicated); None:
     the audit's reading of the one server."""
@@ -98,6 +99,7 @@ def build_summary(
         "replica_lag_ms": profile.replica_lag_ms,
         "seed": seed,
         "acl": profile.acl,
+        "policy": policy or {},
         "out": str(out),
         "duration_s": round(duration_s, 1),
         "faults": dict(sorted(injector.injected.items())),
@@ -114,6 +116,10 @@ def build_summary(
             "dropped": outcomes["dropped"],
             "rejected": outcomes["rejected"],
             "duplicate_skipped": outcomes["duplicate"],
+            # the versions they made: every applied update in FedAsync, one per K in the others
+            "server_steps": sum(
+                1 for r in audit.records if r["outcome"] == "applied" and r.get("server_step", True)
+            ),
             "stream_entries": len(audit.entry_ids),
             "ledger_records": len(audit.records),
         },
@@ -187,6 +193,7 @@ def describe(summary: Mapping[str, Any]) -> str:
     lines = [
         f"chaos run: profile {summary.get('label', summary['profile'])}, seed {summary['seed']}, "
         f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
+        "policy: " + (", ".join(f"{k} {v}" for k, v in summary["policy"].items()) or "the default"),
         "Redis "
         + (
             "under the ACL file, each service as its own user"
@@ -204,7 +211,7 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"unexpected {summary['unexpected']}, indeterminate {summary['indeterminate']}, "
         f"entries decided twice {summary['entries_decided_twice']}, "
         f"undecided {summary['entries_undecided']}",
-        f"versions {versions['first']}..{versions['last']}, "
+        f"versions {versions['first']}..{versions['last']} ({u['server_steps']} server steps), "
         f"{summary['version_gaps']} breaks in the sequence",
         f"longest XADD→decision wait {waits['longest_s']:.2f} s (entry {waits['longest_entry']}); "
         f"bound {waits['bound_s']:.2f} s plus the faults overlapping a wait; "

@@ -26,6 +26,7 @@ Without it (`--no-acl`), everyone is Redis's default user.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -41,7 +42,7 @@ from fedasync.services.runtime.redis_server import (
     free_port,
     server_version,
 )
-from fedasync.services.runtime.settings import AggregatorSettings
+from fedasync.services.runtime.settings import AggregatorSettings, env_name
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
@@ -85,9 +86,13 @@ def worker_name(index: int) -> str:
 class System:
     """Redis, the aggregator, the snapshot service and the workers of one chaos run."""
 
-    def __init__(self, out: Path, profile: Profile) -> None:
+    def __init__(
+        self, out: Path, profile: Profile, policy: Mapping[str, str] | None = None
+    ) -> None:
         self.out = out
         self.profile = profile
+        #: policy fields the aggregator starts with (FEDASYNC_POLICY__*), e.g. {"mode": "memory"}
+        self.policy = dict(policy or {})
         self.keys = Keys(KEY_PREFIX)
         self.acl = profile.acl
         #: user → password under the ACL (fresh for each run); empty without it
@@ -203,7 +208,7 @@ class System:
             # every service validates that the socket timeout exceeds the aggregator's block
             "FEDASYNC_AGGREGATOR__BLOCK_MS": str(AGGREGATOR_SETTINGS.block_ms),
             **self._sentinel_env(),
-        }
+        } | {env_name("policy", name): value for name, value in self.policy.items()}
 
     def _sentinel_env(self) -> dict[str, str]:
         """Replicated: where the Sentinels are, as whom to ask them, durable mode."""

@@ -23,6 +23,7 @@ FLEET_FLAGS = (
     Flag("--task", "task", "name"),
     Flag("--task-params", "task", "params", parse=json.loads, metavar="JSON"),
     Flag("--partition", "task", "partition"),
+    Flag("--rare-class", "task", "rare_class"),
     Flag("--seed", "task", "seed"),
 )
 BUDGET_FLAGS = (
