@@ -107,3 +107,11 @@ def test_the_chaos_stack_gives_compose_every_password_it_requires() -> None:
     required = set(re.findall(r"\$\{(REDIS_PASSWORD_[A-Z]+):\?", text))
     assert len(required) == 10
     assert required <= set(fresh_settings())
+
+
+def test_options_of_the_process_profiles_are_refused_with_compose(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for option in (["--mode", "memory"], ["--replica-lag-ms", "5"]):
+        assert main(["--compose", "--project-dir", str(tmp_path), *option]) == 2
+        assert "a compose run takes the stack's own settings" in capsys.readouterr().err

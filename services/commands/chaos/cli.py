@@ -88,6 +88,15 @@ def handle(args: argparse.Namespace) -> int:
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.compose:
+        if args.mode or args.replica_lag_ms is not None:
+            # the stack's policy and topology are the compose file's, not the harness's
+            print(
+                "fedasync chaos: --mode and --replica-lag-ms are for the process profiles; a "
+                "compose run takes the stack's own settings (its policy: PATCH /v1/policy on the "
+                "control service)",
+                file=sys.stderr,
+            )
+            return 2
         return _compose(args, args.out or Path("runs") / f"chaos-compose-seed{args.seed}-{stamp}")
     out = args.out or Path("runs") / f"chaos-{args.profile}-seed{args.seed}-{stamp}"
     profile = PROFILES[args.profile]
