@@ -121,17 +121,23 @@ def published(name: str) -> list[tuple[str, int, int]]:
         if isinstance(spec, dict):
             out.append((spec.get("host_ip", ""), int(spec["published"]), int(spec["target"])))
             continue
-        *host, container = str(spec).split(":")
+        *host, container = defaults(str(spec)).split(":")
         ip = host[0] if len(host) == 2 else ""
         out.append((ip, int(host[-1]), int(container.split("/")[0])))
     return out
+
+
+def defaults(spec: str) -> str:
+    """`${EDGE_BIND:-127.0.0.1}` → `127.0.0.1`: what compose makes of a variable with a default
+    when the shell does not set it."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", spec)
 
 
 def bind_mounts(name: str) -> dict[str, Path]:
     """Container path → repository path of each bind mount from the repository."""
     out = {}
     for spec in SERVICES[name].get("volumes", []):
-        source, target = str(spec).split(":")[:2]
+        source, target = defaults(str(spec)).split(":")[:2]
         if source.startswith("."):
             out[target] = (ROOT / source).resolve()
     return out
@@ -574,7 +580,7 @@ def test_files_services_build_from_and_mount_exist() -> None:
             assert (ROOT / service["build"]["context"]).is_dir(), name
             assert dockerfile_of(name).is_file(), name
         for spec in service.get("volumes", []):
-            source = str(spec).split(":")[0]
+            source = defaults(str(spec)).split(":")[0]
             if source.startswith("."):
                 assert (ROOT / source).exists(), f"{name}: {source}"
             else:
@@ -1034,3 +1040,85 @@ def test_the_wheelhouse_script_covers_what_the_images_install() -> None:
     gitignore = (ROOT / ".gitignore").read_text().splitlines()
     assert "docker/wheels/*" in gitignore
     assert "!docker/wheels/README.md" in gitignore
+
+
+# --------------------------------------------------------------- the TLS edge (profile `edge`)
+EDGE_CONF = ROOT / "docker" / "edge" / "nginx.conf"
+EDGE_CERTS = ROOT / "docker" / "edge" / "certs"
+
+
+def edge_directives() -> str:
+    """docker/edge/nginx.conf without its comments: what nginx reads."""
+    return "\n".join(line.split("#")[0] for line in EDGE_CONF.read_text().splitlines())
+
+
+def test_the_edge_is_a_profile_on_loopback_unless_told_otherwise() -> None:
+    """Opt-in (its certificate must exist first); `EDGE_BIND` unset, it binds 127.0.0.1 like
+    every other published port, and it is the only service that serves TLS."""
+    edge = SERVICES["edge"]
+    assert edge["profiles"] == ["edge"]
+    assert edge["image"] == "nginx:1.27-alpine"
+    assert published("edge") == [("127.0.0.1", 8443, 443), ("127.0.0.1", 8080, 80)]
+    for spec in edge["ports"]:
+        assert str(spec).startswith("${EDGE_BIND:-127.0.0.1}:"), spec
+    assert "${EDGE_CERTS:-./docker/edge/certs}:/etc/nginx/certs:ro" in edge["volumes"]
+    mounts = bind_mounts("edge")
+    assert mounts["/etc/nginx/nginx.conf"] == EDGE_CONF
+    assert mounts["/etc/nginx/certs"] == EDGE_CERTS
+    assert set(edge["depends_on"]) == {"ingest", "snapshot"}
+    assert "8079/healthz" in " ".join(edge["healthcheck"]["test"])
+    assert "listen 127.0.0.1:8079;" in edge_directives()
+
+
+def test_the_edge_proxies_the_device_routes_to_the_real_services_and_nothing_else() -> None:
+    from fedasync.client.models import LATEST
+    from fedasync.services.ingest.protocol import PATH
+
+    text = edge_directives()
+    upstreams = dict(re.findall(r"set \$(\w+) http://([\w.-]+:\d+);", text))
+    assert upstreams == {
+        "ingest": f"ingest:{configured_port('ingest')}",
+        "snapshot": f"snapshot:{configured_port('snapshot')}",
+    }
+    locations = re.findall(r"location ([=~^]*\s*\S+) \{", text)
+    assert sorted(locations) == sorted(
+        [
+            "= /healthz",  # the healthcheck's, on loopback only
+            f"= {PATH}",
+            f"^~ {PATH}/",  # receipts
+            f"= {LATEST}",
+            f"= {LATEST}/meta",
+            "~ ^/v1/models/[0-9]+/meta$",
+            "~ ^/v1/models/[0-9]+$",
+            "/",
+        ]
+    )
+    assert re.search(r"location / \{\s*return 404;", text)  # no metrics, health, control
+    assert "proxy_cache models;" in text  # versioned models only: the one cached location
+    assert text.count("proxy_cache models;") == 1
+
+
+def test_the_edge_outlasts_a_long_poll_and_takes_the_largest_update() -> None:
+    text = edge_directives()
+    read = re.search(r"proxy_read_timeout (\d+)s;", text)
+    assert read is not None
+    assert int(read.group(1)) > Settings().snapshot.long_poll_max_s
+    body = re.search(r"client_max_body_size (\d+)m;", text)
+    assert body is not None
+    assert int(body.group(1)) * 1024 * 1024 >= Settings().ingest.max_body_bytes
+
+
+def test_the_edge_redirects_plain_http_and_reads_the_documented_certificate() -> None:
+    text = edge_directives()
+    assert "listen 443 ssl default_server;" in text
+    assert re.search(r"listen 80 default_server;\s*server_name _;\s*return 308 https://", text)
+    assert "error_page 497 =308 https://" in text  # plain HTTP sent to the TLS port
+    assert "ssl_certificate /etc/nginx/certs/edge.crt;" in text
+    assert "ssl_certificate_key /etc/nginx/certs/edge.key;" in text
+    readme = (EDGE_CERTS / "README.md").read_text()
+    assert "-keyout docker/edge/certs/edge.key -out docker/edge/certs/edge.crt" in readme
+    assert "DNS:edge" in readme  # the name workers inside the compose network use
+    gitignore = (ROOT / ".gitignore").read_text().splitlines()
+    assert "docker/edge/certs/*" in gitignore
+    assert "!docker/edge/certs/README.md" in gitignore
+    assert "docker/edge/certs" in (ROOT / ".dockerignore").read_text().splitlines()

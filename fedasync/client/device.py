@@ -16,6 +16,7 @@ the key, else from Redis. Every call retries transient failures by `retry` (docs
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 
@@ -57,6 +58,10 @@ class DeviceClient:
     closes it); by default the client opens its own, with `timeout_s` per request.
     `durability`: publishing straight to Redis in durable mode (`RedisSettings.durability`), an
     update counts as published only once WAIT says that many replicas hold it.
+    `ca_file`: a PEM file of the certificate authorities that HTTPS URLs' certificates must chain
+    to, for an edge with a private or self-signed certificate (docs/security.md, "A TLS edge for
+    devices"); unset, the system's authorities. Either way the certificate and the host name are
+    checked: there is no switch to turn checking off. Ignored with `session` (it has its own).
     """
 
     def __init__(
@@ -75,8 +80,11 @@ class DeviceClient:
         stopping: asyncio.Event | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         durability: Durability | None = None,
+        ca_file: str | None = None,
     ) -> None:
         check_client_id(client_id)
+        # read now, so that a missing or unreadable file is an error here, not at first use
+        self._ssl = None if ca_file is None else ssl.create_default_context(cafile=ca_file)
         self.client_id = client_id
         self._key = _key_bytes(key)
         if ingest_url is not None and self._key is None:
@@ -124,7 +132,8 @@ class DeviceClient:
         if self._transport is None:
             if self._session is None:
                 timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-                self._session = aiohttp.ClientSession(timeout=timeout)
+                connector = None if self._ssl is None else aiohttp.TCPConnector(ssl=self._ssl)
+                self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
             self._transport = Transport(self._session, self._policy, self._pause)
         return self._transport
 

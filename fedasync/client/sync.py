@@ -42,6 +42,7 @@ class SyncDeviceClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 60.0,
         dtype: str = "float32",
+        ca_file: str | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -64,6 +65,7 @@ class SyncDeviceClient:
                 timeout_s=timeout_s,
                 dtype=dtype,
                 stopping=self._stopping,
+                ca_file=ca_file,
             )
 
         try:

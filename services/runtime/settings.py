@@ -488,6 +488,11 @@ class WorkerSettings(Section):
     ingest_url: str | None = Field(
         None, description="ingest service base URL; set: publish over HTTP instead of to Redis"
     )
+    ca_file: str | None = Field(
+        None,
+        description="PEM file of the authorities an https:// snapshot or ingest URL's certificate "
+        "must chain to (a private edge); unset: the system's",
+    )
 
     @field_validator("key")
     @classmethod

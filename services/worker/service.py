@@ -93,6 +93,7 @@ async def work(
         dtype=settings.wire.dtype,
         stopping=stopping,
         durability=settings.redis.durability,
+        ca_file=cfg.ca_file,
     )
     async with client:
         run = 0

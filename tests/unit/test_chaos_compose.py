@@ -2,7 +2,8 @@
 
 The run itself is tests/compose/test_chaos.py (it needs an engine); here: which faults a compose
 run can inject, when a Redis restart counts as having kept the commits, what the stack does with
-the caller's environment, and how the command answers where there is no engine.
+the caller's environment, how the command answers where there is no engine, and what the
+failover run (`--ha`) brings up.
 """
 
 from __future__ import annotations
@@ -115,3 +116,39 @@ def test_options_of_the_process_profiles_are_refused_with_compose(
     for option in (["--mode", "memory"], ["--replica-lag-ms", "5"]):
         assert main(["--compose", "--project-dir", str(tmp_path), *option]) == 2
         assert "a compose run takes the stack's own settings" in capsys.readouterr().err
+
+
+def test_the_failover_run_brings_up_the_ha_profile_under_sentinel(tmp_path: Path) -> None:
+    """`--ha`: the compose file's Sentinels, as its comment says to export them, the primary's
+    name as docker/redis/sentinel.conf monitors it, and durable mode as asked."""
+    import re
+
+    import yaml
+
+    from fedasync.services.commands.chaos.compose.failover import (
+        MASTER_NAME,
+        REPLICA,
+        SENTINEL_ADDRESSES,
+        Failover,
+    )
+
+    root = Path(__file__).resolve().parents[2]
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]
+    for address in SENTINEL_ADDRESSES.split(","):
+        name, port = address.split(":")
+        assert compose[name]["profiles"] == ["ha"]
+        assert port == "26379"
+    assert compose[REPLICA]["profiles"] == ["ha"]
+    assert (
+        f"export FEDASYNC_REDIS__SENTINELS={SENTINEL_ADDRESSES}"
+        in (root / "docker-compose.yml").read_text()
+    )
+    conf = (root / "docker" / "redis" / "sentinel.conf").read_text()
+    assert re.search(rf"^sentinel monitor {MASTER_NAME} redis 6379 2$", conf, re.MULTILINE)
+
+    for durable in (0, 1):
+        env = Failover(tmp_path, tmp_path / "out", durable_replicas=durable).stack.env()
+        assert env["COMPOSE_PROFILES"] == "ha"
+        assert env["FEDASYNC_REDIS__SENTINELS"] == SENTINEL_ADDRESSES
+        assert env["FEDASYNC_REDIS__DURABLE_REPLICAS"] == str(durable)
+        assert RedisSettings(sentinels=env["FEDASYNC_REDIS__SENTINELS"]).sentinel_list

@@ -1,5 +1,6 @@
 """`fedasync chaos [--profile NAME] [--seed N] [--out DIR] [--replica-lag-ms MS] [--no-acl]`, or
-`fedasync chaos --compose [--seed N] [--out DIR] [--build] [--keep]`; exit 1 if a check fails.
+`fedasync chaos --compose [--seed N | --ha [--durable-replicas N]] [--out DIR] [--build]
+[--keep]`; exit 1 if a check fails.
 
 A replicated profile (`failover`) runs twice, durable mode off and on, and ends with a table of
 the two side by side."""
@@ -60,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     compose.add_argument(
         "--build", action="store_true", help="build the two images first (docker compose build)"
+    )
+    compose.add_argument(
+        "--ha",
+        action="store_true",
+        help="instead of the crashes: the `ha` profile under Sentinel, one loss of the Redis "
+        "primary and its failover (project fedasync-failover)",
+    )
+    compose.add_argument(
+        "--durable-replicas",
+        type=int,
+        default=1,
+        help="with --ha: FEDASYNC_REDIS__DURABLE_REPLICAS (default 1; 0: durable mode off)",
     )
     compose.add_argument(
         "--keep",
@@ -131,6 +144,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _compose(args: argparse.Namespace, out: Path) -> int:
+    from fedasync.services.commands.chaos.compose.failover import Failover, describe_failover
     from fedasync.services.commands.chaos.compose.run import Run, describe
     from fedasync.services.commands.chaos.compose.stack import (
         COMPOSE_FILE,
@@ -146,7 +160,11 @@ def _compose(args: argparse.Namespace, out: Path) -> int:
     if problem is not None:
         print(f"fedasync chaos --compose: {problem}", file=sys.stderr)
         return 2
-    run = Run(root, out, args.seed)
+    run = (
+        Failover(root, out, durable_replicas=args.durable_replicas)
+        if args.ha
+        else Run(root, out, args.seed)
+    )
     try:
         if args.build:
             print(f"chaos --compose: building the images ({run.stack.build():.0f} s)")
@@ -155,6 +173,8 @@ def _compose(args: argparse.Namespace, out: Path) -> int:
         print(f"fedasync chaos --compose: {exc}", file=sys.stderr)
         return 1
     print(describe(summary))
+    if args.ha:
+        print(describe_failover(summary))
     return 0 if summary["ok"] else 1
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from fedasync.services.commands.chaos.audit import entry_ids, refusals
 from fedasync.services.runtime.redis_conn import connect, get_bytes
-from fedasync.services.runtime.settings import RedisSettings, load_settings
+from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records, verify
 
@@ -36,9 +36,9 @@ async def read() -> dict[str, Any]:
     settings = load_settings()
     if settings.redis.url is None:
         raise SystemExit("compose reader: FEDASYNC_REDIS__URL is not set (run it as `fedasync`)")
-    redis_settings = RedisSettings(
-        url=settings.redis.url, key_prefix=settings.redis.key_prefix, socket_timeout_s=30.0
-    )
+    # the service's own Redis settings (Sentinels and all: under the `ha` profile the primary
+    # is wherever they say), with a socket timeout long enough for the whole ledger's reads
+    redis_settings = settings.redis.model_copy(update={"socket_timeout_s": 30.0})
     keys = Keys(redis_settings.key_prefix)
     client = connect(redis_settings)
     try:

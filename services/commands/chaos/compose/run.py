@@ -27,7 +27,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,7 @@ class Run:
         project: str = "fedasync-chaos",
         profile: Profile = COMPOSE,
         say: Callable[[str], None] = print,
+        extra: Mapping[str, str] | None = None,
     ) -> None:
         unsupported = {k for k, n in profile.faults if n > 0} - COMPOSE_KINDS
         if unsupported:
@@ -157,6 +158,7 @@ class Run:
             FEDASYNC_BUDGET__MAX_UPDATES=NO_BUDGET,
             FEDASYNC_BUDGET__MAX_SECONDS=NO_BUDGET,
             FEDASYNC_WORKER__JOURNAL=JOURNAL_PATH,
+            **(extra or {}),
         )
         self.stack = Stack(root, project, settings, say)
         self.token = settings["FEDASYNC_CONTROL__TOKEN"]
@@ -168,53 +170,16 @@ class Run:
         self.control = self.snapshot = ""
         #: faults left out because the stack did not recover from an earlier one
         self.skipped = 0
+        self.restarts_at_start: Counter[str] = Counter()
 
     # ------------------------------------------------------------------------- the phases
     def execute(self, keep: bool = False) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
         begun = time.monotonic()
         try:
-            workers = self.profile.workers
-            self.say(f"chaos --compose: up, {workers} workers (project {self.stack.project})")
-            self.figures["up_to_healthy_s"] = self.stack.up(self.profile.workers)
-            self.control = self.stack.url(CONTROL, 8082)
-            self.snapshot = self.stack.url(SNAPSHOT, 8081)
-            restarts_at_start = self._restart_counts()
-            healthy = time.monotonic()
-            self._wait_training()
-            self.figures["healthy_to_first_update_s"] = self.started - healthy
-            schedule = build_schedule(self.profile, self.seed)
-            self.say(f"chaos --compose: {len(schedule)} faults over {self.profile.window_s:.0f} s")
-            for fault in schedule:
-                recovery = self._inject(fault)
-                if not (recovery.recovered and recovery.commits_kept):
-                    # broken for good: report now rather than wait out every later deadline
-                    self.skipped = len(schedule) - len(self.recoveries)
-                    self.say(f"chaos --compose: not recovered; {self.skipped} faults skipped")
-                    break
-            self.say("chaos --compose: faults over; stopping the workers and draining")
-            self.stack.compose("stop", WORKER, timeout_s=120)
-            # a stack that did not recover drains nothing: a short look, not the full deadline
-            short = RECOVER_S / 6 if self.skipped else None
-            drained, status = self._wait_drained(short or DRAIN_S)
-            served = self._wait_served(int(status.get("version") or 0), short or RECOVER_S)
-            others = [s for s in self.stack.started if s != WORKER]
-            unhealthy = self.stack.wait_healthy(others, short or RECOVER_S)
-            restarts_at_end = self._restart_counts()
-            journals = self._journals()
-            read = self._read()
-            _, alerts = http_json(f"{self.control}/v1/alerts?count=10000", self.token)
-            summary = self._summary(
-                duration_s=time.monotonic() - begun,
-                drained=drained,
-                status=status,
-                served=served,
-                unhealthy=unhealthy,
-                engine_restarts=restarts_at_end - restarts_at_start,
-                journals=journals,
-                read=read,
-                alerts=Counter(str(a.get("rule")) for a in alerts or []),
-            )
+            self._start()
+            self._faults()
+            summary = self._finish(begun)
         finally:
             if keep:
                 self.say(f"chaos --compose: stack kept (project {self.stack.project})")
@@ -222,6 +187,56 @@ class Run:
                 self.stack.down(logs_to=self.out / "logs" / "compose.log")
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _start(self) -> None:
+        """Phases 1 and 2: up, every healthcheck passing, then training running."""
+        workers = self.profile.workers
+        self.say(f"chaos --compose: up, {workers} workers (project {self.stack.project})")
+        self.figures["up_to_healthy_s"] = self.stack.up(self.profile.workers)
+        self.control = self.stack.url(CONTROL, 8082)
+        self.snapshot = self.stack.url(SNAPSHOT, 8081)
+        self.restarts_at_start = self._restart_counts()
+        healthy = time.monotonic()
+        self._wait_training()
+        self.figures["healthy_to_first_update_s"] = self.started - healthy
+
+    def _faults(self) -> None:
+        """Phase 3: the seeded schedule; a subclass with faults of its own overrides it."""
+        schedule = build_schedule(self.profile, self.seed)
+        self.say(f"chaos --compose: {len(schedule)} faults over {self.profile.window_s:.0f} s")
+        for fault in schedule:
+            recovery = self._inject(fault)
+            if not (recovery.recovered and recovery.commits_kept):
+                # broken for good: report now rather than wait out every later deadline
+                self.skipped = len(schedule) - len(self.recoveries)
+                self.say(f"chaos --compose: not recovered; {self.skipped} faults skipped")
+                break
+
+    def _finish(self, begun: float) -> dict[str, Any]:
+        """Phases 4 and 5: stop the workers, drain, read everything back and count."""
+        self.say("chaos --compose: faults over; stopping the workers and draining")
+        self.stack.compose("stop", WORKER, timeout_s=120)
+        # a stack that did not recover drains nothing: a short look, not the full deadline
+        short = RECOVER_S / 6 if self.skipped else None
+        drained, status = self._wait_drained(short or DRAIN_S)
+        served = self._wait_served(int(status.get("version") or 0), short or RECOVER_S)
+        others = [s for s in self.stack.started if s != WORKER]
+        unhealthy = self.stack.wait_healthy(others, short or RECOVER_S)
+        restarts_at_end = self._restart_counts()
+        journals = self._journals()
+        read = self._read()
+        _, alerts = http_json(f"{self.control}/v1/alerts?count=10000", self.token)
+        return self._summary(
+            duration_s=time.monotonic() - begun,
+            drained=drained,
+            status=status,
+            served=served,
+            unhealthy=unhealthy,
+            engine_restarts=restarts_at_end - self.restarts_at_start,
+            journals=journals,
+            read=read,
+            alerts=Counter(str(a.get("rule")) for a in alerts or []),
+        )
 
     def _wait_training(self) -> None:
         """Long-poll the snapshot service until a version above 0 is served."""
