@@ -164,6 +164,19 @@ class AggregationState:
         if self.closed is None:
             self.closed = reason
 
+    def drops_unread(self, base_version: int, policy: Policy) -> bool:
+        """True when an update trained from `base_version`, decided now under `policy`, is
+        certain to be decided without `apply` reading its weights' values.
+
+        Either its base is below the dedup floor or τ = version − base is stale; `apply` checks
+        both (with the id, closing and dtype/shape checks that may come first, none of which
+        reads a value) before it looks at the weights. A caller that knows this can skip the
+        work of producing the weights: the simulator does not train an update the core drops
+        for staleness, and decides it with the same outcome, τ and counters. False says
+        nothing: such an update may still be dropped, rejected or applied.
+        """
+        return base_version < self.dedup.floor or policy.is_stale(self.version - base_version)
+
     def apply(self, update: Update, policy: Policy) -> Decision:
         """Decide one update under `policy` and, if accepted, fold it into the model."""
         if not _valid_id(update.update_id) or not _valid_id(update.client_id):

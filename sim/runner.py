@@ -43,8 +43,14 @@ def simulate(
     progress: Callable[[str], Progress] | None = None,
     on_decision: DecisionHook | None = None,
     world: World | None = None,
+    eager: bool = False,
 ) -> Simulation:
-    """Build the world once, then run each algorithm on it; `progress(name)` gives a callback."""
+    """Build the world once, then run each algorithm on it; `progress(name)` gives a callback.
+
+    `eager` trains every asynchronous update when it arrives, as the simulator did before
+    issue 16, instead of only those the core will read: slower, and the same decisions, curves
+    and summary (kept to prove exactly that).
+    """
     world = world if world is not None else build_world(config)
     advice = fleet_advice(world)
     results = []
@@ -58,7 +64,7 @@ def simulate(
             if algorithm.kind != "fedasync" and algorithm.buffer_size > 1:
                 own = fleet_advice(world, buffer_size=algorithm.buffer_size)
             policy = algorithm.policy(advised_tau_max=own.recommended_tau_max)
-            result = run_async(world, index, policy, callback, on_decision)
+            result = run_async(world, index, policy, callback, on_decision, eager=eager)
         if callback is not None:
             callback(result.end_s, result.recorder.updates_applied)
         results.append(result)
