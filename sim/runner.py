@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedasync.sim import config as cfg
-from fedasync.sim.advisor import Advice, advise, estimated_rate
+from fedasync.sim.advisor import Advice, Laws, advise, estimated_rate
 from fedasync.sim.asynchronous import run_async
 from fedasync.sim.result import DecisionHook, Progress, RunResult
 from fedasync.sim.synchronous import run_sync
@@ -32,9 +32,9 @@ def fleet_advice(world: World, tau_max: int | None = None, buffer_size: int = 1)
     if isinstance(fleet.availability, cfg.IntermittentAvailability):
         on, off = fleet.availability.online_mean_s, fleet.availability.offline_mean_s
         share = on / (on + off)
-    latencies = world.new_fleet().latencies
-    rate = estimated_rate(latencies, fleet.max_concurrency, share)
-    return advise(latencies, rate / buffer_size, tau_max)
+    laws = Laws(world.new_fleet().latencies)  # grouped once, for every question below
+    rate = estimated_rate(laws, fleet.max_concurrency, share)
+    return advise(laws, rate / buffer_size, tau_max)
 
 
 def simulate(
