@@ -113,6 +113,8 @@ class AggregationState:
         if not np.isfinite(weights).all():
             raise ValueError("initial weights must be finite")
         self.layout = layout
+        #: the layout's size, summed once: every update's shape is checked against it
+        self._size = layout.size
         self.version = version
         self.dedup = dedup if dedup is not None else DedupMemory()
         self.counters: dict[str, int] = {o.value: 0 for o in Outcome} | {"server_steps": 0}
@@ -236,8 +238,8 @@ class AggregationState:
         if not isinstance(w, np.ndarray) or w.dtype not in _ACCEPTED_DTYPES:
             dtype = getattr(w, "dtype", type(w).__name__)
             return RejectReason.BAD_DTYPE, f"dtype {dtype}, expected float32 or float16"
-        if w.ndim != 1 or w.size != self.layout.size:
-            return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self.layout.size},)"
+        if w.ndim != 1 or w.size != self._size:
+            return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self._size},)"
         return None
 
     def _reject_non_finite(self, update: Update, policy: Policy) -> Decision:
