@@ -135,8 +135,10 @@ def in_child(config: SimConfig) -> dict[str, Any]:
     queue = context.Queue()
     child = context.Process(target=one_run, args=(config, queue))
     child.start()
-    row: dict[str, Any] = queue.get()
-    child.join()
+    child.join()  # the row is a few numbers: the queue's pipe holds it until read
+    if child.exitcode != 0:
+        raise SystemExit(f"the run of {config.fleet.devices} devices failed ({child.exitcode})")
+    row: dict[str, Any] = queue.get(timeout=10)
     return row
 
 

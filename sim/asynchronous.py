@@ -108,7 +108,7 @@ def make_devices(world: World) -> Devices:
             parked,
         )
 
-    return Devices(world.num_devices, make)
+    return Devices(fleet.availability, make)
 
 
 class AsyncRun:
@@ -184,13 +184,16 @@ class AsyncRun:
             if isinstance(event, Ready):
                 self._ready(time, event.device)
             elif isinstance(event, (Finish, Decide)):
+                ready_now = None
                 if isinstance(event, Finish):
-                    self._finish(time, event)
+                    ready_now = self._finish(time, event)
                 else:
                     self._decide_next(time)
                 if self.recorder.updates_applied >= budget.max_updates:
                     ended_by, end = "max_updates", time
                     break
+                if ready_now is not None:
+                    self._ready(time, ready_now)
             elif isinstance(event, Lost):
                 self.recorder.lost[event.device] += 1
                 self.training -= 1
@@ -257,7 +260,7 @@ class AsyncRun:
         return idle and len(self.queue) == self.periodic
 
     def _ready(self, now: float, index: int) -> None:
-        availability = self.devices[index].availability
+        availability = self.devices.availability[index]
         if availability.online_at(now):
             self.waiting.append(index)
             self._start_waiting(now)
@@ -269,10 +272,10 @@ class AsyncRun:
     def _start_waiting(self, now: float) -> None:
         while self.training < self.capacity and self.waiting:
             index = self.waiting.popleft()
-            device = self.devices[index]
-            if not device.availability.online_at(now):
+            if not self.devices.availability[index].online_at(now):
                 self._ready(now, index)
                 continue
+            device = self.devices[index]
             plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
             self.training += 1
             if plan.lost_at is not None:
@@ -281,7 +284,15 @@ class AsyncRun:
                 version, weights = self.state.version, self.state.weights_view()
                 self.queue.push(plan.end, Finish(index, plan, version, weights))
 
-    def _finish(self, now: float, event: Finish) -> None:
+    def _finish(self, now: float, event: Finish) -> int | None:
+        """The update arrives and the device is ready again at once; returns the device if
+        the caller is to handle its readiness right away.
+
+        As an event, Ready(now) would be the very next one popped unless another is already
+        due at `now` (ties keep scheduling order): only then is it scheduled. Otherwise the
+        caller handles it after the budget check, as the popped event would have been, saving
+        a push and a pop per update with the same order of effects.
+        """
         arrival = Arrival(event.device, event.plan.run, event.base_version, event.base_weights, now)
         if self.eager:
             arrival.trained = self._train(arrival)
@@ -292,8 +303,12 @@ class AsyncRun:
                 self.queue.push(now + self.decide_s, Decide())
         else:
             self._decide(now, arrival)
-        self.queue.push(now, Ready(event.device))
+        ready_now: int | None = event.device
+        if self.queue and self.queue.peek_time() <= now:
+            self.queue.push(now, Ready(event.device))
+            ready_now = None
         self._start_waiting(now)
+        return ready_now
 
     def _train(self, arrival: Arrival) -> tuple[np.ndarray, Mapping[str, float]]:
         """The device's local training: a pure function of the base model, the device's data
@@ -343,9 +358,10 @@ class AsyncRun:
         )
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
-        self.window.add(
-            now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
-        )
+        if self.rules:  # only the rules read the window; without them it would only grow
+            self.window.add(
+                now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
+            )
         if self.on_decision is not None:
             self.on_decision(update, decision)
         if self.progress is not None:

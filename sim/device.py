@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedasync.learning.dataset import Dataset
 from fedasync.shared.fleet import Availability, RunLatency
-from fedasync.shared.seeds import DeviceStream, device_stream
+from fedasync.shared.seeds import DeviceStream, Stream, bits, device_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class ParkedStream:
 
     def initial(self, seed: int, index: int) -> tuple[int, int]:
         """The (state, increment) device `index`'s latency stream starts from."""
-        state = device_stream(seed, index, DeviceStream.LATENCY).bit_generator.state
+        state = bits(seed, Stream.DEVICE, index, DeviceStream.LATENCY).state
         if state["has_uint32"]:  # pragma: no cover - a fresh generator holds no half draw
             raise AssertionError("a fresh PCG64 holds no buffered 32-bit half")
         return state["state"]["state"], state["state"]["inc"]
@@ -139,13 +139,12 @@ class Devices:
     fleet of a million costs only what its active devices need.
     """
 
-    def __init__(
-        self,
-        count: int,
-        make: Callable[[int], Device],
-    ) -> None:
-        self._made: list[Device | None] = [None] * count
+    def __init__(self, availability: Sequence[Availability], make: Callable[[int], Device]) -> None:
+        self._made: list[Device | None] = [None] * len(availability)
         self._make = make
+        #: each device's availability, readable without making the device (a device waiting
+        #: for a free training slot is asked whether it is online, nothing else)
+        self.availability = availability
 
     def __len__(self) -> int:
         return len(self._made)

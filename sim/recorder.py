@@ -60,14 +60,27 @@ class DecisionLog(Sequence[DecisionRecord]):
         return code
 
     def append(self, record: DecisionRecord) -> None:
-        self._time.append(record.time_s)
-        self._device.append(record.device)
-        self._outcome.append(self._code(record.outcome))
-        self._reason.append(self._code(record.reason))
-        self._tau.append(self._NONE if record.tau is None else record.tau)
-        self._alpha.append(0.0 if record.alpha is None else record.alpha)
-        self._step_norm.append(0.0 if record.step_norm is None else record.step_norm)
-        self._present.append((record.alpha is not None) | (record.step_norm is not None) << 1)
+        self.add(record.time_s, record.device, record.outcome, record.reason, *record.scalars())
+
+    def add(
+        self,
+        time_s: float,
+        device: int,
+        outcome: str,
+        reason: str | None,
+        tau: int | None,
+        alpha: float | None,
+        step_norm: float | None,
+    ) -> None:
+        """Append one decision's values (what `append` does, without a record to unpack)."""
+        self._time.append(time_s)
+        self._device.append(device)
+        self._outcome.append(self._code(outcome))
+        self._reason.append(self._code(reason))
+        self._tau.append(self._NONE if tau is None else tau)
+        self._alpha.append(0.0 if alpha is None else alpha)
+        self._step_norm.append(0.0 if step_norm is None else step_norm)
+        self._present.append((alpha is not None) | (step_norm is not None) << 1)
 
     def __len__(self) -> int:
         return len(self._time)
@@ -148,16 +161,14 @@ class Recorder:
         if decision.applied:
             self.applied[device] += 1
             self.updates_applied += 1
-        self.decisions.append(
-            DecisionRecord(
-                time_s,
-                device,
-                decision.outcome.value,
-                decision.reason,
-                decision.tau,
-                decision.alpha,
-                decision.step_norm,
-            )
+        self.decisions.add(
+            time_s,
+            device,
+            decision.outcome.value,
+            decision.reason,
+            decision.tau,
+            decision.alpha,
+            decision.step_norm,
         )
 
     def evaluation(self, time_s: float, version: int, result: Evaluation) -> None:

@@ -18,11 +18,11 @@ from fedasync.shared.fleet import (
 )
 from fedasync.shared.params import TAU_MAX_LIMIT
 from fedasync.sim.advisor import Laws, advise, estimated_rate, fleet_quantile
-from fedasync.sim.config import load_config
+from fedasync.sim.config import build
 from fedasync.sim.presets import PRESETS
 from fedasync.sim.runner import fleet_advice
 from fedasync.sim.world import build_world
-from tests.sim.helpers import config
+from tests.sim.helpers import config, preset_for_tests
 
 # 20 devices: 19 take 10 s, one takes 100 s, no jitter
 FLEET = [DeviceLatency(10.0)] * 19 + [DeviceLatency(100.0)]
@@ -142,7 +142,7 @@ def test_grouped_laws_advise_bit_for_bit_as_one_cdf_per_device(
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_gets_the_advice_of_one_cdf_per_device(preset: str) -> None:
-    world = build_world(load_config(preset=preset))
+    world = build_world(build(preset_for_tests(preset)))
     latencies = world.new_fleet().latencies
     advice = fleet_advice(world)
     plain = plain_advice(latencies, advice.rate_per_s, None)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from fedasync.sim.config import SimConfig, build, merge
-from fedasync.sim.presets import PRESETS, preset_data
+from fedasync.sim.presets import PRESETS
 from fedasync.sim.runner import Simulation, simulate
 from fedasync.sim.summary import build_summary
 from fedasync.sim.world import build_world
-from tests.sim.helpers import config
+from tests.sim.helpers import config, preset_for_tests
 
 #: short enough for the suite; the full presets were compared before and after as well
 #: (docs/experiments.md, "Simulator cost")
@@ -60,7 +60,7 @@ def same_both_ways(config: SimConfig) -> tuple[Simulation, Simulation]:
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_decides_the_same_without_training_what_is_dropped(name: str) -> None:
     """FedAvg arms are left out: they train only the results a round keeps, as before."""
-    data = merge(preset_data(name), SHRUNK)
+    data = merge(preset_for_tests(name), SHRUNK)
     data["algorithms"] = [a for a in data["algorithms"] if a["kind"] != "fedavg"]
     same_both_ways(build(data))
 
