@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from fedasync.services.runtime.redis_conn import as_text, get_bytes
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
-from fedasync.services.stores.ledger import last_record
+from fedasync.services.stores.ledger import dedup_ids, last_record
 from fedasync.services.stores.memory_store import read_memory
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, saved_version
@@ -85,17 +85,12 @@ async def inspect(redis: aioredis.Redis, keys: Keys) -> Inspection:
         group=await group_position(redis, keys),
         started=bool(await redis.exists(keys.started)),
     )
-    dedup: Any = (
-        []
-        if raw_state is None
-        else await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
-    )
     return Inspection(
         found,
         raw_state,
         raw_model,
         await read_memory(redis, keys),
-        [(as_text(i), int(k)) for i, k in dedup],
+        [] if raw_state is None else await dedup_ids(redis, keys),
     )
 
 

@@ -209,6 +209,12 @@ async def verify(
     return report
 
 
+async def dedup_ids(redis: aioredis.Redis, keys: Keys) -> list[tuple[str, int]]:
+    """The dedup memory's ids as the commits left them in `{p}:dedup`, (id, key)."""
+    kept: Any = await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
+    return [(as_text(i), int(k)) for i, k in kept]
+
+
 async def _check_state(
     redis: aioredis.Redis, keys: Keys, state: AggregationState, report: VerifyReport
 ) -> None:
@@ -243,11 +249,9 @@ async def _check_state(
     )
     if not matches:
         report.mismatches.append("the committed state differs from the replay's")
-    if ids_apart:
-        kept: Any = await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
-        if sorted((as_text(i), int(k)) for i, k in kept) != sorted(state.dedup.items()):
-            report.mismatches.append("the dedup memory's ids differ from the replay's")
-            matches = False
+    if ids_apart and sorted(await dedup_ids(redis, keys)) != sorted(state.dedup.items()):
+        report.mismatches.append("the dedup memory's ids differ from the replay's")
+        matches = False
     memory, replayed = await read_memory(redis, keys), remembered(state)
     report.remembered = len(replayed)
     for client in sorted(set(memory) | set(replayed)):
