@@ -5,12 +5,22 @@ fleet: updates decided per second of wall time, and the shares of wall time spen
 training, in evaluation, and in everything else (event loop, snapshots, the core's apply):
 the engine overhead. Reports figures; asserts nothing.
 Run: python bench/simulator.py [--updates 3000] [--devices 50]
+
+With several `--devices` (issue 16), the cost growth instead: for each fleet size, in a fresh
+child process, the linear task on the long-tail fleet with every device training at once and
+the advised τ_max, run to `--updates` applied updates (default 20,000); wall time, peak
+resident memory of the child (`getrusage`), local trainings run, updates decided and applied.
+`--preset million-devices` adds that preset's run as a last row.
+Run: python bench/simulator.py --devices 1000 10000 100000 1000000 [--preset million-devices]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +28,7 @@ import numpy as np
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.evaluation import Evaluation
 from fedasync.learning.task import Task
-from fedasync.sim.config import build
+from fedasync.sim.config import SimConfig, build, load_config
 from fedasync.sim.runner import simulate
 from fedasync.sim.world import build_world
 
@@ -82,17 +92,99 @@ def measure(task: str, updates: int, devices: int) -> dict[str, float]:
     }
 
 
+def growth_config(devices: int, updates: int) -> SimConfig:
+    """The issue's fleet: `devices` long-tail devices, all training, linear task, τ_max auto.
+
+    The linear task's data grows with the fleet (the partition needs a sample per device):
+    1.25 samples per device, at least the task's default 6,000.
+    """
+    return build(
+        {
+            "name": f"growth-{devices}",
+            "task": {"name": "linear", "params": {"samples": max(6000, devices * 5 // 4)}},
+            "fleet": {"devices": devices, "latency": {"kind": "longtail"}},
+            "budget": {"max_updates": updates, "max_seconds": 10**7},
+            "eval": {"interval_s": 60},
+            "algorithms": [{"kind": "fedasync", "tau_max": "auto"}],
+        }
+    )
+
+
+def one_run(config: SimConfig, queue: Any) -> None:
+    """In a child process: simulate, then report figures and this process's peak RSS."""
+    start = time.perf_counter()
+    result = simulate(config).results[0]
+    wall = time.perf_counter() - start
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    queue.put(
+        {
+            "devices": config.fleet.devices,
+            "wall_s": wall,
+            "peak_mb": peak_kib * 1024 / 1e6,
+            "trainings": result.trainings,
+            "decided": len(result.recorder.decisions),
+            "applied": result.recorder.updates_applied,
+            "simulated_s": result.end_s,
+        }
+    )
+
+
+def in_child(config: SimConfig) -> dict[str, Any]:
+    """Run in a fresh process, so each row's peak memory is its own."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=one_run, args=(config, queue))
+    child.start()
+    child.join()  # the row is a few numbers: the queue's pipe holds it until read
+    if child.exitcode != 0:
+        raise SystemExit(f"the run of {config.fleet.devices} devices failed ({child.exitcode})")
+    row: dict[str, Any] = queue.get(timeout=10)
+    return row
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages: other work on the machine skews wall times."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def growth(sizes: list[int], updates: int, presets: list[str]) -> None:
+    configs = [(f"{n:,}", growth_config(n, updates)) for n in sizes]
+    configs += [(name, load_config(preset=name)) for name in presets]
+    print(f"load average before: {load_average()}")
+    print(
+        f"| {'run':>16} | {'devices':>9} | {'wall s':>7} | {'peak MB':>7} | {'trainings':>9}"
+        f" | {'decided':>10} | {'applied':>8} | {'simulated s':>11} |"
+    )
+    print(
+        f"|{'-' * 18}|{'-' * 11}|{'-' * 9}|{'-' * 9}|{'-' * 11}|{'-' * 12}|{'-' * 10}|{'-' * 13}|"
+    )
+    for name, config in configs:
+        r = in_child(config)
+        print(
+            f"| {name:>16} | {r['devices']:>9,} | {r['wall_s']:>7.1f} | {r['peak_mb']:>7.0f}"
+            f" | {r['trainings']:>9,} | {r['decided']:>10,} | {r['applied']:>8,}"
+            f" | {r['simulated_s']:>11,.0f} |",
+            flush=True,
+        )
+    print(f"load average after: {load_average()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--updates", type=int, default=3000)
-    parser.add_argument("--devices", type=int, default=50)
+    parser.add_argument("--updates", type=int, default=None)
+    parser.add_argument("--devices", type=int, nargs="+", default=[50])
+    parser.add_argument("--preset", action="append", default=[], help="add a preset's run")
     args = parser.parse_args()
+    if len(args.devices) > 1 or args.preset:
+        growth(args.devices, args.updates or 20_000, args.preset)
+        return
+    updates = args.updates or 3000
     print(
         f"{'task':>8} {'updates':>8} {'wall s':>7} {'updates/s':>10} {'sim s/wall s':>13}"
         f" {'training':>9} {'evaluation':>11} {'engine':>7}"
     )
     for task in ("linear", "digits"):
-        m = measure(task, args.updates, args.devices)
+        m = measure(task, updates, args.devices[0])
         print(
             f"{task:>8} {m['decided']:>8.0f} {m['wall_s']:>7.2f} {m['per_s']:>10.0f}"
             f" {m['sim_per_wall']:>13.0f} {m['train']:>9.1%} {m['eval']:>11.1%}"

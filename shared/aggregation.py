@@ -113,6 +113,8 @@ class AggregationState:
         if not np.isfinite(weights).all():
             raise ValueError("initial weights must be finite")
         self.layout = layout
+        #: the layout's size, summed once: every update's shape is checked against it
+        self._size = layout.size
         self.version = version
         self.dedup = dedup if dedup is not None else DedupMemory()
         self.counters: dict[str, int] = {o.value: 0 for o in Outcome} | {"server_steps": 0}
@@ -163,6 +165,19 @@ class AggregationState:
         """
         if self.closed is None:
             self.closed = reason
+
+    def drops_unread(self, base_version: int, policy: Policy) -> bool:
+        """True when an update trained from `base_version`, decided now under `policy`, is
+        certain to be decided without `apply` reading its weights' values.
+
+        Either its base is below the dedup floor or τ = version − base is stale; `apply` checks
+        both (with the id, closing and dtype/shape checks that may come first, none of which
+        reads a value) before it looks at the weights. A caller that knows this can skip the
+        work of producing the weights: the simulator does not train an update the core drops
+        for staleness, and decides it with the same outcome, τ and counters. False says
+        nothing: such an update may still be dropped, rejected or applied.
+        """
+        return base_version < self.dedup.floor or policy.is_stale(self.version - base_version)
 
     def apply(self, update: Update, policy: Policy) -> Decision:
         """Decide one update under `policy` and, if accepted, fold it into the model."""
@@ -223,8 +238,8 @@ class AggregationState:
         if not isinstance(w, np.ndarray) or w.dtype not in _ACCEPTED_DTYPES:
             dtype = getattr(w, "dtype", type(w).__name__)
             return RejectReason.BAD_DTYPE, f"dtype {dtype}, expected float32 or float16"
-        if w.ndim != 1 or w.size != self.layout.size:
-            return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self.layout.size},)"
+        if w.ndim != 1 or w.size != self._size:
+            return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self._size},)"
         return None
 
     def _reject_non_finite(self, update: Update, policy: Policy) -> Decision:

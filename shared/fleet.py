@@ -111,9 +111,9 @@ class Mixture:
         by_remainder = sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))
         for i in by_remainder[: n - sum(counts)]:
             counts[i] += 1
-        medians = [m for (_, m), c in zip(self.tiers, counts, strict=True) for _ in range(c)]
-        order = rng.permutation(n)
-        return [DeviceLatency(medians[int(i)], self.jitter) for i in order]
+        laws = [DeviceLatency(m, self.jitter) for _, m in self.tiers]  # immutable: shared
+        by_slot = [law for law, c in zip(laws, counts, strict=True) for _ in range(c)]
+        return [by_slot[i] for i in rng.permutation(n).tolist()]
 
 
 def slowest(medians: Sequence[float], share: float) -> list[int]:

@@ -29,7 +29,13 @@ class DeviceStream(IntEnum):
 
 def stream(seed: int, *key: int) -> np.random.Generator:
     """The generator for one purpose; the same (seed, key) always gives the same draws."""
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
+    return np.random.Generator(bits(seed, *key))
+
+
+def bits(seed: int, *key: int) -> np.random.PCG64:
+    """The bit generator under `stream(seed, *key)`, without a Generator around it (cheaper,
+    for code that keeps only its state)."""
+    return np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key))
 
 
 def device_stream(seed: int, device: int, kind: DeviceStream, *more: int) -> np.random.Generator:

@@ -10,9 +10,11 @@ finish within τ_max / r seconds is, in effect, never heard: its data leaves the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from fedasync.shared.fleet import RunLatency
 from fedasync.shared.params import TAU_MAX_LIMIT
@@ -48,15 +50,64 @@ class Advice:
         return out
 
 
-def fleet_quantile(latencies: Sequence[RunLatency], q: float) -> float:
+class Laws:
+    """A fleet's latency laws grouped: each distinct law once, and which one each device has.
+
+    A long-tail fleet of a million devices has four distinct laws, so a CDF is evaluated four
+    times per question instead of a million. Sums over devices are still taken device by
+    device, left to right (`total`), so every figure is bit for bit what a plain loop over
+    the devices gives.
+    """
+
+    def __init__(self, latencies: Sequence[RunLatency]) -> None:
+        if not latencies:
+            raise ValueError("the fleet has no devices")
+        first: dict[object, int] = {}
+        self.distinct: list[RunLatency] = []
+        which = np.empty(len(latencies), dtype=np.int64)
+        for device, law in enumerate(latencies):
+            key = _key(law)
+            found = first.get(key)
+            if found is None:
+                found = first[key] = len(self.distinct)
+                self.distinct.append(law)
+            which[device] = found
+        self.which = which
+
+    def __len__(self) -> int:
+        return len(self.which)
+
+    def per_device(self, value: Callable[[RunLatency], float]) -> np.ndarray:
+        """`value` of each device's law, in device order, evaluated once per distinct law."""
+        return np.array([value(law) for law in self.distinct], dtype=np.float64)[self.which]
+
+    def total(self, value: Callable[[RunLatency], float]) -> float:
+        """Σ over devices of `value(law)`, added in device order as `sum` would."""
+        return _total(self.per_device(value))
+
+
+def _key(law: RunLatency) -> object:
+    """Equal immutable laws group together; a mutable one (a replayed trace) stands alone."""
+    try:
+        hash(law)
+    except TypeError:
+        return ("device", id(law))
+    return law
+
+
+def _total(values: np.ndarray) -> float:
+    """Left-to-right float sum (cumulative, not numpy's pairwise), as the built-in `sum`."""
+    return float(np.cumsum(values)[-1]) if len(values) else 0.0
+
+
+def fleet_quantile(latencies: Sequence[RunLatency] | Laws, q: float) -> float:
     """The q-quantile of a run's latency on a device chosen uniformly from the fleet."""
-    if not latencies:
-        raise ValueError("the fleet has no devices")
-    low = min(lat.quantile(1e-6) for lat in latencies)
-    high = max(lat.quantile(1 - 1e-6) for lat in latencies)
+    laws = latencies if isinstance(latencies, Laws) else Laws(latencies)
+    low = min(law.quantile(1e-6) for law in laws.distinct)
+    high = max(law.quantile(1 - 1e-6) for law in laws.distinct)
     for _ in range(200):  # bisection on the mixture's CDF; deterministic
         mid = (low + high) / 2
-        if sum(lat.cdf(mid) for lat in latencies) / len(latencies) >= q:
+        if laws.total(lambda law: law.cdf(mid)) / len(laws) >= q:  # noqa: B023 - used at once
             high = mid
         else:
             low = mid
@@ -64,7 +115,7 @@ def fleet_quantile(latencies: Sequence[RunLatency], q: float) -> float:
 
 
 def estimated_rate(
-    latencies: Sequence[RunLatency],
+    latencies: Sequence[RunLatency] | Laws,
     max_concurrency: int | None = None,
     online_share: float = 1.0,
 ) -> float:
@@ -73,15 +124,16 @@ def estimated_rate(
     With a cap of c devices training at once (and a queue that serves devices in turn), the
     rate is about c / mean(E[L]).
     """
-    free = sum(1.0 / lat.mean() for lat in latencies) * online_share
-    if max_concurrency is None or max_concurrency >= len(latencies):
+    laws = latencies if isinstance(latencies, Laws) else Laws(latencies)
+    free = laws.total(lambda law: 1.0 / law.mean()) * online_share
+    if max_concurrency is None or max_concurrency >= len(laws):
         return free
-    mean_latency = sum(lat.mean() for lat in latencies) / len(latencies)
+    mean_latency = laws.total(lambda law: law.mean()) / len(laws)
     return min(free, max_concurrency / mean_latency)
 
 
 def advise(
-    latencies: Sequence[RunLatency],
+    latencies: Sequence[RunLatency] | Laws,
     rate_per_s: float,
     tau_max: int | None = None,
     *,
@@ -93,7 +145,8 @@ def advise(
         raise ValueError(f"the update rate must be > 0, got {rate_per_s}")
     if not 0 <= backoff < 1 or not 0 < quantile < 1:
         raise ValueError("backoff must be in [0, 1) and quantile in (0, 1)")
-    slow = fleet_quantile(latencies, quantile)
+    laws = latencies if isinstance(latencies, Laws) else Laws(latencies)
+    slow = fleet_quantile(laws, quantile)
     expected = rate_per_s * slow
 
     def backed_off(share: float) -> int:
@@ -102,10 +155,10 @@ def advise(
     recommended = backed_off(backoff)
     evaluated = recommended if tau_max is None else tau_max
     cutoff = evaluated / rate_per_s  # τ ≈ r·L > τ_max  ⇔  L > τ_max / r
-    too_slow = [1.0 - lat.cdf(cutoff) for lat in latencies]
-    dropped = tuple(d for d, share in enumerate(too_slow) if share >= PERMANENT)
-    weights = [1.0 / lat.mean() for lat in latencies]  # fast devices submit more often
-    dropped_updates = sum(w * s for w, s in zip(weights, too_slow, strict=True)) / sum(weights)
+    too_slow = laws.per_device(lambda law: 1.0 - law.cdf(cutoff))
+    dropped = tuple(np.flatnonzero(too_slow >= PERMANENT).tolist())
+    weights = laws.per_device(lambda law: 1.0 / law.mean())  # fast devices submit more often
+    dropped_updates = _total(weights * too_slow) / _total(weights)
     return Advice(
         rate_per_s=rate_per_s,
         quantile=quantile,
@@ -117,6 +170,6 @@ def advise(
         tau_max=evaluated,
         cutoff_s=cutoff,
         permanently_dropped=dropped,
-        permanently_dropped_share=len(dropped) / len(latencies),
+        permanently_dropped_share=len(dropped) / len(laws),
         dropped_update_share=dropped_updates,
     )

@@ -14,17 +14,20 @@ and their switches change the policy through the same `switch_on`/`switch_off`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedasync.shared.aggregation import AggregationState, ModelSnapshot
+import numpy as np
+
+from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.policy import Policy
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
 from fedasync.shared.switches import switch_off, switch_on
 from fedasync.shared.update import Update
 from fedasync.sim.clock import EventQueue
 from fedasync.sim.config import FedAvgConfig, RulesConfig, label
-from fedasync.sim.device import Device, RunPlan
+from fedasync.sim.device import Device, Devices, ParkedStream, RunPlan
 from fedasync.sim.recorder import Recorder
 from fedasync.sim.result import DecisionHook, EndedBy, Progress, RunResult
 from fedasync.sim.world import World
@@ -39,9 +42,27 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
+    """The device's run ends and its update arrives; `base_weights` is the model it trained
+    from, the core's own (read-only) array of `base_version`, shared by every run that started
+    from that version instead of a copy per run."""
+
     device: int
     plan: RunPlan
-    snapshot: ModelSnapshot
+    base_version: int
+    base_weights: np.ndarray
+
+
+@dataclass(slots=True)
+class Arrival:
+    """An update that arrived and is not decided yet. Unless the run trains eagerly, it holds
+    no weights: they are computed at its decision, and only if the core will read them."""
+
+    device: int
+    run: int
+    base_version: int
+    base_weights: np.ndarray
+    at: float
+    trained: tuple[np.ndarray, Mapping[str, float]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +91,24 @@ Event = Ready | Finish | Lost | Evaluate | Decide | RuleTick
 _NEVER = float("inf")
 
 
-def make_devices(world: World) -> list[Device]:
+def make_devices(world: World) -> Devices:
+    """This algorithm's fleet: fresh latency and availability state, devices made on first use."""
     fleet = world.new_fleet()
-    return [
-        Device(i, world.client_ids[i], data, fleet.latencies[i], fleet.availability[i], world.seed)
-        for i, data in enumerate(world.device_data)
-    ]
+    parked = ParkedStream()
+    data = world.device_data
+
+    def make(i: int) -> Device:
+        return Device(
+            i,
+            world.client_ids[i],
+            lambda: data[i],
+            fleet.latencies[i],
+            fleet.availability[i],
+            world.seed,
+            parked,
+        )
+
+    return Devices(fleet.availability, make)
 
 
 class AsyncRun:
@@ -90,8 +123,16 @@ class AsyncRun:
         on_decision: DecisionHook | None = None,
         rules: RulesConfig | None = None,
         decide_s: float = 0.0,
+        *,
+        eager: bool = False,
     ) -> None:
         self.name = name
+        #: train every update when it arrives, as before issue 16; off, an update the core
+        #: drops without reading (stale, beyond the dedup horizon) is never trained. Both give
+        #: the same decisions and curves (tests/sim/test_lazy_training.py)
+        self.eager = eager
+        #: local trainings run (device results computed)
+        self.trainings = 0
         self.policy = policy
         self.rules_config = rules
         self.rules: list[Rule] = [] if rules is None else make_rules(rules)
@@ -104,8 +145,8 @@ class AsyncRun:
         self.alerts: list[dict[str, Any]] = []
         self.rule_figures: list[tuple[float, float, float]] = []
         self.decide_s = decide_s
-        #: updates that arrived and are not yet decided, oldest first, with their device
-        self.inbox: deque[tuple[Update, int]] = deque()
+        #: updates that arrived and are not yet decided, oldest first
+        self.inbox: deque[Arrival] = deque()
         self.world = world
         self.progress = progress
         self.on_decision = on_decision
@@ -123,11 +164,13 @@ class AsyncRun:
 
     def run(self) -> RunResult:
         budget = self.world.config.budget
-        for device in self.devices:
-            self.queue.push(0.0, Ready(device.index))
         self.queue.push(0.0, Evaluate())
         if self.rules_config is not None:
             self.queue.push(0.0, RuleTick())
+        # every device is ready at 0, before the evaluation and the rule tick at 0: handled here
+        # in device order rather than as a million events, with the same effects in that order
+        for index in range(len(self.devices)):
+            self._ready(0.0, index)
         ended_by: EndedBy = "no_more_events"
         end = 0.0
         while True:
@@ -141,13 +184,16 @@ class AsyncRun:
             if isinstance(event, Ready):
                 self._ready(time, event.device)
             elif isinstance(event, (Finish, Decide)):
+                ready_now = None
                 if isinstance(event, Finish):
-                    self._finish(time, event)
+                    ready_now = self._finish(time, event)
                 else:
                     self._decide_next(time)
                 if self.recorder.updates_applied >= budget.max_updates:
                     ended_by, end = "max_updates", time
                     break
+                if ready_now is not None:
+                    self._ready(time, ready_now)
             elif isinstance(event, Lost):
                 self.recorder.lost[event.device] += 1
                 self.training -= 1
@@ -171,6 +217,7 @@ class AsyncRun:
             version=self.state.version,
             weights=self.state.weights_view(),
             counters=dict(self.state.counters),
+            trainings=self.trainings,
             policy_changes=tuple(self.policy_changes),
             alerts=tuple(self.alerts),
             rule_figures=tuple(self.rule_figures),
@@ -213,7 +260,7 @@ class AsyncRun:
         return idle and len(self.queue) == self.periodic
 
     def _ready(self, now: float, index: int) -> None:
-        availability = self.devices[index].availability
+        availability = self.devices.availability[index]
         if availability.online_at(now):
             self.waiting.append(index)
             self._start_waiting(now)
@@ -225,60 +272,96 @@ class AsyncRun:
     def _start_waiting(self, now: float) -> None:
         while self.training < self.capacity and self.waiting:
             index = self.waiting.popleft()
-            device = self.devices[index]
-            if not device.availability.online_at(now):
+            if not self.devices.availability[index].online_at(now):
                 self._ready(now, index)
                 continue
+            device = self.devices[index]
             plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
             self.training += 1
             if plan.lost_at is not None:
                 self.queue.push(plan.lost_at, Lost(index))
             else:
-                self.queue.push(plan.end, Finish(index, plan, self.state.snapshot()))
+                version, weights = self.state.version, self.state.weights_view()
+                self.queue.push(plan.end, Finish(index, plan, version, weights))
 
-    def _finish(self, now: float, event: Finish) -> None:
-        device = self.devices[event.device]
+    def _finish(self, now: float, event: Finish) -> int | None:
+        """The update arrives and the device is ready again at once; returns the device if
+        the caller is to handle its readiness right away.
+
+        As an event, Ready(now) would be the very next one popped unless another is already
+        due at `now` (ties keep scheduling order): only then is it scheduled. Otherwise the
+        caller handles it after the budget check, as the popped event would have been, saving
+        a push and a pop per update with the same order of effects.
+        """
+        arrival = Arrival(event.device, event.plan.run, event.base_version, event.base_weights, now)
+        if self.eager:
+            arrival.trained = self._train(arrival)
+        self.training -= 1
+        if self.decide_s > 0:
+            self.inbox.append(arrival)
+            if len(self.inbox) == 1:  # the aggregator was idle: it starts on this one
+                self.queue.push(now + self.decide_s, Decide())
+        else:
+            self._decide(now, arrival)
+        ready_now: int | None = event.device
+        if self.queue and self.queue.peek_time() <= now:
+            self.queue.push(now, Ready(event.device))
+            ready_now = None
+        self._start_waiting(now)
+        return ready_now
+
+    def _train(self, arrival: Arrival) -> tuple[np.ndarray, Mapping[str, float]]:
+        """The device's local training: a pure function of the base model, the device's data
+        and its run's own stream, so it gives the same weights whenever it is computed."""
+        device = self.devices[arrival.device]
         params = self.world.training
-        weights, metrics = self.world.task.train(
-            event.snapshot.weights,
+        self.trainings += 1
+        return self.world.task.train(
+            arrival.base_weights.copy(),  # a private copy: a device never holds server memory
             device.data,
-            device.train_rng(event.plan.run),
+            device.train_rng(arrival.run),
             epochs=params.epochs,
             lr=params.lr,
             batch_size=params.batch_size,
         )
-        update = Update(
-            update_id=f"{device.client_id}-r{event.plan.run}",
-            client_id=device.client_id,
-            base_version=event.snapshot.version,
-            num_samples=len(device.data),
-            weights=weights,
-            created_at=now,
-            metrics=metrics,
-        )
-        self.training -= 1
-        if self.decide_s > 0:
-            self.inbox.append((update, event.device))
-            if len(self.inbox) == 1:  # the aggregator was idle: it starts on this one
-                self.queue.push(now + self.decide_s, Decide())
-        else:
-            self._decide(now, update, event.device)
-        self.queue.push(now, Ready(event.device))
-        self._start_waiting(now)
 
     def _decide_next(self, now: float) -> None:
         """The oldest waiting update is decided now, under the policy in force now."""
-        update, device = self.inbox.popleft()
-        self._decide(now, update, device)
+        self._decide(now, self.inbox.popleft())
         if self.inbox:
             self.queue.push(now + self.decide_s, Decide())
 
-    def _decide(self, now: float, update: Update, device: int) -> None:
-        decision = self.state.apply(update, self.policy)
-        self.recorder.decision(now, device, decision)
-        self.window.add(
-            now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
+    def _decide(self, now: float, arrival: Arrival) -> None:
+        """Decide an arrived update; train it first only if the core will read its weights.
+
+        An update the core drops without reading (`drops_unread`) is submitted with the model
+        it started from in place of its weights (float32 of the model's size, as training
+        returns): the core checks only their dtype and shape before dropping it.
+        """
+        weights: np.ndarray
+        metrics: Mapping[str, float]
+        if arrival.trained is not None:
+            weights, metrics = arrival.trained
+        elif self.state.drops_unread(arrival.base_version, self.policy):
+            weights, metrics = arrival.base_weights, {}
+        else:
+            weights, metrics = self._train(arrival)
+        device = self.devices[arrival.device]
+        update = Update(
+            update_id=f"{device.client_id}-r{arrival.run}",
+            client_id=device.client_id,
+            base_version=arrival.base_version,
+            num_samples=self.world.device_data.size(arrival.device),
+            weights=weights,
+            created_at=arrival.at,
+            metrics=metrics,
         )
+        decision = self.state.apply(update, self.policy)
+        self.recorder.decision(now, arrival.device, decision)
+        if self.rules:  # only the rules read the window; without them it would only grow
+            self.window.add(
+                now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
+            )
         if self.on_decision is not None:
             self.on_decision(update, decision)
         if self.progress is not None:
@@ -295,12 +378,21 @@ def run_async(
     policy: Policy,
     progress: Progress | None = None,
     on_decision: DecisionHook | None = None,
+    *,
+    eager: bool = False,
 ) -> RunResult:
     """Run the configured algorithm at `algorithm_index` with its resolved `policy`."""
     algorithm = world.config.algorithms[algorithm_index]
     assert not isinstance(algorithm, FedAvgConfig)
     return AsyncRun(
-        label(algorithm), policy, world, progress, on_decision, algorithm.rules, algorithm.decide_s
+        label(algorithm),
+        policy,
+        world,
+        progress,
+        on_decision,
+        algorithm.rules,
+        algorithm.decide_s,
+        eager=eager,
     ).run()
 
 

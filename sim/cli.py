@@ -16,7 +16,7 @@ from pathlib import Path
 from fedasync.learning.partition import PartitionError
 from fedasync.learning.tasks import TaskError
 from fedasync.shared.fleet import ReplayedLatency, RunLatency
-from fedasync.sim.advisor import Advice, advise, estimated_rate
+from fedasync.sim.advisor import Advice, Laws, advise, estimated_rate
 from fedasync.sim.config import ConfigError, SimConfig, load_config
 from fedasync.sim.presets import PRESETS, SUMMARIES, UnknownPresetError, preset_text
 from fedasync.sim.result import Progress
@@ -187,9 +187,10 @@ def _advise(args: argparse.Namespace) -> int:
         concurrency = world.config.fleet.max_concurrency
         if args.rate is None:
             args.rate = fleet_advice(world).rate_per_s
-    rate = args.rate if args.rate is not None else estimated_rate(latencies, concurrency)
+    laws = Laws(latencies)
+    rate = args.rate if args.rate is not None else estimated_rate(laws, concurrency)
     try:
-        advice = advise(latencies, rate, args.tau_max, backoff=args.backoff, quantile=args.quantile)
+        advice = advise(laws, rate, args.tau_max, backoff=args.backoff, quantile=args.quantile)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if args.json:

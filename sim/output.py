@@ -65,7 +65,7 @@ def write_data(sim: Simulation, out: Path) -> dict[str, Any]:
                 r.name,
                 world.client_ids[i],
                 world.medians_s[i],
-                len(world.device_data[i]),
+                world.device_data.size(i),
                 r.recorder.submitted[i],
                 r.recorder.applied[i],
                 r.recorder.lost[i],

@@ -301,6 +301,38 @@ lag_high = 200
 lag_low = 20
 max_drop_share = 0.5
 ''',
+    "million-devices": '''
+name = "million-devices"
+description = """Issue 16: the simulator at a million devices. The write-up's long-tail fleet,
+1,000,000 devices of which at most 100,000 train at once (the others wait their turn, first
+come first served), the linear task with 1.25 samples per device, FedAsync with the advised
+tau_max, to 100,000 applied updates. A cost test rather than a claim: its wall time and memory
+are in docs/experiments.md (simulator cost)."""
+
+[task]
+name = "linear"
+params = { samples = 1250000 }
+
+[data]
+partition = "iid"
+
+[fleet]
+devices = 1000000
+latency = { kind = "longtail", jitter = 0.2 }
+max_concurrency = 100000
+
+[budget]
+max_updates = 100000
+max_seconds = 86400
+
+[eval]
+interval_s = 60
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync-advised"
+tau_max = "auto"
+''',
 }
 
 #: one line per preset for `fedasync simulate --list-presets` (the TOML's `description` has more)
@@ -313,6 +345,8 @@ SUMMARIES: dict[str, str] = {
     "fedbuff-vs-fedasync": "one Dirichlet(0.5) fleet: FedAsync, FedBuff (K = 10) and FedAvg",
     "rate-spike": "the operator rules on virtual time: a 4× update-rate spike and a lagging "
     "aggregator",
+    "million-devices": "a million long-tail devices, 100,000 training at once: the simulator's "
+    "cost at scale",
 }
 
 

@@ -33,6 +33,9 @@ class RunResult:
     weights: np.ndarray
     #: the core's counters (applied, dropped, ...) or, for FedAvg, rounds and updates
     counters: dict[str, int]
+    #: local trainings run: device results computed (an update the core drops without reading
+    #: its weights is not trained, and neither is a FedAvg result that is not waited for)
+    trainings: int = 0
     #: switches an automatic rule flipped during the run: time, switch, on, policy version
     policy_changes: tuple[dict[str, Any], ...] = ()
     #: alerts the automatic rules raised: time, rule, message, client (fairness)

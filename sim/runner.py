@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedasync.sim import config as cfg
-from fedasync.sim.advisor import Advice, advise, estimated_rate
+from fedasync.sim.advisor import Advice, Laws, advise, estimated_rate
 from fedasync.sim.asynchronous import run_async
 from fedasync.sim.result import DecisionHook, Progress, RunResult
 from fedasync.sim.synchronous import run_sync
@@ -32,9 +32,9 @@ def fleet_advice(world: World, tau_max: int | None = None, buffer_size: int = 1)
     if isinstance(fleet.availability, cfg.IntermittentAvailability):
         on, off = fleet.availability.online_mean_s, fleet.availability.offline_mean_s
         share = on / (on + off)
-    latencies = world.new_fleet().latencies
-    rate = estimated_rate(latencies, fleet.max_concurrency, share)
-    return advise(latencies, rate / buffer_size, tau_max)
+    laws = Laws(world.new_fleet().latencies)  # grouped once, for every question below
+    rate = estimated_rate(laws, fleet.max_concurrency, share)
+    return advise(laws, rate / buffer_size, tau_max)
 
 
 def simulate(
@@ -43,8 +43,14 @@ def simulate(
     progress: Callable[[str], Progress] | None = None,
     on_decision: DecisionHook | None = None,
     world: World | None = None,
+    eager: bool = False,
 ) -> Simulation:
-    """Build the world once, then run each algorithm on it; `progress(name)` gives a callback."""
+    """Build the world once, then run each algorithm on it; `progress(name)` gives a callback.
+
+    `eager` trains every asynchronous update when it arrives, as the simulator did before
+    issue 16, instead of only those the core will read: slower, and the same decisions, curves
+    and summary (kept to prove exactly that).
+    """
     world = world if world is not None else build_world(config)
     advice = fleet_advice(world)
     results = []
@@ -58,7 +64,7 @@ def simulate(
             if algorithm.kind != "fedasync" and algorithm.buffer_size > 1:
                 own = fleet_advice(world, buffer_size=algorithm.buffer_size)
             policy = algorithm.policy(advised_tau_max=own.recommended_tau_max)
-            result = run_async(world, index, policy, callback, on_decision)
+            result = run_async(world, index, policy, callback, on_decision, eager=eager)
         if callback is not None:
             callback(result.end_s, result.recorder.updates_applied)
         results.append(result)

@@ -143,7 +143,7 @@ def build_summary(sim: Simulation) -> dict[str, Any]:
             "devices": world.num_devices,
             "median_latency_s": stats(world.medians_s),
             "slow_devices": [world.client_ids[d] for d in world.slow],
-            "samples_per_device": stats([float(len(d)) for d in world.device_data]),
+            "samples_per_device": stats([float(n) for n in world.device_data.sizes()]),
         },
         "advisor": sim.advice.to_dict(),
         "algorithms": {

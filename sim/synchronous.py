@@ -55,6 +55,8 @@ class SyncRun:
         self.rng = stream(world.seed, Stream.SERVER)
         self.weights = _read_only(world.init_weights.copy())
         self.rounds = 0
+        #: local trainings run: only the results a round keeps are computed
+        self.trainings = 0
         #: a StartRound or EndRound is scheduled; without one, only evaluations are left
         self.round_pending = True
 
@@ -97,6 +99,7 @@ class SyncRun:
             version=self.rounds,
             weights=self.weights,
             counters={"rounds": self.rounds, "applied": self.recorder.updates_applied},
+            trainings=self.trainings,
         )
 
     def _start(self, now: float) -> None:
@@ -153,6 +156,7 @@ class SyncRun:
                 lr=params.lr,
                 batch_size=params.batch_size,
             )
+            self.trainings += 1
             models.append(weights)
             counts.append(len(device.data))
             self.recorder.applied[index] += 1

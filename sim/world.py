@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -30,6 +31,47 @@ from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
 from fedasync.sim import config as cfg
 from fedasync.sim.trace import read_durations, read_windows
 
+ALWAYS_ONLINE = AlwaysOnline()
+
+
+class DeviceData(Sequence[Dataset]):
+    """Each device's share of the training set, cut out only when asked for.
+
+    The partition is kept as one array of sample indices and an offset per device, not as a
+    data set per device: a million devices then cost a few bytes each until one trains, and a
+    device's data (a copy, as `Dataset.subset` makes) exists only while it trains.
+    """
+
+    def __init__(self, train: Dataset, parts: Sequence[np.ndarray]) -> None:
+        self._train = train
+        sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        self._offsets = np.concatenate(([0], np.cumsum(sizes)))
+        self._indices = np.concatenate(parts) if len(parts) else np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> Dataset: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Dataset]: ...
+    def __getitem__(self, index: int | slice) -> Dataset | Sequence[Dataset]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        start, end = self._offsets[index], self._offsets[index + 1]
+        return self._train.subset(self._indices[start:end])
+
+    def size(self, index: int) -> int:
+        """How many samples device `index` holds, without cutting its data out."""
+        return int(self._offsets[index + 1] - self._offsets[index])
+
+    def sizes(self) -> list[int]:
+        sizes: list[int] = np.diff(self._offsets).tolist()
+        return sizes
+
 
 @dataclass(slots=True)
 class Fleet:
@@ -45,7 +87,7 @@ class World:
     task: Task
     train: Dataset
     test: Dataset
-    device_data: list[Dataset]
+    device_data: DeviceData
     client_ids: list[str]
     init_weights: np.ndarray
     training: TrainParams
@@ -118,7 +160,7 @@ def make_availability(
         ]
     if windows is not None:
         return [Windows(windows.get(c, [])) for c in client_ids]
-    return [AlwaysOnline() for _ in client_ids]
+    return [ALWAYS_ONLINE] * len(client_ids)  # stateless: one instance serves every device
 
 
 def build_world(config: cfg.SimConfig) -> World:
@@ -145,7 +187,7 @@ def build_world(config: cfg.SimConfig) -> World:
         task=task,
         train=train,
         test=test,
-        device_data=[train.subset(p) for p in parts],
+        device_data=DeviceData(train, parts),
         client_ids=client_ids,
         init_weights=task.init_weights(stream(config.seed, Stream.MODEL)),
         training=_training(config.training, task.suggested),

@@ -28,3 +28,20 @@ def fixed_fleet(medians: list[float], **fleet: Any) -> dict[str, Any]:
         "latency": {"kind": "fixed", "medians_s": medians, "jitter": 0.0},
         **fleet,
     }
+
+
+#: presets too big to run whole in a test, with the fleet and data they are shrunk to there
+#: (their shape kept: the same fleet kind and share of devices training at once)
+SMALLER: dict[str, dict[str, Any]] = {
+    "million-devices": {
+        "fleet": {"devices": 2000, "max_concurrency": 200},
+        "task": {"params": {"samples": 2500}},
+    }
+}
+
+
+def preset_for_tests(name: str) -> dict[str, Any]:
+    """A preset's data, shrunk if it is in SMALLER."""
+    from fedasync.sim.presets import preset_data
+
+    return merge(preset_data(name), SMALLER.get(name, {}))

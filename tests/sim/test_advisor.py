@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import pytest
 
-from fedasync.shared.fleet import LONG_TAIL, DeviceLatency, ReplayedLatency
+from fedasync.shared.fleet import (
+    LONG_TAIL,
+    DeviceLatency,
+    FixedFleet,
+    LogNormalFleet,
+    ReplayedLatency,
+    RunLatency,
+)
 from fedasync.shared.params import TAU_MAX_LIMIT
-from fedasync.sim.advisor import advise, estimated_rate, fleet_quantile
+from fedasync.sim.advisor import Laws, advise, estimated_rate, fleet_quantile
+from fedasync.sim.config import build
+from fedasync.sim.presets import PRESETS
 from fedasync.sim.runner import fleet_advice
 from fedasync.sim.world import build_world
-from tests.sim.helpers import config
+from tests.sim.helpers import config, preset_for_tests
 
 # 20 devices: 19 take 10 s, one takes 100 s, no jitter
 FLEET = [DeviceLatency(10.0)] * 19 + [DeviceLatency(100.0)]
@@ -76,3 +88,63 @@ def test_long_tail_fleet_advice_matches_the_write_up_mixture() -> None:
     assert advice.rate_per_s == pytest.approx(expected_rate)
     assert 150 < advice.slow_latency_s < 230  # P95 sits in the 3-minute tier
     assert advice.expected_tau_slowest == pytest.approx(expected_rate * advice.slow_latency_s)
+
+
+# ----------------------------------------------------------------- grouped laws (issue 16)
+def plain_advice(latencies: list[RunLatency], rate: float, tau_max: int | None) -> dict[str, Any]:
+    """The advisor as it was before grouping: one CDF per device per bisection step."""
+    low = min(lat.quantile(1e-6) for lat in latencies)
+    high = max(lat.quantile(1 - 1e-6) for lat in latencies)
+    for _ in range(200):
+        mid = (low + high) / 2
+        if sum(lat.cdf(mid) for lat in latencies) / len(latencies) >= 0.95:
+            high = mid
+        else:
+            low = mid
+    expected = rate * high
+    recommended = min(TAU_MAX_LIMIT, max(0, math.floor(expected * 0.75)))
+    cutoff = (recommended if tau_max is None else tau_max) / rate
+    too_slow = [1.0 - lat.cdf(cutoff) for lat in latencies]
+    weights = [1.0 / lat.mean() for lat in latencies]
+    return {
+        "slow_latency_s": high,
+        "recommended_tau_max": recommended,
+        "cutoff_s": cutoff,
+        "permanently_dropped": [d for d, s in enumerate(too_slow) if s >= 0.95],
+        "dropped_update_share": sum(w * s for w, s in zip(weights, too_slow, strict=True))
+        / sum(weights),
+        "rate": sum(1.0 / lat.mean() for lat in latencies),
+    }
+
+
+FLEETS = {
+    "longtail": lambda rng: LONG_TAIL.devices(5000, rng),
+    "lognormal": lambda rng: LogNormalFleet(60.0, 0.8, 0.2).devices(300, rng),
+    "fixed": lambda rng: FixedFleet((10.0, 10.0, 25.0, 400.0), 0.0).devices(999, rng),
+    "replayed": lambda rng: [ReplayedLatency((5.0, 9.0)), ReplayedLatency((5.0, 9.0))] * 40,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FLEETS))
+@pytest.mark.parametrize("tau_max", [None, 7])
+def test_grouped_laws_advise_bit_for_bit_as_one_cdf_per_device(
+    kind: str, tau_max: int | None
+) -> None:
+    latencies = list(FLEETS[kind](np.random.default_rng(3)))
+    plain = plain_advice(latencies, 0.37, tau_max)
+    laws = Laws(latencies)
+    advice = advise(laws, 0.37, tau_max).to_dict()
+    assert estimated_rate(laws) == plain.pop("rate")
+    assert {key: advice[key] for key in plain} == plain
+    if kind in ("longtail", "fixed"):  # a handful of distinct laws, however many devices
+        assert len(laws.distinct) <= 4
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_gets_the_advice_of_one_cdf_per_device(preset: str) -> None:
+    world = build_world(build(preset_for_tests(preset)))
+    latencies = world.new_fleet().latencies
+    advice = fleet_advice(world)
+    plain = plain_advice(latencies, advice.rate_per_s, None)
+    plain.pop("rate")
+    assert {key: advice.to_dict()[key] for key in plain} == plain

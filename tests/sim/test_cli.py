@@ -46,6 +46,7 @@ def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) ->
         [
             "fedbuff-vs-fedasync",
             "iid-longtail",
+            "million-devices",
             "noniid-jitter",
             "rare-class-dropped",
             "rare-class-fair",

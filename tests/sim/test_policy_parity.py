@@ -27,7 +27,7 @@ from fedasync.sim.config import AsyncAlgorithmConfig, SimConfig, build, load_con
 from fedasync.sim.presets import PRESETS, preset_data
 from fedasync.sim.runner import fleet_advice, simulate
 from fedasync.sim.world import build_world
-from tests.sim.helpers import LINEAR, config
+from tests.sim.helpers import LINEAR, config, preset_for_tests
 
 #: a value other than the default and any preset's for every start field but the mode
 CHANGED: dict[str, Any] = {
@@ -111,7 +111,7 @@ def test_every_preset_algorithm_is_the_same_policy_in_up_and_in_the_services(
     assert isinstance(algorithm, AsyncAlgorithmConfig)
     advised = 10
     if table.get("tau_max") == "auto":  # the simulator's own advice for this fleet
-        advised = fleet_advice(build_world(cfg)).recommended_tau_max
+        advised = fleet_advice(build_world(build(preset_for_tests(preset)))).recommended_tau_max
     simulated = algorithm.policy(advised_tau_max=advised)
     chosen = explicit_policy(table, advised)
     assert up_policy(chosen, monkeypatch) == simulated
