@@ -34,6 +34,7 @@ import numpy as np
 from fedasync.shared.clients import ClientBook
 from fedasync.shared.decision import Decision, DropReason, Outcome, RejectReason
 from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.half import to_float32
 from fedasync.shared.layout import Layout
 from fedasync.shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
 from fedasync.shared.policy import Mode, NormAction, Policy
@@ -217,7 +218,7 @@ class AggregationState:
         if policy.is_stale(tau):
             return self._decide(update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.STALE)
 
-        new = update.weights.astype(np.float32, copy=False)
+        new = to_float32(update.weights)
         if policy.mode is Mode.FEDASYNC:
             return self._mix(update, new, tau, policy)
         if policy.mode is Mode.TIERED:
