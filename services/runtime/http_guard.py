@@ -21,8 +21,10 @@ gets a `GuardedConnection`, a thin protocol wrapped around aiohttp's own, which 
 
 A service may also give the guard a `FastPath`: complete request heads are then first offered to
 it, and the answers it has ready (bytes prepared once per version, not per request) are written
-without aiohttp; the first head it declines hands the connection to aiohttp for good. The deadlines
-above apply the same way on either side.
+without aiohttp; the first head it declines hands the connection to aiohttp for good. A read that
+is exactly a head the fast path already answered (a polling client's usual next request) is
+answered from one dictionary look-up (`FastPath.known`), without buffering or splitting it. The
+deadlines above apply the same way on either side.
 
 Everything else (parsing, handlers, keep-alive, shutdown) stays aiohttp's. The guard learns where
 a connection is from two hooks: the server's request factory (a head was parsed) and the
