@@ -21,8 +21,10 @@ gets a `GuardedConnection`, a thin protocol wrapped around aiohttp's own, which 
 
 A service may also give the guard a `FastPath`: complete request heads are then first offered to
 it, and the answers it has ready (bytes prepared once per version, not per request) are written
-without aiohttp; the first head it declines hands the connection to aiohttp for good. The deadlines
-above apply the same way on either side.
+without aiohttp; the first head it declines hands the connection to aiohttp for good. A read that
+is exactly a head the fast path already answered (a polling client's usual next request) is
+answered from one dictionary look-up (`FastPath.known`), without buffering or splitting it. The
+deadlines above apply the same way on either side.
 
 Everything else (parsing, handlers, keep-alive, shutdown) stays aiohttp's. The guard learns where
 a connection is from two hooks: the server's request factory (a head was parsed) and the
@@ -36,7 +38,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, cast
 
 from aiohttp import web
@@ -60,9 +62,15 @@ FAST_WRITE_LIMIT = 1 << 20
 class FastPath(Protocol):
     """Answers for the hottest requests, ready before they arrive (e.g. the snapshot's latest)."""
 
-    def answer(self, head: bytes) -> list[bytes] | None:
+    def answer(self, head: bytes) -> Sequence[bytes] | None:
         """The answer's bytes for this complete request head (`...\r\n\r\n`), or None to leave
         the request, and every later one on its connection, to aiohttp."""
+        ...
+
+    def known(self, data: bytes) -> Sequence[bytes] | None:
+        """The answer if `data` is exactly one complete head that `answer` has answered, and
+        would answer the same now; else None (then the head is split out and `answer` asked):
+        one dictionary look-up for the usual read, a client's whole next request."""
         ...
 
 
@@ -195,6 +203,28 @@ class GuardedConnection(asyncio.Protocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        fast = self._fast
+        if fast is not None and not self._head:
+            # the usual read of a polling client: its whole next request head, a known one.
+            # Nothing is buffered, so nothing of a head was awaited: answered, the connection
+            # is where `_answer_fast` leaves it after an answer, the next head awaited
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                answer = fast.known(data)
+                if answer is not None:
+                    if len(answer) == 1:
+                        transport.write(answer[0])
+                    else:
+                        transport.writelines(answer)  # one writev on uvloop: no copy
+                    self._answered = True
+                    self._since = self._last_received = self._loop.time()
+                    buffered = transport.get_write_buffer_size()
+                    if buffered or self._timer is None:
+                        self._check()  # an answer still being sent has the send deadline
+                    if buffered > FAST_WRITE_LIMIT:
+                        self._fast_paused = True  # the client must take its answers first
+                        transport.pause_reading()
+                    return
         now = self._loop.time()
         if self._request is None and self._received == 0 and data:
             # a head begins: from now on it has header_timeout_s, not what is left of the idle
@@ -254,7 +284,10 @@ class GuardedConnection(asyncio.Protocol):
                 self._hand_over()
                 return
             del self._head[: end + 4]
-            transport.writelines(answer)  # one writev on uvloop: head and body, no copy
+            if len(answer) == 1:
+                transport.write(answer[0])
+            else:
+                transport.writelines(answer)  # one writev on uvloop: head and body, no copy
             # answered: the next head is awaited, as after aiohttp's answers (`answering`); the
             # timer already armed fires no later than that needs, and `_check` then re-arms
             self._answered = True

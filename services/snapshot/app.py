@@ -28,12 +28,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
-from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, FoldingRegistry, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
@@ -59,7 +59,7 @@ class SnapshotMetrics:
     """Prometheus metrics of one app (own registry: several apps may live in one test process)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = FoldingRegistry()
         self.requests = Counter(
             "fedasync_snapshot_requests",
             "HTTP requests by route and status",

@@ -10,12 +10,11 @@ declined and aiohttp answers it, through the same handlers as always (app.py).
 
 The bytes are those aiohttp writes for the same request through app.py's handlers (same status,
 same headers in the same order, same body; a test compares them), and each answer is counted in
-the same metrics.
+the same metrics (in plain ints, added to them whenever they are read: `HotAnswers.fold`).
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 import sys
@@ -40,18 +39,21 @@ _DECLINED = frozenset(
 )
 #: heads remembered at most (then forgotten all at once: a fleet repeats few)
 KNOWN_HEADS = 4096
+_now = time.time
 SERVER = f"Python/{sys.version_info[0]}.{sys.version_info[1]} aiohttp/{aiohttp_version}"
 
 
-class _Kind(enum.Enum):
-    DECLINED = 0
-    NOT_MODIFIED = 1
-    MODEL = 2
-    META = 3
+#: what a head asks (an index into `HotAnswers._answers` and `_counts`)
+DECLINED, NOT_MODIFIED, MODEL, META = range(4)
 
 
 class HotAnswers:
-    """The fast path of one snapshot app: latest (200 and 304) and latest/meta."""
+    """The fast path of one snapshot app: latest (200 and 304) and latest/meta.
+
+    Its answers are counted in plain ints, one per kind, and added to the app's Prometheus
+    metrics when they are read (`fold`, run by the registry before each collection) and before
+    the answers change: an answer costs no metric call, and each is counted exactly once.
+    """
 
     def __init__(self, cache: ModelCache, metrics: SnapshotMetrics) -> None:
         self._cache = cache
@@ -59,77 +61,106 @@ class HotAnswers:
         self._latest_200 = metrics.requests.labels("latest", "200")
         self._latest_304 = metrics.requests.labels("latest", "304")
         self._meta_200 = metrics.requests.labels("meta", "200")
-        # what the answers below were built for: (served, done) and the second of their Date
-        self._for: tuple[Served | None, dict[str, str] | None] = (None, None)
-        self._second = -1
+        metrics.registry.folds.append(self.fold)
+        # what the answers below were built for, and until when their Date holds
+        self._served: Served | None = None
+        self._done: dict[str, str] | None = None
+        self._second = self._until = 0.0  # the second of their Date, as time.time() reads it
         self._etag = b""
-        self._head_200 = self._head_304 = self._meta = b""
-        self._body = b""
+        self._body_size = 0
+        #: by kind: the answer (None: aiohttp answers) and how many were given since the fold
+        self._answers: list[tuple[bytes, ...] | None] = [None, None, None, None]
+        self._counts = [0, 0, 0, 0]
         #: heads already read since the version changed, and what they ask: a fleet's polls
         #: repeat the same few heads (same host, same ETag), so most are read once
-        self._known: dict[bytes, _Kind] = {}
+        self._known: dict[bytes, int] = {}
 
-    def answer(self, head: bytes) -> list[bytes] | None:
+    def known(self, data: bytes) -> tuple[bytes, ...] | None:
+        """The answer to `data` if it is exactly one request head already read and answered
+        (since the version changed), else None: the cheapest way in, for whole heads read at
+        once; anything else goes through `answer`."""
+        cache = self._cache
+        if (
+            cache.latest is not self._served
+            or cache.done is not self._done
+            or cache.closing
+            or not self._second <= _now() < self._until
+        ):
+            return None  # `answer` rebuilds (or declines)
+        kind = self._known.get(data, DECLINED)
+        self._counts[kind] += 1  # (DECLINED's count is never read)
+        return self._answers[kind]
+
+    def answer(self, head: bytes) -> tuple[bytes, ...] | None:
         """The answer to this request head, or None: aiohttp answers it (see the module doc)."""
         cache = self._cache
         served = cache.latest
         if served is None or cache.closing:
             return None  # 503s are aiohttp's
-        self._build(served, cache.done)
+        if (
+            served is not self._served
+            or cache.done is not self._done
+            or not self._second <= _now() < self._until
+        ):
+            self._build(served, cache.done)
         kind = self._known.get(head)
         if kind is None:  # a head not seen since the version changed: read it
             kind = self._classify(head)
             if len(self._known) >= KNOWN_HEADS:
                 self._known.clear()
             self._known[head] = kind
-        if kind is _Kind.NOT_MODIFIED:
-            self._metrics.not_modified.inc()
-            self._latest_304.inc()
-            return [self._head_304]
-        if kind is _Kind.MODEL:
-            self._metrics.sent.inc(len(self._body))
-            self._latest_200.inc()
-            return [self._head_200, self._body]
-        if kind is _Kind.META:
-            self._meta_200.inc()
-            return [self._meta]
-        return None
+        self._counts[kind] += 1
+        return self._answers[kind]
 
-    def _classify(self, head: bytes) -> _Kind:
+    def fold(self) -> None:
+        """Add the answers counted since the last fold to the metrics."""
+        counts = self._counts
+        not_modified, model, meta = counts[NOT_MODIFIED], counts[MODEL], counts[META]
+        counts[:] = [0, 0, 0, 0]
+        if not_modified:
+            self._metrics.not_modified.inc(not_modified)
+            self._latest_304.inc(not_modified)
+        if model:
+            self._metrics.sent.inc(model * self._body_size)
+            self._latest_200.inc(model)
+        if meta:
+            self._meta_200.inc(meta)
+
+    def _classify(self, head: bytes) -> int:
         """What this head asks of the current version (its ETag decides 304 or 200)."""
         end = head.find(b"\r\n")
         line = head[:end]
         if line not in (_LATEST, _META):
-            return _Kind.DECLINED
+            return DECLINED
         if_none_match: bytes | None = None
         for header in head[end + 2 : -4].split(b"\r\n"):
             match = _HEADER.fullmatch(header)
             if match is None:
-                return _Kind.DECLINED
+                return DECLINED
             name = match.group(1).lower()
             if name == b"if-none-match":
                 if if_none_match is not None:
-                    return _Kind.DECLINED
+                    return DECLINED
                 if_none_match = match.group(2)
             elif name == b"connection":
                 if match.group(2).lower() != b"keep-alive":
-                    return _Kind.DECLINED
+                    return DECLINED
             elif name in _DECLINED:
-                return _Kind.DECLINED
+                return DECLINED
         if line == _META:
-            return _Kind.META
+            return META
         if if_none_match is not None and self._etag in _etags(if_none_match):
-            return _Kind.NOT_MODIFIED
-        return _Kind.MODEL
+            return NOT_MODIFIED
+        return MODEL
 
     def _build(self, served: Served, done: dict[str, str]) -> None:
         """(Re)build the answers when the version, the done flag or the second changed."""
-        second = int(time.time())
-        if self._for[0] is served and self._for[1] is done and self._second == second:
-            return
-        if self._for[0] is not served or self._for[1] is not done:
+        if served is not self._served or done is not self._done:
+            self.fold()  # the counts so far were of the answers being replaced (body size)
             self._known.clear()  # an ETag that matched may not match any more
-        self._for, self._second = (served, done), second
+        self._served, self._done = served, done
+        second = int(_now())
+        self._second, self._until = float(second), second + 1.0
         date = formatdate(second, usegmt=True)
         own = [f"ETag: {served.etag}", f"X-Fedasync-Version: {served.version}"]
         common = [*own, "Cache-Control: no-cache"]
@@ -137,9 +168,9 @@ class HotAnswers:
             common.append(f"X-Fedasync-Training-Done: {done.get('reason', 'done')}")
         tail = [f"Date: {date}", f"Server: {SERVER}"]
         self._etag = served.etag.encode()
-        self._body = served.body
-        self._head_304 = _head("304 Not Modified", [*common, *tail])
-        self._head_200 = _head(
+        self._body_size = len(served.body)
+        head_304 = _head("304 Not Modified", [*common, *tail])
+        head_200 = _head(
             "200 OK",
             [
                 *common,
@@ -150,7 +181,7 @@ class HotAnswers:
         )
         meta = json.dumps(served.meta | {"etag": served.etag, "training_done": done or None})
         body = meta.encode()
-        self._meta = (
+        meta_200 = (
             _head(
                 "200 OK",
                 [
@@ -162,6 +193,7 @@ class HotAnswers:
             )
             + body
         )
+        self._answers = [None, (head_304,), (head_200, served.body), (meta_200,)]
 
 
 def _head(status: str, headers: list[str]) -> bytes:

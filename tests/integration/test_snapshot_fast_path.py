@@ -239,6 +239,39 @@ async def test_pipelined_requests_are_answered_in_order_across_the_hand_over(
     assert answers[2][1] == b'{"status": "alive"}'
 
 
+async def test_fast_answers_on_a_kept_alive_connection_are_each_counted_once(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """Heads read one at a time (the guard's look-up of a known head) and pipelined in one write
+    (split out, then answered): each answer counted once, as /metrics reads it."""
+    async with serving(settings, redis) as port:
+        first, _ = await ask(port, head("/v1/models/latest"))
+        etag = header(first, "ETag")
+        not_modified = head("/v1/models/latest", **{"If-None-Match": etag})
+        before = await metrics(port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            answers = [await exchange(reader, writer, not_modified) for _ in range(5)]
+            writer.write(not_modified * 3 + head("/v1/models/latest/meta") * 2)
+            answers += [await read_answer(reader) for _ in range(5)]
+        finally:
+            writer.close()
+        after = await metrics(port)
+        again = await metrics(port)
+    assert [a[0].split(b"\r\n")[0] for a in answers] == [b"HTTP/1.1 304 Not Modified"] * 8 + [
+        b"HTTP/1.1 200 OK"
+    ] * 2
+
+    def added(name: str, *labels: tuple[str, str]) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    assert added("fedasync_snapshot_requests_total", ("route", "latest"), ("status", "304")) == 8
+    assert added("fedasync_snapshot_not_modified_total") == 8
+    assert added("fedasync_snapshot_requests_total", ("route", "meta"), ("status", "200")) == 2
+    snapshot = {k: v for k, v in after.items() if k[0].startswith("fedasync_snapshot_")}
+    assert snapshot == {k: v for k, v in again.items() if k[0].startswith("fedasync_snapshot_")}
+
+
 async def test_a_new_version_changes_the_fast_answers(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
