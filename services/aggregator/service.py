@@ -25,11 +25,9 @@ the promoted replica and the aggregator carries on (docs/architecture.md, "Past 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -47,7 +45,6 @@ from fedasync.services.aggregator.commit import (
 from fedasync.services.aggregator.http import Readiness, create_app
 from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.metrics import AggregatorMetrics
-from fedasync.services.aggregator.reader import ReadThread
 from fedasync.services.runtime.http_service import listening
 from fedasync.services.runtime.lifecycle import cancel_tasks, stop_on_signals
 from fedasync.services.runtime.redis_conn import (
@@ -145,14 +142,6 @@ class Aggregator:
         self._reread_pending = False
         #: the next read, sent before the current one is decided: (its start, its reply)
         self._ahead: tuple[str, asyncio.Task[Any]] | None = None
-        self._reader: ReadThread | None = None
-
-    @property
-    def reader(self) -> ReadThread:
-        """The thread the stream reads run on (reader.py), started at first use; `run` ends it."""
-        if self._reader is None:
-            self._reader = ReadThread(self.settings.redis)
-        return self._reader
 
     # ------------------------------------------------------------------------------ start-up
     async def start(self, initial: AggregationState | None) -> None:
@@ -314,9 +303,6 @@ class Aggregator:
                 await cancel_tasks([self._ahead[1]])
             if self._inflight is not None:  # a commit lands whole or not at all: safe to drop
                 await cancel_tasks([self._inflight])
-            if self._reader is not None:
-                reader, self._reader = self._reader, None
-                await reader.close()
         return RunResult(self.state.version, self.state.closed, self.committer.seq)
 
     async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
@@ -397,11 +383,11 @@ class Aggregator:
         if ahead is not None and ahead[0] == start:
             reply: Any = await ahead[1]
             if not (reply and reply[0][1]) and block is not None:
-                reply = await self._send_read(start, room, block)
+                reply = await self._xreadgroup(start, room, block)
         else:
             if ahead is not None:  # sent for another start: a re-read from "0" covers it
                 await _settle(ahead[1])
-            reply = await self._send_read(start, room, block)
+            reply = await self._xreadgroup(start, room, block)
         entries: list[tuple[bytes, dict[bytes, bytes] | None]] = reply[0][1] if reply else []
         if entries and self._backlog is not None:
             self._backlog = entries[-1][0].decode()
@@ -410,7 +396,10 @@ class Aggregator:
             left = cfg.batch_max - len(batch.acks) - len(entries)
             count = min(cfg.read_count, left if left > 0 else cfg.batch_max)
             following = self._backlog or ">"
-            self._ahead = (following, self._send_read(following, count, None))
+            self._ahead = (
+                following,
+                asyncio.create_task(self._xreadgroup(following, count, None), name="read-ahead"),
+            )
         signers = {c for _, fields in entries if (c := _signer(fields)) is not None}
         if signers:  # one round trip for the keys of the whole read, before deciding any
             await retrying(
@@ -429,10 +418,9 @@ class Aggregator:
             self._decide_all(entries, batch)
         return len(entries)
 
-    def _send_read(self, start: str, count: int, block: int | None) -> asyncio.Task[Any]:
-        """A read sent now, on the reader thread; the task returns its reply, retried on a
-        transient error like every Redis action (the retries are sent from the task)."""
+    async def _xreadgroup(self, start: str, count: int, block: int | None) -> Any:
         cfg = self.settings.aggregator
+
         durable = self.settings.redis.durable_replicas > 0
 
         async def xreadgroup(client: aioredis.Redis) -> Any:
@@ -450,21 +438,12 @@ class Aggregator:
                 await client.incrby(self.keys.epoch, 0)
             return reply
 
-        def once(client: aioredis.Redis) -> Awaitable[Any]:
-            # durable mode: what a read delivers is on the replicas before it is decided, so
-            # a commit retried on a promoted replica finds every entry it acknowledges
-            # pending there, and carries on instead of refusing (group-lost-delivery)
-            return replicated(client, self.settings.redis.durability, xreadgroup)
-
-        sent: concurrent.futures.Future[Any] | None = self.reader.submit(once)
-
         async def read() -> Any:
-            nonlocal sent
-            attempt, sent = sent, None
             try:
-                if attempt is not None:
-                    return await asyncio.wrap_future(attempt)
-                return await self.reader.run(once)
+                # durable mode: what a read delivers is on the replicas before it is decided, so
+                # a commit retried on a promoted replica finds every entry it acknowledges
+                # pending there, and carries on instead of refusing (group-lost-delivery)
+                return await replicated(self.redis, self.settings.redis.durability, xreadgroup)
             except TRANSIENT:
                 # Redis may have run the read (entries now pending for us) and lost the reply
                 # (a timeout, or a crash after the AOF fsync): ">" never delivers those again
@@ -472,14 +451,7 @@ class Aggregator:
                     self._reread_pending = True
                 raise
 
-        task = asyncio.create_task(
-            retrying("XREADGROUP", read, self.settings.redis, self._stopping), name="read"
-        )
-        first = sent
-        # cancelled before it ran: the read already sent is cancelled with it
-        if first is not None:
-            task.add_done_callback(lambda t: first.cancel() if t.cancelled() else None)
-        return task
+        return await retrying("XREADGROUP", read, self.settings.redis, self._stopping)
 
     async def _read_ahead_ids(self) -> frozenset[bytes]:
         """The entries the read-ahead delivered (waiting for its reply if it is still on its

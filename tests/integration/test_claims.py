@@ -10,7 +10,6 @@ keeps running (no restart) and must decide them, taken over once idle for `claim
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
@@ -53,23 +52,19 @@ async def pending_ids(redis: aioredis.Redis, keys: Keys) -> dict[str, str]:
 
 class Gate:
     """Holds an aggregator's reads of new entries (XREADGROUP `>`) while closed: the aggregator
-    waits before its next read as a stopped or descheduled one does, and reads when opened.
+    waits before its next read as a stopped or descheduled one does, and reads when opened."""
 
-    The reads run on the aggregator's reader thread (services/aggregator/reader.py), on another
-    event loop: the gate is made of thread-safe events, waited for in worker threads."""
-
-    def __init__(self, aggregator: Aggregator) -> None:
-        self.opened = threading.Event()
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.opened = asyncio.Event()
         self.opened.set()
-        self.parked = threading.Event()
-        client = aggregator.reader.client
+        self.parked = asyncio.Event()
         read = client.xreadgroup
 
         async def gated(*args: Any, **kwargs: Any) -> Any:
             streams = args[2] if len(args) > 2 else kwargs["streams"]
             if ">" in streams.values() and not self.opened.is_set():
                 self.parked.set()
-                await asyncio.to_thread(self.opened.wait)
+                await self.opened.wait()
             return await read(*args, **kwargs)
 
         client.xreadgroup = gated  # type: ignore[method-assign]
@@ -78,8 +73,7 @@ class Gate:
         """Close, and return once the aggregator waits at the gate."""
         self.parked.clear()
         self.opened.clear()
-        if not await asyncio.to_thread(self.parked.wait, DEADLINE_S):
-            raise TimeoutError(f"the aggregator did not reach the gate within {DEADLINE_S} s")
+        await asyncio.wait_for(self.parked.wait(), DEADLINE_S)
 
 
 @pytest.mark.parametrize(
@@ -97,17 +91,17 @@ async def test_entries_read_by_a_fenced_aggregator_after_the_takeover_are_decide
         settings, consumer=new_name, claim_interval_s=0.1, claim_idle_s=0.5
     )
     old_client, new_client = connect(settings.redis), connect(settings.redis)
+    old_gate, new_gate = Gate(old_client), Gate(new_client)
     stopping = asyncio.Event()
-    old = Aggregator(old_settings, old_client, keys)
-    new = Aggregator(new_settings, new_client, keys)
-    old_gate, new_gate = Gate(old), Gate(new)
     try:
+        old = Aggregator(old_settings, old_client, keys)
         await old.start(initial_state(settings))
         old_running = asyncio.create_task(old.run(asyncio.Event()))
         await publish(redis, keys, make_update("before", base=0))
         cursor = await wait_for_ledger(redis, keys, "0-0", 1)  # the old one is live
         await old_gate.close()
 
+        new = Aggregator(new_settings, new_client, keys)
         await new.start(None)  # fences the old one off; nothing of its is pending now
         new_running = asyncio.create_task(new.run(stopping))
         await new_gate.close()  # the new one has re-read its backlog and is running
@@ -126,8 +120,6 @@ async def test_entries_read_by_a_fenced_aggregator_after_the_takeover_are_decide
         await new_running
     finally:
         stopping.set()
-        old_gate.opened.set()
-        new_gate.opened.set()
         await old_client.aclose()
         await new_client.aclose()
     records = await ledger(redis, keys)
@@ -166,10 +158,10 @@ async def test_without_audit_the_payload_of_an_entry_pending_elsewhere_is_not_tr
     keys = Keys(settings.redis.key_prefix)
     lean = with_aggregator(settings, keep_payloads=False, claim_idle_s=3600.0)
     client = connect(settings.redis)
-    aggregator = Aggregator(lean, client, keys)
-    gate = Gate(aggregator)
+    gate = Gate(client)
     stopping = asyncio.Event()
     try:
+        aggregator = Aggregator(lean, client, keys)
         await aggregator.start(initial_state(settings))
         running = asyncio.create_task(aggregator.run(stopping))
         first = await publish(redis, keys, make_update("first", base=0))
@@ -185,7 +177,6 @@ async def test_without_audit_the_payload_of_an_entry_pending_elsewhere_is_not_tr
         await running  # its last commit, and the trim after it, are done
     finally:
         stopping.set()
-        gate.opened.set()
         await client.aclose()
     assert [r["update_id"] for r in await ledger(redis, keys)] == [
         "first",

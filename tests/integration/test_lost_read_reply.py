@@ -31,9 +31,7 @@ async def test_entries_of_a_read_whose_reply_was_lost_are_still_decided(
     keys = Keys(settings.redis.key_prefix)
     aggregator = Aggregator(settings, redis, keys)
     await aggregator.start(initial_state(settings))
-    # the stream reads run on the aggregator's reader thread, with its own client
-    reader = aggregator.reader.client
-    read = reader.xreadgroup
+    read = redis.xreadgroup
     lost: list[Any] = []
 
     async def read_losing_first_reply(*args: Any, **kwargs: Any) -> Any:
@@ -43,7 +41,7 @@ async def test_entries_of_a_read_whose_reply_was_lost_are_still_decided(
             raise RedisTimeoutError("reply lost")
         return reply
 
-    reader.xreadgroup = read_losing_first_reply  # type: ignore[method-assign]
+    redis.xreadgroup = read_losing_first_reply  # type: ignore[method-assign]
     stopping = asyncio.Event()
     running = asyncio.create_task(aggregator.run(stopping))
     try:
