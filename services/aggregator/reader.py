@@ -39,7 +39,7 @@ class ReadThread:
     def __init__(self, settings: RedisSettings) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._loop.run_forever, name="fedasync-stream-reader", daemon=True
+            target=self._serve, name="fedasync-stream-reader", daemon=True
         )
         self._thread.start()
         #: used only on the reader's loop (a client's connections belong to the loop that made
@@ -60,8 +60,19 @@ class ReadThread:
     async def _run(self, read: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
         return await read(self.client)
 
+    def _serve(self) -> None:
+        """The thread: the loop until `close` stops it, then the loop closed here, by its own
+        thread, once nothing runs on it any more."""
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
     async def close(self) -> None:
-        """Close the client and end the thread (reads still running are cancelled)."""
+        """Close the client and end the thread; reads still running are cancelled first, and
+        waited for, so each connection they held is released or dropped before the client
+        closes (a connection left to the garbage collector after its loop ended warns)."""
         if not self._thread.is_alive():
             return
         closing = asyncio.run_coroutine_threadsafe(self._close(), self._loop)
@@ -70,11 +81,10 @@ class ReadThread:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             await asyncio.to_thread(self._thread.join, CLOSE_TIMEOUT_S)
-            if not self._thread.is_alive():
-                self._loop.close()
 
     async def _close(self) -> None:
-        for task in asyncio.all_tasks(self._loop):
-            if task is not asyncio.current_task():
-                task.cancel()
+        running = [t for t in asyncio.all_tasks(self._loop) if t is not asyncio.current_task()]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         await self.client.aclose()
