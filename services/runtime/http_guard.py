@@ -212,18 +212,10 @@ class GuardedConnection(asyncio.Protocol):
             if transport is not None and not transport.is_closing():
                 answer = fast.known(data)
                 if answer is not None:
-                    if len(answer) == 1:
-                        transport.write(answer[0])
-                    else:
-                        transport.writelines(answer)  # one writev on uvloop: no copy
+                    _write(transport, answer)
                     self._answered = True
                     self._since = self._last_received = self._loop.time()
-                    buffered = transport.get_write_buffer_size()
-                    if buffered or self._timer is None:
-                        self._check()  # an answer still being sent has the send deadline
-                    if buffered > FAST_WRITE_LIMIT:
-                        self._fast_paused = True  # the client must take its answers first
-                        transport.pause_reading()
+                    self._pace(transport)
                     return
         now = self._loop.time()
         if self._request is None and self._received == 0 and data:
@@ -284,10 +276,7 @@ class GuardedConnection(asyncio.Protocol):
                 self._hand_over()
                 return
             del self._head[: end + 4]
-            if len(answer) == 1:
-                transport.write(answer[0])
-            else:
-                transport.writelines(answer)  # one writev on uvloop: head and body, no copy
+            _write(transport, answer)
             # answered: the next head is awaited, as after aiohttp's answers (`answering`); the
             # timer already armed fires no later than that needs, and `_check` then re-arms
             self._answered = True
@@ -297,13 +286,20 @@ class GuardedConnection(asyncio.Protocol):
             if self._received:
                 self._head_began = now
                 self._arm(now + self._guard.limits.header_timeout_s)  # if sooner than armed
-            buffered = transport.get_write_buffer_size()
-            if buffered or self._timer is None:
-                self._check()  # an answer still being sent has the send deadline
-            if buffered > FAST_WRITE_LIMIT:
-                self._fast_paused = True  # the client must take its answers first
-                transport.pause_reading()
+            if self._pace(transport):
                 return
+
+    def _pace(self, transport: asyncio.Transport) -> bool:
+        """After a fast answer: the send deadline while it is still being sent, and reading
+        paused (True) once more than FAST_WRITE_LIMIT waits for the client to take it."""
+        buffered = transport.get_write_buffer_size()
+        if buffered or self._timer is None:
+            self._check()  # an answer still being sent has the send deadline
+        if buffered > FAST_WRITE_LIMIT:
+            self._fast_paused = True  # the client must take its answers first
+            transport.pause_reading()
+            return True
+        return False
 
     def _hand_over(self) -> None:
         """aiohttp takes the connection (and the bytes read so far) for good."""
@@ -448,3 +444,11 @@ class GuardCollector(Collector):
         for reason in CLOSE_REASONS:
             closed.add_metric([reason], guard.closed[reason])
         yield closed
+
+
+def _write(transport: asyncio.Transport, answer: Sequence[bytes]) -> None:
+    """A fast answer on the wire: one write, or one writev on uvloop (head and body, no copy)."""
+    if len(answer) == 1:
+        transport.write(answer[0])
+    else:
+        transport.writelines(answer)
