@@ -54,6 +54,7 @@ from fedasync.services.runtime.redis_conn import (
     is_out_of_memory,
     replicated,
     retrying,
+    until_sent,
 )
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import REDIS_OOM, STATE_MISMATCH, try_add_alert
@@ -400,6 +401,10 @@ class Aggregator:
                 following,
                 asyncio.create_task(self._xreadgroup(following, count, None), name="read-ahead"),
             )
+            # the task writes its command now, so Redis serves it while the entries below are
+            # decided (synchronously, for a small read: a task only created would send
+            # nothing before the deciding is done)
+            await until_sent(self._ahead[1])
         signers = {c for _, fields in entries if (c := _signer(fields)) is not None}
         if signers:  # one round trip for the keys of the whole read, before deciding any
             await retrying(

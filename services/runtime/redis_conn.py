@@ -282,6 +282,33 @@ async def _retrying_transient(
     return await policy.call_with_retry(action, failed)
 
 
+#: loop turns `until_sent` gives a command at most (redis-py's write under a socket timeout
+#: takes four: `wait_for` runs it as a task of its own)
+SEND_TURNS = 16
+
+
+async def until_sent(task: asyncio.Task[Any]) -> None:
+    """Let a task that sends a Redis command run until it waits for the reply (or ends).
+
+    A task only created runs when the caller next yields to the loop; a caller about to do
+    synchronous work (deciding a read) yields here first, so that the command is on the wire
+    and Redis serves it during that work. A bounded number of turns: at worst the command
+    goes out after the work, as it would have without this."""
+    for _ in range(SEND_TURNS):
+        if task.done() or _awaits_reply(task.get_coro()):
+            return
+        await asyncio.sleep(0)
+
+
+def _awaits_reply(coro: Any) -> bool:
+    """Whether `coro` is suspended in a connection's `read_response`: its command written."""
+    while coro is not None and hasattr(coro, "cr_code"):
+        if coro.cr_code.co_name == "read_response":
+            return True
+        coro = coro.cr_await
+    return False
+
+
 async def best_effort(what: str, action: Callable[[], Awaitable[T]]) -> T | None:
     """Run `action` once; on any Redis or network error log it and return None.
 
