@@ -304,6 +304,7 @@ class Aggregator:
                 await cancel_tasks([self._ahead[1]])
             if self._inflight is not None:  # a commit lands whole or not at all: safe to drop
                 await cancel_tasks([self._inflight])
+            self.metrics.fold()
         return RunResult(self.state.version, self.state.closed, self.committer.seq)
 
     async def _loop(self, stopping: asyncio.Event, burst: bool) -> None:
@@ -645,6 +646,7 @@ class Aggregator:
         await self._memory_freed()
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.commits.inc()
+        self.metrics.fold()
         self.metrics.version.set(batch.version)
         await self._stream_gauges()
         trimming = self.archive is not None or not self.settings.aggregator.keep_payloads
