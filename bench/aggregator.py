@@ -7,6 +7,10 @@ acknowledgements atomically). Both are timed from "all updates in the stream" to
 and acknowledged"; the ratio is what exactly-once costs. Also: seconds from an aggregator
 restart after kill -9 to its next commit.
 
+Automatic AOF rewrites are off and the AOF is rewritten between runs (`settle_aof`): a rewrite
+forks the server, and one falling inside a timed run, on either side, was the largest source of
+scatter between runs; every write is still fsynced before its reply.
+
 Both read the same number of entries per XREADGROUP (`--batch`, fewer for models so large that
 they would exceed ~256 MB a read); the aggregator commits with its defaults
 (group commit of up to 256 decisions or 50 ms).
@@ -77,6 +81,18 @@ async def fill(
             else:
                 pipe.xadd(stream, stream_entry.build_claim(store.put(message)))
         await pipe.execute()
+
+
+async def settle_aof(redis: aioredis.Redis) -> None:
+    """Rewrite the AOF now, after a flush, and wait for it: no rewrite (a fork of a server
+    holding hundreds of MB) then falls inside a timed run, on one side or the other, at random.
+    Automatic rewrites are off for the whole bench (`main_async`); fsyncs stay as they are."""
+    await redis.bgrewriteaof()
+    while True:
+        info: Any = await redis.info("persistence")
+        if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            return
+        await asyncio.sleep(0.05)
 
 
 async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int) -> float:
@@ -164,6 +180,11 @@ async def main_async(
         server = RedisServer(Path(tmp) / "redis")
         server.start()
         try:
+            admin = aioredis.Redis.from_url(server.url)
+            try:  # rewrites happen between runs only (settle_aof)
+                await admin.config_set("auto-aof-rewrite-percentage", 0)
+            finally:
+                await admin.aclose()
             print(f"median of {repeat} alternating runs; raw always consumes float32 in-stream")
             print(
                 f"{'parameters':>11} {'ours':>12} {'updates':>8} {'raw/s':>9} {'ours/s':>9} "
@@ -193,9 +214,11 @@ async def main_async(
                         await fill(redis, f"raw-{size}", raw)
                         raw_rates.append(await raw_consume(redis, f"raw-{size}", count, per_read))
                         await redis.flushall()
+                        await settle_aof(redis)
                         store = ClaimStore(claim_dir) if mode == "claim-check" else None
                         our_rates.append(await ours(settings, redis, size, mine, store))
                         await redis.flushall()
+                        await settle_aof(redis)
                         shutil.rmtree(claim_dir, ignore_errors=True)
                 finally:
                     await redis.aclose()
