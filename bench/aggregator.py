@@ -20,8 +20,19 @@ float16 updates (`--fp16`, FEDASYNC_WIRE__DTYPE=float16: half the bytes) and cla
 (`--claim-check`: the stream carries content addresses, the payloads sit in a directory store,
 services/stores/claim_check.py, fetched and checked ahead of deciding).
 
+`--floor` prints, instead, the highest ratio any one-process Python aggregator could reach at
+each size. One process has one thread holding the GIL, and at least two pieces of work per
+update need it: reading the entry through the same client as the raw consumer (its own CPU per
+update, measured while it consumes) and deciding it with the core the simulator shares
+(`decode_update` and `AggregationState.apply` alone; the ledger record, commit and metrics are
+left out, so the bound is generous). The wall time per update is no less than their sum, so
+ours ÷ raw ≤ raw wall ÷ (raw CPU + decide CPU). A bound under a target says that reaching it
+needs the reading or the deciding off the GIL (another process, compiled code) or another
+client, not better overlap.
+
 Run: python bench/aggregator.py [--sizes 10000 100000 1000000] [--batch 32] [--fp16 1000000]
      [--claim-check 1000000 10000000]
+     python bench/aggregator.py --floor [--sizes ...] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -51,10 +62,13 @@ from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.layout import Layout
+from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update
-from fedasync.shared.wire import encode_update
+from fedasync.shared.wire import decode_update, encode_update
 
 ROOT = Path(__file__).resolve().parents[1]
+#: updates per run at each size (others: 200)
+COUNTS = {10_000: 2000, 100_000: 600, 1_000_000: 100, 10_000_000: 16}
 
 
 def payloads(size: int, count: int, dtype: str = "float32") -> list[bytes]:
@@ -104,6 +118,60 @@ async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int
         await redis.xack(stream, "raw", *ids)
         done += len(ids)
     return count / (time.perf_counter() - start)
+
+
+async def raw_cost(
+    redis: aioredis.Redis, stream: str, count: int, batch: int
+) -> tuple[float, float]:
+    """`raw_consume`, timed twice: (wall, CPU of this thread) per update."""
+    await redis.xgroup_create(stream, "raw", id="0", mkstream=True)
+    wall, cpu, done = time.perf_counter(), time.thread_time(), 0
+    while done < count:
+        reply: Any = await redis.xreadgroup("raw", "c", {stream: ">"}, count=batch)
+        ids = [entry_id for entry_id, _ in reply[0][1]]
+        await redis.xack(stream, "raw", *ids)
+        done += len(ids)
+    return (time.perf_counter() - wall) / count, (time.thread_time() - cpu) / count
+
+
+def decide_cpu(size: int, raw: list[bytes]) -> float:
+    """CPU per update to decode each message and apply it through the core, nothing else."""
+    state = AggregationState(np.zeros(size, np.float32), Layout.flat(size))
+    policy = Policy()
+    cpu = time.thread_time()
+    for message in raw:
+        state.apply(decode_update(message, 1 << 40), policy)
+    return (time.thread_time() - cpu) / len(raw)
+
+
+async def floor(redis: aioredis.Redis, sizes: list[int], batch: int, repeat: int) -> None:
+    """The bound on ours ÷ raw at each size (module docstring), each run's sides back to back."""
+    print(f"median of {repeat} runs; per update, in µs")
+    print(f"{'parameters':>11} {'raw wall':>9} {'raw CPU':>8} {'decide CPU':>11} {'bound':>6}")
+    for size in sizes:
+        count = COUNTS.get(size, 200)
+        per_read = min(batch, max(1, (256 << 20) // (4 * size)))
+        raw = payloads(size, count)
+        walls, cpus, decides, bounds = [], [], [], []
+        for run in range(repeat):
+            stream = f"floor-{size}-{run}"
+            await fill(redis, stream, raw)
+            wall, cpu = await raw_cost(redis, stream, count, per_read)
+            await redis.delete(stream)
+            await settle_aof(redis)
+            decide = decide_cpu(size, raw)
+            walls.append(wall)
+            cpus.append(cpu)
+            decides.append(decide)
+            bounds.append(wall / (cpu + decide))
+        spread = ", ".join(f"{b:.2f}" for b in sorted(bounds))
+        print(
+            f"{size:>11} {statistics.median(walls) * 1e6:>9.1f} "
+            f"{statistics.median(cpus) * 1e6:>8.1f} {statistics.median(decides) * 1e6:>11.1f} "
+            f"{statistics.median(bounds):>6.2f}   (bounds {spread})",
+            flush=True,
+        )
+        del raw
 
 
 async def ours(
@@ -171,9 +239,13 @@ async def recovery(settings: Settings, redis: aioredis.Redis, server: RedisServe
 
 
 async def main_async(
-    sizes: list[int], batch: int, repeat: int, fp16: list[int], claim_check: list[int]
+    sizes: list[int],
+    batch: int,
+    repeat: int,
+    fp16: list[int],
+    claim_check: list[int],
+    bound_only: bool = False,
 ) -> None:
-    counts = {10_000: 2000, 100_000: 600, 1_000_000: 100, 10_000_000: 16}
     rows = [(size, "float32") for size in sizes]
     rows += [(size, "float16") for size in fp16] + [(size, "claim-check") for size in claim_check]
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,6 +255,9 @@ async def main_async(
             admin = aioredis.Redis.from_url(server.url)
             try:  # rewrites happen between runs only (settle_aof)
                 await admin.config_set("auto-aof-rewrite-percentage", 0)
+                if bound_only:
+                    await floor(admin, sizes, batch, repeat)
+                    return
             finally:
                 await admin.aclose()
             print(f"median of {repeat} alternating runs; raw always consumes float32 in-stream")
@@ -191,7 +266,7 @@ async def main_async(
                 f"{'ours/raw':>9}"
             )
             for size, mode in rows:
-                count = counts.get(size, 200)
+                count = COUNTS.get(size, 200)
                 # both sides read as many entries per XREADGROUP, at most ~256 MB of them
                 per_read = min(batch, max(1, (256 << 20) // (4 * size)))
                 raw = payloads(size, count)
@@ -257,8 +332,15 @@ def main() -> None:
         default=[1_000_000, 10_000_000],
         help="sizes with claim-check updates (payloads in a directory store)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="print the bound on ours/raw at each size (raw wall, raw CPU, decide CPU) instead",
+    )
     args = parser.parse_args()
-    asyncio.run(main_async(args.sizes, args.batch, args.repeat, args.fp16, args.claim_check))
+    asyncio.run(
+        main_async(args.sizes, args.batch, args.repeat, args.fp16, args.claim_check, args.floor)
+    )
 
 
 if __name__ == "__main__":
