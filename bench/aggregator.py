@@ -109,21 +109,11 @@ async def settle_aof(redis: aioredis.Redis) -> None:
         await asyncio.sleep(0.05)
 
 
-async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int) -> float:
-    await redis.xgroup_create(stream, "raw", id="0", mkstream=True)
-    start, done = time.perf_counter(), 0
-    while done < count:
-        reply: Any = await redis.xreadgroup("raw", "c", {stream: ">"}, count=batch)
-        ids = [entry_id for entry_id, _ in reply[0][1]]
-        await redis.xack(stream, "raw", *ids)
-        done += len(ids)
-    return count / (time.perf_counter() - start)
-
-
 async def raw_cost(
     redis: aioredis.Redis, stream: str, count: int, batch: int
 ) -> tuple[float, float]:
-    """`raw_consume`, timed twice: (wall, CPU of this thread) per update."""
+    """The raw consumer: redis-py XREADGROUP + XACK, nothing else; (wall, CPU of this thread)
+    per update."""
     await redis.xgroup_create(stream, "raw", id="0", mkstream=True)
     wall, cpu, done = time.perf_counter(), time.thread_time(), 0
     while done < count:
@@ -150,7 +140,7 @@ async def floor(redis: aioredis.Redis, sizes: list[int], batch: int, repeat: int
     print(f"{'parameters':>11} {'raw wall':>9} {'raw CPU':>8} {'decide CPU':>11} {'bound':>6}")
     for size in sizes:
         count = COUNTS.get(size, 200)
-        per_read = min(batch, max(1, (256 << 20) // (4 * size)))
+        per_read = entries_per_read(batch, size)
         raw = payloads(size, count)
         walls, cpus, decides, bounds = [], [], [], []
         for run in range(repeat):
@@ -172,6 +162,17 @@ async def floor(redis: aioredis.Redis, sizes: list[int], batch: int, repeat: int
             flush=True,
         )
         del raw
+
+
+async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int) -> float:
+    """The raw consumer's updates/s."""
+    wall, _ = await raw_cost(redis, stream, count, batch)
+    return 1 / wall
+
+
+def entries_per_read(batch: int, size: int) -> int:
+    """`batch` entries per XREADGROUP, fewer if they would exceed ~256 MB of float32."""
+    return min(batch, max(1, (256 << 20) // (4 * size)))
 
 
 async def ours(
@@ -267,8 +268,8 @@ async def main_async(
             )
             for size, mode in rows:
                 count = COUNTS.get(size, 200)
-                # both sides read as many entries per XREADGROUP, at most ~256 MB of them
-                per_read = min(batch, max(1, (256 << 20) // (4 * size)))
+                # both sides read as many entries per XREADGROUP
+                per_read = entries_per_read(batch, size)
                 raw = payloads(size, count)
                 mine = payloads(size, count, "float16") if mode == "float16" else raw
                 claim_dir = Path(tmp) / f"objects-{size}"
