@@ -163,7 +163,7 @@ class Stack:
         if check and result.returncode != 0:
             raise ComposeError(
                 f"`{_shown(command)}` exited {result.returncode}:\n"
-                + _tail(result.stderr or result.stdout)
+                + _tail("\n".join(t for t in (result.stdout, result.stderr) if t.strip()))
             )
         return result
 
