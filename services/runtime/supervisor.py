@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -128,11 +128,19 @@ class Supervisor:
         self.children[spec.name] = child
         return child
 
-    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
-        """Poll the child's readiness URL until it answers 200; fail fast if the child exits."""
+    def wait_ready(
+        self, name: str, timeout: float = 30.0, between: Callable[[], None] | None = None
+    ) -> None:
+        """Poll the child's readiness URL until it answers 200; fail fast if the child exits.
+
+        `between` runs before each look: a caller's way to give up early (by raising), e.g. on a
+        Ctrl-C it noted but has not acted on yet.
+        """
         child = self.children[name]
         deadline = time.monotonic() + timeout
         while True:
+            if between is not None:
+                between()
             if not child.running():
                 raise ChildFailed(
                     f"{name} exited with code {child.process.returncode} while starting; "

@@ -13,12 +13,10 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -28,6 +26,7 @@ from rich.markup import escape
 
 from fedasync.services.commands.redis_target import redis_where
 from fedasync.services.commands.up import view
+from fedasync.services.commands.up.interrupts import Interrupts
 from fedasync.services.commands.up.options import run_settings
 from fedasync.services.commands.up.plan import (
     SERVICES,
@@ -49,10 +48,6 @@ from fedasync.services.worker.device import default_client_id
 FINAL_EVALUATION_S = 30.0
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 class Monitor:
@@ -80,12 +75,13 @@ class Monitor:
             name = child.spec.name
             if name in self._reported:
                 continue
-            self._reported.add(name)
-            noted.append(name)
-            self.problems.append(
+            problem = (
                 f"{name} crashed with exit code {child.process.returncode}; "
                 f"see {child.log_path}:\n{child.log_tail(8)}"
             )
+            self._reported.add(name)
+            self.problems.append(problem)
+            noted.append(name)
         return noted
 
     def _get(self, path: str) -> Any:
@@ -124,7 +120,9 @@ class Monitor:
         return None
 
 
-def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> str:
+def _watch(
+    monitor: Monitor, console: Console, live: bool, started: float, interrupts: Interrupts
+) -> str:
     done_at: float | None = None
     last_line = 0.0
 
@@ -158,7 +156,7 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
                 )
                 if reason is not None:
                     return reason
-                time.sleep(REFRESH_S)
+                interrupts.sleep(REFRESH_S)
     while True:
         reason = finished()
         elapsed = time.monotonic() - started
@@ -170,7 +168,7 @@ def _watch(monitor: Monitor, console: Console, live: bool, started: float) -> st
             last_line = elapsed
         if reason is not None:
             return reason
-        time.sleep(REFRESH_S)
+        interrupts.sleep(REFRESH_S)
 
 
 def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis: str) -> None:
@@ -231,71 +229,67 @@ def run_up(args: argparse.Namespace) -> int:
     settings = configure(settings, url, prefix, ports, secure=args.secure)
     started = time.monotonic()
     ended_by = "failed"
-    old_term = signal.signal(signal.SIGTERM, _interrupt)
-    # Ctrl-C must stop the run even when the shell that started us ignores SIGINT (a job started
-    # with `nohup … &` from a non-interactive shell inherits SIG_IGN, and Python then installs no
-    # handler of its own): install the KeyboardInterrupt handler explicitly.
-    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
-            monitor = Monitor(settings, ports, supervisor)
-            try:
-                for spec in service_specs(settings, ports):
-                    supervisor.start(spec)
-                    supervisor.wait_ready(spec.name, timeout=60)
-                _header(console, settings, ports, out, where)
-                device_keys = asyncio.run(_provision(settings)) if args.secure else {}
-                for spec in worker_specs(settings, ports, device_keys):
-                    supervisor.start(spec)
-                console.print(
-                    f"  {'workers':<11} {settings.task.num_devices} device processes started; "
-                    "Ctrl-C stops everything",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-                live = not args.no_live and console.is_terminal
-                ended_by = _watch(monitor, console, live, started)
-            except KeyboardInterrupt:
-                ended_by = "interrupted"
-                console.print("[yellow]interrupted: stopping every process[/yellow]")
-            except ChildFailed as exc:
-                if str(exc) not in monitor.problems:
-                    monitor.problems.append(str(exc))
-                console.print(f"[red]{escape(str(exc))}[/red]")
-            finally:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the cleanup finish
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                workers = [n for n in supervisor.children if n.startswith("worker-")]
-                # workers first (nothing more is published), the aggregator last
-                supervisor.stop_all(
-                    groups=[
-                        workers,
-                        ["ingest", "evaluator", "control", "snapshot"],
-                        ["aggregator"],
-                    ]
-                )
-                monitor.report_crashes()  # a death the last look did not see
+    interrupts = Interrupts()
+    with interrupts.installed():  # until the run folder is written and Redis stopped
         try:
-            summary = asyncio.run(
-                write_run_folder(
-                    settings,
-                    out,
-                    ended_by=ended_by,
-                    wall_seconds=time.monotonic() - started,
-                    extra={"problems": monitor.problems, "settings": _shown(settings)},
+            with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
+                monitor = Monitor(settings, ports, supervisor)
+                try:
+                    for spec in service_specs(settings, ports):
+                        interrupts.check()
+                        supervisor.start(spec)
+                        supervisor.wait_ready(spec.name, timeout=60, between=interrupts.check)
+                    _header(console, settings, ports, out, where)
+                    device_keys = asyncio.run(_provision(settings)) if args.secure else {}
+                    for spec in worker_specs(settings, ports, device_keys):
+                        interrupts.check()
+                        supervisor.start(spec)
+                    console.print(
+                        f"  {'workers':<11} {settings.task.num_devices} device processes started; "
+                        "Ctrl-C stops everything",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                    live = not args.no_live and console.is_terminal
+                    ended_by = _watch(monitor, console, live, started, interrupts)
+                except KeyboardInterrupt:
+                    ended_by = "interrupted"
+                    console.print("[yellow]interrupted: stopping every process[/yellow]")
+                except ChildFailed as exc:
+                    if str(exc) not in monitor.problems:
+                        monitor.problems.append(str(exc))
+                    console.print(f"[red]{escape(str(exc))}[/red]")
+                finally:
+                    interrupts.ignore()  # a second Ctrl-C must not cut the cleanup short
+                    workers = [n for n in supervisor.children if n.startswith("worker-")]
+                    # workers first (nothing more is published), the aggregator last
+                    supervisor.stop_all(
+                        groups=[
+                            workers,
+                            ["ingest", "evaluator", "control", "snapshot"],
+                            ["aggregator"],
+                        ]
+                    )
+                    monitor.report_crashes()  # a death the last look did not see
+            try:
+                summary = asyncio.run(
+                    write_run_folder(
+                        settings,
+                        out,
+                        ended_by=ended_by,
+                        wall_seconds=time.monotonic() - started,
+                        extra={"problems": monitor.problems, "settings": _shown(settings)},
+                    )
                 )
-            )
-        except (RedisError, OSError) as exc:
-            for problem in monitor.problems:
-                console.print(f"[red]problem: {escape(problem)}[/red]")
-            console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
-            return 1
-        print_summary(console, summary, out)
-    finally:
-        if redis_server is not None:
-            redis_server.stop()
-        signal.signal(signal.SIGTERM, old_term)
-        signal.signal(signal.SIGINT, old_int)
+            except (RedisError, OSError) as exc:
+                for problem in monitor.problems:
+                    console.print(f"[red]problem: {escape(problem)}[/red]")
+                console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
+                return 1
+            print_summary(console, summary, out)
+        finally:
+            if redis_server is not None:
+                redis_server.stop()
     return 0 if ended_by in ("max_updates", "max_seconds") and not summary["problems"] else 1
 
 
