@@ -331,13 +331,18 @@ async def get_bytes(redis: aioredis.Redis, key: str) -> bytes | None:
 
 
 async def stream_entries(
-    redis: aioredis.Redis, stream: str, *, after: str = "0-0", page: int = 1000
+    redis: aioredis.Redis,
+    stream: str,
+    *,
+    after: str = "0-0",
+    until: str = "+",
+    page: int = 1000,
 ) -> AsyncIterator[tuple[str, dict[bytes, bytes]]]:
-    """(entry id, fields) of `stream` after `after` (exclusive), oldest first, read page by page
-    so a long stream is never held in one reply."""
+    """(entry id, fields) of `stream` after `after` (exclusive) up to `until` (inclusive; `+`:
+    the end), oldest first, read page by page so a long stream is never held in one reply."""
     start = "(" + after
     while True:
-        entries: Any = await redis.xrange(stream, min=start, max="+", count=page)
+        entries: Any = await redis.xrange(stream, min=start, max=until, count=page)
         for entry_id, fields in entries:
             yield as_text(entry_id), fields
         if len(entries) < page:

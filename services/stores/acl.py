@@ -235,6 +235,10 @@ def users(prefix: str) -> tuple[User, ...]:
             "`fedasync ledger` (read-only audit) and `fedasync devices` (keys written, never read)",
             Grant((*ping, "multi", "exec", "acl|log")),
             (
+                # verify reads the last commit's results in one transaction, under a WATCH of
+                # what a commit writes (services/stores/committed.py)
+                Grant(("watch",), read=(k.commit_seq, k.version, k.state)),
+                Grant(("xrevrange",), read=(k.ledger,)),
                 Grant(
                     ("xrange", "get", "hget", "hlen", "llen", "hgetall"),
                     read=(

@@ -24,8 +24,9 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entries
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
+from fedasync.services.stores.committed import Committed, read_committed
 from fedasync.services.stores.keys import Keys, update_digest
-from fedasync.services.stores.memory_store import read_memory, remembered
+from fedasync.services.stores.memory_store import remembered
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
@@ -40,15 +41,22 @@ _CONTEXT = ("stream_id", "at")
 
 
 async def records(
-    redis: aioredis.Redis, keys: Keys, page: int = 1000, *, after: str = "0-0"
+    redis: aioredis.Redis,
+    keys: Keys,
+    page: int = 1000,
+    *,
+    after: str = "0-0",
+    until: str = "+",
 ) -> AsyncIterator[dict[str, Any]]:
     """Ledger records in commit order, each with its ledger entry id (`ledger_id`).
 
     The one reader of the ledger stream: export, verify, the run folder and the control
     service's window all go through it. `after` is an exclusive start, so a reader that keeps
-    the last `ledger_id` it saw takes in only what was committed since (0-0: from the start).
+    the last `ledger_id` it saw takes in only what was committed since (0-0: from the start);
+    `until` an inclusive end (verify stops at the commit it compares with).
     """
-    async for entry_id, fields in stream_entries(redis, keys.ledger, after=after, page=page):
+    entries = stream_entries(redis, keys.ledger, after=after, until=until, page=page)
+    async for entry_id, fields in entries:
         yield _record(entry_id, fields)
 
 
@@ -144,16 +152,21 @@ async def verify(
 ) -> VerifyReport:
     """Replay the ledger from genesis and compare decisions and the committed model.
 
-    A payload no longer in the updates stream is read from `archive` (the aggregator's, when
-    it has one: services/stores/archive.py); a claim-check update's message from `claims`."""
+    The replay ends at the last commit as it was when verify began, and is compared with that
+    commit's results, read in the same step (services/stores/committed.py): an aggregator that
+    goes on committing meanwhile changes neither. A payload no longer in the updates stream is
+    read from `archive` (the aggregator's, when it has one: services/stores/archive.py); a
+    claim-check update's message from `claims`."""
     report = VerifyReport()
     genesis = await get_bytes(redis, keys.genesis)
     if genesis is None:
         report.mismatches.append("no genesis checkpoint: nothing was ever committed")
         return report
+    committed = await read_committed(redis, keys)
     state = load_state(genesis)
     policies: dict[int, Policy] = {}
-    async for record in records(redis, keys):
+    # an empty ledger then: nothing to replay ("0-0" ends the range before its start)
+    async for record in records(redis, keys, until=committed.last_ledger_id or "0-0"):
         number = int(record["policy_version"])
         if number not in policies:
             policies[number] = await policy_version(redis, keys, number)
@@ -193,37 +206,28 @@ async def verify(
         report.replayed += 1
         report.outcomes[record["outcome"]] += 1
         await _check_receipt(redis, keys, record, report)
-    indexed, ordered = await redis.hlen(keys.receipts), await redis.llen(keys.receipts_order)
+    indexed, ordered = committed.receipts_indexed, committed.receipts_ordered
     if indexed != ordered:
         report.mismatches.append(f"receipts: {indexed} indexed but {ordered} in their order list")
-    report.version = int(await get_bytes(redis, keys.version) or 0)
-    committed = await get_bytes(redis, keys.model(report.version))
-    if committed is None:
+    report.version = committed.version
+    if committed.model is None:
         report.mismatches.append(f"model {report.version} is not kept")
         return report
-    model = decode_model(committed, max_bytes=len(committed)).snapshot
+    model = decode_model(committed.model, max_bytes=len(committed.model)).snapshot
     report.model_matches = state.version == model.version and np.array_equal(
         state.weights_view().view(np.uint32), model.weights.view(np.uint32)
     )
-    await _check_state(redis, keys, state, report)
+    _check_state(committed, state, report)
     return report
 
 
-async def dedup_ids(redis: aioredis.Redis, keys: Keys) -> list[tuple[str, int]]:
-    """The dedup memory's ids as the commits left them in `{p}:dedup`, (id, key)."""
-    kept: Any = await redis.zrangebyscore(keys.dedup, "-inf", "+inf", withscores=True)
-    return [(as_text(i), int(k)) for i, k in kept]
-
-
-async def _check_state(
-    redis: aioredis.Redis, keys: Keys, state: AggregationState, report: VerifyReport
-) -> None:
+def _check_state(committed: Committed, state: AggregationState, report: VerifyReport) -> None:
     """The committed checkpoint and `{p}:memory` against the replay's, byte for byte.
 
     A budget of time can close training after the last decision (no record says so): the
     replay is closed the same way before comparing, the one thing it cannot know.
     """
-    raw = await get_bytes(redis, keys.state)
+    raw = committed.state
     if raw is None:
         report.mismatches.append("no committed state")
         return
@@ -249,10 +253,10 @@ async def _check_state(
     )
     if not matches:
         report.mismatches.append("the committed state differs from the replay's")
-    if ids_apart and sorted(await dedup_ids(redis, keys)) != sorted(state.dedup.items()):
+    if ids_apart and sorted(committed.dedup_ids) != sorted(state.dedup.items()):
         report.mismatches.append("the dedup memory's ids differ from the replay's")
         matches = False
-    memory, replayed = await read_memory(redis, keys), remembered(state)
+    memory, replayed = committed.memory, remembered(state)
     report.remembered = len(replayed)
     for client in sorted(set(memory) | set(replayed)):
         if memory.get(client) != replayed.get(client):

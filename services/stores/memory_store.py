@@ -8,19 +8,16 @@ deltas its replay arrived at.
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import as_text
+from fedasync.services.stores.committed import memory_from
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.aggregation import AggregationState
 
 
 async def read_memory(redis: aioredis.Redis, keys: Keys) -> dict[str, bytes]:
     """Every remembered delta, client id → float32 bytes (empty outside the memory mode)."""
-    raw: Any = await redis.hgetall(keys.memory)
-    return {as_text(client): bytes(delta) for client, delta in raw.items()}
+    return memory_from(await redis.hgetall(keys.memory))
 
 
 def remembered(state: AggregationState) -> dict[str, bytes]:

@@ -222,9 +222,8 @@ def observed(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         seen.worker_log = logs.stdout + logs.stderr
 
         seen.ledger = _ledger_until(stack, {DEVICE: 1, EDGE_WORKER: WORKER_RUNS})
-        # at rest, as docs/operations.md runs it: the stack's own workers train on, and a
-        # commit landing between verify's ledger read and its model read is not a mismatch
-        stack.compose("stop", "aggregator")
+        # live: the stack's own workers train on, and the aggregator commits while verify
+        # replays (it compares with the commit it began at: services/stores/committed.py)
         seen.verify_output = stack.tool("ledger", "verify")
         print(
             f"compose edge: up to healthy {seen.up_to_healthy_s:.0f} s; device update "

@@ -18,6 +18,7 @@ from fedasync.services.commands.up.summary import summarize
 from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import ledger
+from fedasync.services.stores.committed import read_committed
 from fedasync.services.stores.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
@@ -97,3 +98,46 @@ async def test_the_run_folder_reads_the_ledger_once_and_writes_the_export(
     assert text == exported.getvalue()
     assert [json.loads(line) for line in text.splitlines()] == everything
     assert summary["updates"]["decided"] == len(everything)
+
+
+async def test_verify_replays_up_to_the_commit_it_began_at_while_later_commits_land(
+    settings: Settings, redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ledger verify` on a running system: a commit that lands while it replays is neither
+    replayed nor compared with (it once read the ledger, then a newer commit's state)."""
+    keys = Keys(settings.redis.key_prefix)
+    decided = await decide(settings, redis, 5)
+    began_at = await read_committed(redis, keys)
+    read_records = ledger.records
+
+    async def commits_meanwhile(*args: Any, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        landed = False
+        async for record in read_records(*args, **kwargs):
+            if not landed:  # the aggregator decides more while verify replays the first record
+                landed = True
+                for i in range(5, 9):
+                    update = make_update(f"u{i}", base=began_at.version, client=f"device-{i % 3}")
+                    await publish(redis, keys, update)
+                await run_aggregator(
+                    settings,
+                    redis=redis,
+                    initial=initial_state(settings),
+                    handle_signals=False,
+                    burst=True,
+                )
+            yield record
+
+    monkeypatch.setattr(ledger, "records", commits_meanwhile)
+    report = await ledger.verify(redis, keys, settings.wire.max_message_bytes)
+    assert report.ok, report.describe()
+    assert report.replayed == len(decided)
+    assert report.version == began_at.version
+    now = await read_committed(redis, keys)
+    assert now.version == began_at.version + 4  # the later commits did land meanwhile
+    assert now.state != began_at.state
+
+    monkeypatch.undo()
+    report = await ledger.verify(redis, keys, settings.wire.max_message_bytes)
+    assert report.ok, report.describe()
+    assert report.replayed == len(decided) + 4
+    assert report.version == now.version
