@@ -55,18 +55,33 @@ LEDGER_DEADLINE_S = 60.0
 _BLOCK_MS = 2_000
 
 
+async def next_entries(
+    redis: aioredis.Redis, stream: str, after: str, within_s: float, count: int | None = None
+) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The entries of `stream` after `after` (at most `count`), blocking (no polling) until one
+    is there, for at most `within_s`: TimeoutError after that.
+
+    The wait is cut into XREADs of 2 s: redis-py applies the client's socket timeout to a
+    blocking read, so one XREAD blocking longer would fail at that timeout, not at `within_s`.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        reply: Any = await redis.xread({stream: after}, block=_BLOCK_MS, count=count)
+        if reply:
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1]
+            return entries
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing added to {stream} after {after} within {within_s:g} s")
+
+
 async def wait_for_ledger(redis: aioredis.Redis, keys: Keys, after: str, count: int) -> str:
     """Block on the ledger stream (no polling) until `count` more decisions are committed, for
     at most LEDGER_DEADLINE_S (a loaded machine may take long to start an aggregator)."""
     seen = 0
     deadline = time.monotonic() + LEDGER_DEADLINE_S
     while seen < count:
-        reply: Any = await redis.xread({keys.ledger: after}, block=_BLOCK_MS, count=count - seen)
-        if not reply:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no decision committed within {LEDGER_DEADLINE_S:g} s")
-            continue
-        entries = reply[0][1]
+        left = max(deadline - time.monotonic(), 0.0)
+        entries = await next_entries(redis, keys.ledger, after, left, count - seen)
         seen += len(entries)
         after = entries[-1][0].decode()
     return after

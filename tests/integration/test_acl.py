@@ -57,7 +57,7 @@ from fedasync.shared import stream_entry
 from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
-from tests.integration.helpers import ledger, wait_for_ledger
+from tests.integration.helpers import ledger, next_entries, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 T = TypeVar("T")
@@ -228,12 +228,11 @@ async def test_every_service_runs_as_its_own_user_and_training_works(
         record = None
         after = "0-0"
         while record is None or record.version < version:
-            reply: Any = await while_serving(
-                tasks, observer.xread({KEYS.evaluations: after}, block=20_000)
+            entries = await while_serving(
+                tasks, next_entries(observer, KEYS.evaluations, after, 20.0)
             )
-            assert reply, "no evaluation within 20 s"
-            after = reply[0][1][-1][0].decode()
-            record = evaluations.EvaluationRecord.from_json(reply[0][1][-1][1][b"e"])
+            after = entries[-1][0].decode()
+            record = evaluations.EvaluationRecord.from_json(entries[-1][1][b"e"])
         control_url = f"http://127.0.0.1:{await ports['control']}"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession() as session:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -21,6 +20,7 @@ from fedasync.services.stores.ledger import verify
 from fedasync.services.worker.service import run as run_worker
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.seeds import Stream, stream
+from tests.integration.helpers import next_entries
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -31,10 +31,7 @@ async def evaluation_of(redis: aioredis.Redis, keys: Keys, version: int) -> Eval
     """Block on the evaluations stream (no polling) until `version` has been scored."""
     after = "0-0"
     while True:
-        reply: Any = await redis.xread({keys.evaluations: after}, block=30_000)
-        if not reply:
-            raise TimeoutError(f"version {version} not evaluated within 30 s")
-        for entry_id, fields in reply[0][1]:
+        for entry_id, fields in await next_entries(redis, keys.evaluations, after, 30.0):
             after = entry_id.decode()
             record = EvaluationRecord.from_json(fields[FIELD.encode()])
             if record.version >= version:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import numpy as np
@@ -34,7 +33,7 @@ from fedasync.shared.model_format import decode_model, encode_model
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
-from tests.integration.helpers import wait_for_ledger
+from tests.integration.helpers import next_entries, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -83,10 +82,7 @@ async def next_record(
     redis: aioredis.Redis, keys: Keys, after: str
 ) -> tuple[str, EvaluationRecord]:
     """Block on the evaluations stream (no polling) for the next record after `after`."""
-    reply: Any = await redis.xread({keys.evaluations: after}, block=20_000, count=1)
-    if not reply:
-        raise TimeoutError("no evaluation recorded within 20 s")
-    entry_id, fields = reply[0][1][0]
+    entry_id, fields = (await next_entries(redis, keys.evaluations, after, 20.0, count=1))[0]
     return entry_id.decode(), EvaluationRecord.from_json(fields[FIELD.encode()])
 
 

@@ -46,7 +46,13 @@ from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check
 from fedasync.shared.model_format import decode_model
 from tests.integration.aof import drop_transactions, incremental_files
-from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
+from tests.integration.helpers import (
+    initial_state,
+    make_update,
+    next_entries,
+    publish,
+    wait_for_ledger,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -99,9 +105,7 @@ async def commit(settings: Settings, redis: aioredis.Redis, ids: list[str]) -> i
 
 async def next_alert(redis: aioredis.Redis, after: str = "0-0") -> dict[str, str]:
     """Block (no polling) until an alert is recorded; its fields."""
-    reply: Any = await redis.xread({KEYS.alerts: after}, block=30_000, count=1)
-    assert reply, "no alert recorded within 30 s"
-    _, fields = reply[0][1][0]
+    _, fields = (await next_entries(redis, KEYS.alerts, after, 30.0, count=1))[0]
     return {k.decode(): v.decode() for k, v in fields.items()}
 
 

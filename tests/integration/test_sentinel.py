@@ -66,6 +66,9 @@ def as_user(group: ReplicatedRedis, user: str) -> Settings:
             "sentinel_password": PASSWORDS[DISCOVERY_USER],
             "key_prefix": PREFIX,
             "socket_timeout_s": 2.0,
+            # ride out a slow failover (an election retried, Sentinel's TILT mode on a stalled
+            # machine) rather than give up after the default ten tries, about 13 s
+            "reconnect_attempts": 60,
         },
         task={"name": "linear"},
         aggregator={"batch_ms": 20, "block_ms": 100, "port": None},

@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fedasync.services.commands.chaos.proxy import command_of, parse_request
+from fedasync.services.runtime.redis_server import free_port
 
 T = TypeVar("T")
 
@@ -49,7 +50,10 @@ class Link:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self, port: int = 0) -> int:
+    async def start(self, port: int | None = None) -> int:
+        """Listen on `port` (by default one from `free_port`, not port 0: the kernel could give
+        this link a port picked for a service of the same run that has not bound it yet)."""
+        port = free_port() if port is None else port
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
