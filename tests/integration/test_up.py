@@ -199,6 +199,34 @@ def test_ctrl_c_stops_every_child_writes_the_report_and_a_killed_worker_is_repor
     assert any("crashed with exit code -9" in problem for problem in problems), problems
 
 
+def test_a_fleet_that_all_died_ends_the_run_as_a_failure_with_each_crash_reported(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "run"
+    options = ("--devices", "2", "--task", "linear", "--max-updates", "1000000")
+    process = up(out, *options)
+    processes.append(process)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "device processes started" in line:
+            break
+    workers = [
+        p
+        for p in children(process.pid)
+        if b"fedasync.services.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker, signal.SIGKILL)
+    output, _ = process.communicate(timeout=240)  # `up` ends the run on its own
+    assert process.returncode == 1, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended_by"] == "failed"
+    problems = summary["problems"]
+    assert sum("crashed with exit code -9" in problem for problem in problems) == 2, problems
+    assert "every worker stopped before training was done" in problems, problems
+
+
 def test_secure_devices_sign_and_publish_through_ingest(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:

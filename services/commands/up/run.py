@@ -48,6 +48,8 @@ from fedasync.services.worker.device import default_client_id
 FINAL_EVALUATION_S = 30.0
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
+#: how long every worker may be stopped before the control service says training is done
+WORKERS_GONE_GRACE_S = 15.0
 
 
 class Monitor:
@@ -61,6 +63,8 @@ class Monitor:
         self.problems: list[str] = []
         self._reported: set[str] = set()
         self.status: dict[str, Any] | None = None
+        #: when every worker was first seen stopped while training was not done
+        self._workers_gone_at: float | None = None
         self.alerts: list[dict[str, Any]] = []
 
     def workers_running(self) -> int:
@@ -107,10 +111,10 @@ class Monitor:
                 )
         done = (self.status or {}).get("training_done")
         if done is None and len(self.supervisor.exited(self.workers)) == len(self.workers):
-            # workers stop on their own once training is done: look again before failing
-            self.status = self._get("/v1/status") or self.status
-            done = (self.status or {}).get("training_done")
-            if done is None:
+            # workers stop on their own once training is done, and the status that says so may
+            # be a look or two late (a slow answer counts as none): fail only after a grace
+            self._workers_gone_at = self._workers_gone_at or time.monotonic()
+            if time.monotonic() - self._workers_gone_at > WORKERS_GONE_GRACE_S:
                 raise ChildFailed("every worker stopped before training was done")
         if done is None:
             return None
