@@ -37,6 +37,7 @@ from fedasync.services.runtime.prometheus import REGISTRY, FoldingRegistry, metr
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
+from fedasync.services.snapshot.conditional import none_match
 from fedasync.services.snapshot.fast import HotAnswers
 from fedasync.services.stores.alerts import VERSION_REGRESSED, try_add_alert
 from fedasync.services.stores.keys import Keys
@@ -134,7 +135,7 @@ def _send(request: web.Request, served: Served, route: str, immutable: bool) -> 
     safetensors = request.query.get("format") == "safetensors"
     etag = _etag(served, safetensors)
     headers = _headers(served, cache.done, immutable, etag)
-    if etag in _etags(request.headers.get("If-None-Match", "")):
+    if none_match(request.headers.get("If-None-Match", ""), etag):
         metrics.not_modified.inc()
         metrics.requests.labels(route, "304").inc()
         return web.Response(status=304, headers=headers)
@@ -145,10 +146,6 @@ def _send(request: web.Request, served: Served, route: str, immutable: bool) -> 
     metrics.sent.inc(len(body))
     metrics.requests.labels(route, "200").inc()
     return web.Response(body=body, content_type=content_type, headers=headers)
-
-
-def _etags(header: str) -> set[str]:
-    return {tag.strip() for tag in header.split(",") if tag.strip()}
 
 
 def _error(status: int, message: str, route: str, request: web.Request) -> web.Response:

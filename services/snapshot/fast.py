@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import __version__ as aiohttp_version
 
+from fedasync.services.snapshot.conditional import none_match
+
 if TYPE_CHECKING:
     from fedasync.services.snapshot.app import SnapshotMetrics
     from fedasync.services.snapshot.cache import ModelCache, Served
@@ -66,7 +68,7 @@ class HotAnswers:
         self._served: Served | None = None
         self._done: dict[str, str] | None = None
         self._second = self._until = 0.0  # the second of their Date, as time.time() reads it
-        self._etag = b""
+        self._etag = ""
         self._body_size = 0
         #: by kind: the answer (None: aiohttp answers) and how many were given since the fold
         self._answers: list[tuple[bytes, ...] | None] = [None, None, None, None]
@@ -149,7 +151,7 @@ class HotAnswers:
                 return DECLINED
         if line == _META:
             return META
-        if if_none_match is not None and self._etag in _etags(if_none_match):
+        if if_none_match is not None and none_match(if_none_match.decode("latin-1"), self._etag):
             return NOT_MODIFIED
         return MODEL
 
@@ -167,7 +169,7 @@ class HotAnswers:
         if done:
             common.append(f"X-Fedasync-Training-Done: {done.get('reason', 'done')}")
         tail = [f"Date: {date}", f"Server: {SERVER}"]
-        self._etag = served.etag.encode()
+        self._etag = served.etag
         self._body_size = len(served.body)
         head_304 = _head("304 Not Modified", [*common, *tail])
         head_200 = _head(
@@ -198,8 +200,3 @@ class HotAnswers:
 
 def _head(status: str, headers: list[str]) -> bytes:
     return (f"HTTP/1.1 {status}\r\n" + "".join(f"{h}\r\n" for h in headers) + "\r\n").encode()
-
-
-def _etags(header: bytes) -> set[bytes]:
-    """As app.py's `_etags`, on bytes."""
-    return {tag.strip() for tag in header.split(b",") if tag.strip()}

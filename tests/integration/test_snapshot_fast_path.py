@@ -188,6 +188,8 @@ async def test_the_fast_path_takes_latest_and_meta_and_leaves_the_rest_to_aiohtt
         ("/v1/models/latest", {"If-None-Match": "ETAG"}),
         ("/v1/models/latest", {"If-None-Match": '"other", ETAG'}),
         ("/v1/models/latest", {"If-None-Match": '"v0-0000000000000000"'}),
+        ("/v1/models/latest", {"If-None-Match": "W/ETAG"}),  # compared weakly: 304
+        ("/v1/models/latest", {"If-None-Match": "*"}),
         ("/v1/models/latest/meta", {}),
     ],
 )
