@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
+from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import livez
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 
@@ -24,7 +25,7 @@ READY = web.AppKey("ready", Readiness)
 
 
 def create_app(metrics: AggregatorMetrics, ready: Readiness) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app[METRICS] = metrics
     app[READY] = ready
     app[REGISTRY] = metrics.registry

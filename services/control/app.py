@@ -28,6 +28,7 @@ from fedasync.services.control.openapi import spec
 from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.control.switchboard import AlreadyInState, set_switch
 from fedasync.services.control.window import LedgerWindow
+from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
@@ -369,7 +370,7 @@ async def _rules(app: web.Application) -> AsyncIterator[None]:
 def create_app(
     settings: Settings, redis: aioredis.Redis, *, run_rules: bool = True
 ) -> web.Application:
-    app = web.Application(middlewares=[redis_answers])
+    app = web.Application(middlewares=[json_errors, redis_answers])
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[KEYS] = Keys(settings.redis.key_prefix)

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from fedasync.learning.task import Task
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
+from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import http_service, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
@@ -174,7 +175,7 @@ BACKGROUND = web.AppKey("background", Background)
 
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     metrics = EvaluatorMetrics()
     follower = Follower(settings, redis, metrics)
     background = Background()

@@ -36,6 +36,7 @@ from fedasync.services.ingest.refusal import (
     unavailable,
 )
 from fedasync.services.ingest.store import IngestStore, UpdateIdReused
+from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
@@ -197,6 +198,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     """The ingest app; `lingering_time=0`: a refused body is not drained, the connection closes;
     `auto_decompress=False`: aiohttp never inflates a body (a compressed one is refused, 415)."""
     app = web.Application(
+        middlewares=[json_errors],
         client_max_size=settings.ingest.max_body_bytes,
         handler_args={"lingering_time": 0, "auto_decompress": False},
     )

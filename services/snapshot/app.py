@@ -31,6 +31,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
+from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.prometheus import REGISTRY, FoldingRegistry, metrics_response
@@ -379,7 +380,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> web.Application:
     """The snapshot app; `worker` names this process among those sharing the port (service.py)."""
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[KEYS] = Keys(settings.redis.key_prefix)

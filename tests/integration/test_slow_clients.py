@@ -340,3 +340,22 @@ async def test_a_client_that_takes_none_of_its_answers_is_cut_off(
         finally:
             writer.transport.abort()  # whatever happened, the service's writes end here
         assert closed(await metrics(port), "send_timeout") == 1
+
+
+async def test_a_path_no_route_serves_and_a_wrong_method_are_answered_as_json(
+    service: tuple[str, int],
+) -> None:
+    """Every error is JSON (`error`, `reason`), also those aiohttp raises before any handler:
+    a device with a wrong base URL reads why, not aiohttp's plain text."""
+    _, port = service
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/no/such/path") as response:
+            assert response.status == 404
+            body = await response.json()
+        assert body["reason"] == "not_found"
+        assert "/no/such/path" in body["error"]
+        async with session.delete(f"http://127.0.0.1:{port}/livez") as response:
+            assert response.status == 405
+            assert "GET" in response.headers["Allow"]
+            body = await response.json()
+        assert body["reason"] == "method_not_allowed"
