@@ -51,6 +51,8 @@ def server_version(binary: str) -> tuple[int, ...]:
     return tuple(int(part) for part in found.group(1).split("."))
 
 
+#: tries to start a server on a port picked here before giving up
+_START_ATTEMPTS = 3
 #: every port `free_port` handed out in this process
 _handed_out: set[int] = set()
 
@@ -85,26 +87,63 @@ def _second_reply(sock: socket.socket) -> bytes:
     return lines[1] if len(lines) > 1 else b""
 
 
-def wait_answering(process: subprocess.Popen[bytes] | None, port: int, timeout: float) -> None:
+class PortTaken(RuntimeError):
+    """Another process listened on the port first; the redis-server started for it exited."""
+
+
+#: what redis-server logs once it listens and has loaded its data (7.0: no suffix; 7.2: " tcp")
+_READY_LINE = b"Ready to accept connections"
+_PORT_TAKEN_LINE = b"Address already in use"
+
+
+def wait_answering(
+    process: subprocess.Popen[bytes] | None,
+    port: int,
+    timeout: float,
+    log: tuple[Path, int] | None = None,
+) -> None:
     """Poll until the server on `port` answers PING (a server replays its AOF before it does).
 
     As the health user first: under the ACL file (stores/acl.py) nobody may log in as the
     default user. Without an ACL file that AUTH fails and the PING is answered anyway.
+
+    A PONG alone does not prove that `process` answered: if another server took the port
+    between `free_port` and the start, that one answers, and ours exits. With `log` (the log
+    file and its size before the start) the wait also needs our server's own "Ready" line, and
+    its "Address already in use" is PortTaken.
     """
     probe = f"AUTH {HEALTH_USER} probe\r\nPING\r\n".encode()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {process.returncode}")
+            written = _written_since(log)
+            if _PORT_TAKEN_LINE in written:
+                raise PortTaken(f"port {port} was taken by another process")
+            tail = written.decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"redis-server exited with {process.returncode}: {tail}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
                 sock.sendall(probe)
-                if _second_reply(sock).startswith(b"+PONG"):
-                    return
+                answered = _second_reply(sock).startswith(b"+PONG")
         except OSError:
-            pass
+            answered = False
+        if answered and (log is None or _READY_LINE in _written_since(log)):
+            return
         time.sleep(0.02)
     raise TimeoutError(f"redis-server on port {port} not ready in {timeout} s")
+
+
+def _written_since(log: tuple[Path, int] | None) -> bytes:
+    """What the server wrote to its log file since it was started."""
+    if log is None:
+        return b""
+    path, offset = log
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            return file.read()
+    except OSError:
+        return b""
 
 
 class RedisServer:
@@ -119,6 +158,8 @@ class RedisServer:
         config_file: bool = False,
     ) -> None:
         self.directory = directory
+        #: a port picked here may be taken before the server binds it: then start takes another
+        self._port_given = port is not None
         self.port = port or free_port()
         self.binary = binary or find_redis_server()
         #: more redis-server options, e.g. ("--aclfile", path) for the least-privilege users
@@ -133,13 +174,33 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it answers; on a port another process took between
+        `free_port` and now, start again on a new one. A port given to the constructor is kept,
+        and so is the port of a server started before (a restart: its clients know that port);
+        for those, PortTaken is raised."""
+        for _ in range(_START_ATTEMPTS - 1):
+            try:
+                self._start(timeout)
+                break
+            except PortTaken:
+                if self._port_given:
+                    raise
+                self.process = None
+                self.port = free_port()
+        else:
+            self._start(timeout)
+        self._port_given = True
+
+    def _start(self, timeout: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         config: list[str] = []
         if self.config_file:
             path = self.directory / "redis.conf"
             path.write_text("# the options are on the command line; CONFIG REWRITE writes here\n")
             config = [str(path)]
-        log = (self.directory / "redis.log").open("ab")
+        log_path = self.directory / "redis.log"
+        log = log_path.open("ab")
+        offset = log.tell()
         self.process = subprocess.Popen(
             [
                 self.binary,
@@ -168,10 +229,7 @@ class RedisServer:
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         log.close()
-        self._wait_ready(timeout)
-
-    def _wait_ready(self, timeout: float) -> None:
-        wait_answering(self.process, self.port, timeout)
+        wait_answering(self.process, self.port, timeout, (log_path, offset))
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""
