@@ -176,6 +176,11 @@ def _build(name: str, factory: Callable[..., Any], params: Mapping[str, Any]) ->
         raise TaskBuildError(f"task {name!r}: building it failed: {_reason(exc)}") from exc
     except Exception as exc:  # the user's code: any failure is reported, none escapes
         raise TaskBuildError(f"task {name!r}: building it failed: {_reason(exc)}") from exc
+    except SystemExit as exc:  # e.g. a script's main(), whose argparse found no arguments
+        raise NotATaskError(
+            f"task {name!r}: calling it exited (SystemExit {exc.code}): it looks like a "
+            "program's entry point, not a fedasync.Task subclass nor a function returning one"
+        ) from None
     if not isinstance(task, Task):
         raise NotATaskError(
             f"task {name!r}: it returned {type(task).__name__}, not a fedasync.Task"

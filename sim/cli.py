@@ -112,8 +112,9 @@ def _simulate(args: argparse.Namespace) -> int:
     for name, result in summary["algorithms"].items():
         reached = result["time_to_target"]["time_s"]
         when = "not reached" if reached is None else f"at {reached / 60:.1f} min"
+        target = "" if config.eval.target is None else f"target {when}, "  # none set: no claim
         print(
-            f"{name:>22}: final {result['final']['score']:.3f}, target {when}, "
+            f"{name:>22}: final {result['final']['score']:.3f}, {target}"
             f"{result['updates']['applied']} applied, {result['updates']['dropped']} dropped, "
             f"ended by {result['ended_by']}"
         )

@@ -14,6 +14,17 @@ def _num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _target(target: Any) -> str:
+    if target is None:
+        return "No target score set (time to target: –)."
+    return f"Target score: {target}."
+
+
+def _reached(time_to_target: dict[str, Any]) -> str:
+    """The time to target, or – when no target was set (nothing to reach)."""
+    return "–" if time_to_target["target"] is None else _minutes(time_to_target["time_s"])
+
+
 def _minutes(seconds: Any) -> str:
     return "not reached" if seconds is None else f"{seconds / 60:.1f} min"
 
@@ -31,7 +42,7 @@ def table(summary: dict[str, Any]) -> list[str]:
         )
         rows.append(
             f"| {name} | {a['ended_by']} | {_num(a['final']['score'])} | {_num(a['best']['score'])}"
-            f" | {_minutes(a['time_to_target']['time_s'])} | {a['updates']['applied']}"
+            f" | {_reached(a['time_to_target'])} | {a['updates']['applied']}"
             f" | {a['updates']['dropped']} | {taus} | {_num(a['alpha']['mean'])}"
             f" | {_num(a['rates']['applied_per_hour'], 0)}"
             f" | {_num(a['rates']['rounds_per_hour'], 1)}"
@@ -80,7 +91,7 @@ def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
         "",
         f"Task `{config['task']['name']}`, partition `{config['data']['partition']}`,"
         f" {summary['fleet']['devices']} devices, latency `{config['fleet']['latency']['kind']}`."
-        f" Target score: {config['eval']['target']}. Times are simulated.",
+        f" {_target(config['eval']['target'])} Times are simulated.",
         "",
         *table(summary),
         "",

@@ -20,6 +20,7 @@ from fedasync.services.commands.chaos.cli import register as register_chaos
 from fedasync.services.commands.devices_cli import register as register_devices
 from fedasync.services.commands.flags import add_flags, given, policy_flags
 from fedasync.services.commands.migrate_cli import register as register_migrate
+from fedasync.services.commands.parser import CommandParser
 from fedasync.services.commands.redis_target import CommandError
 from fedasync.services.commands.up.options import add_arguments as add_up_arguments
 from fedasync.services.runtime.settings import (
@@ -174,10 +175,13 @@ def _up(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedasync",
+        allow_abbrev=False,
         description="Asynchronous federated learning: staleness-weighted, one update at a time.",
     )
     parser.add_argument("--version", action="version", version=f"fedasync {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
 
     alpha = commands.add_parser("alpha", help="show alpha for each staleness rule and tau")
     alpha.add_argument("--t", type=int, default=0, help="server version, for the progress rule")
@@ -251,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:  # what is missing or failed, in one line
         print(f"fedasync {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `fedasync ledger export | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -61,8 +61,9 @@ def _devices(args: argparse.Namespace) -> int:
             key = await add_device(redis, keys, args.client_id)
             print(key)
             print(
-                f"key of {args.client_id}: shown once; give it to the device as "
-                "FEDASYNC_WORKER__KEY",
+                f"key of {args.client_id}: shown once; give it to the device (a fedasync "
+                "worker reads FEDASYNC_WORKER__KEY; your own code passes it to "
+                "DeviceClient(..., key=...))",
                 file=sys.stderr,
             )
             return 0

@@ -76,7 +76,8 @@ def add_flags(
     """
     for flag in flags:
         field = setting_field(flag.section, flag.name)
-        default = (defaults or {}).get(flag.path, field.default)
+        # a field with a default factory (task params: a fresh dict) has no plain default
+        default = (defaults or {}).get(flag.path, field.get_default(call_default_factory=True))
         text = flag.help or field.description or ""
         text += f" (default: {shown(default)}; {env_name(*flag.path)})"
         parser.add_argument(

@@ -111,13 +111,13 @@ def test_the_example_device_gets_a_receipt_equal_to_the_ledger_for_every_update(
             if words[:1] in (["snapshot"], ["ingest"]):
                 urls[words[0]] = words[1].split("/v1/")[0]
             if words[:1] == ["redis"]:
-                urls["redis"] = "redis://" + next(w for w in words if w.startswith("127.0.0.1:"))
+                urls["redis"] = words[1]  # redis://127.0.0.1:<port>/0
             if "device processes started" in line:
                 break
         assert set(urls) == {"snapshot", "ingest", "redis"}, urls
         added = subprocess.run(
             [sys.executable, "-m", "fedasync.services.commands.cli", "devices", "add", "phone-1"],
-            env=env | {"FEDASYNC_REDIS__URL": urls["redis"] + "/0"},
+            env=env | {"FEDASYNC_REDIS__URL": urls["redis"]},
             capture_output=True, text=True, check=True, timeout=60,
         )  # fmt: skip
         receipts = tmp_path / "receipts.jsonl"

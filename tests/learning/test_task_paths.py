@@ -123,6 +123,7 @@ ERRORS: list[tuple[str, dict[str, Any], type[TaskError], str]] = [
     ("mytask:make", {"classes": 1}, TaskParamsError, "classes must be >= 2"),
     ("digits", {"hidden": 0}, TaskParamsError, "hidden must be >= 1"),
     ("mytask:broken", {}, TaskBuildError, "building it failed: RuntimeError: no data here"),
+    ("mytask:main", {}, NotATaskError, "calling it exited (SystemExit 2)"),
 ]
 
 

@@ -114,6 +114,11 @@ def broken() -> Task:
     raise RuntimeError("no data here")
 
 
+def main() -> None:
+    """A script's entry point named by mistake: its argument parser exits."""
+    raise SystemExit(2)
+
+
 def no_layout() -> Task:
     task = Blobs()
     del task.layout

@@ -175,3 +175,34 @@ def test_an_export_file_that_cannot_be_written_is_one_line_and_exit_2(
     assert main(["ledger", "export", "--out", str(out)]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line == f"fedasync ledger export: --out {out}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "hint"),
+    [
+        (["up", "--devcies", "3"], "usage: fedasync up ", "did you mean --devices?"),
+        (["up", "--max-update", "5"], "usage: fedasync up ", "did you mean --max-updates?"),
+        (["ledger", "verify", "--rnu", "x"], "usage: fedasync ledger verify ", "--run?"),
+    ],
+    ids=["typo", "prefix-is-not-the-option", "nested-command"],
+)
+def test_an_unknown_option_is_reported_by_its_own_command_with_the_nearest_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, hint: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert f"unrecognized arguments: {' '.join(argv[-2:])}" in err
+    assert hint in err
+
+
+def test_the_help_shows_the_default_of_a_setting_made_by_a_factory(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["up", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: {}; FEDASYNC_TASK__PARAMS)" in text
+    assert "PydanticUndefined" not in text

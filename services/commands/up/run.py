@@ -175,7 +175,14 @@ def _watch(
         interrupts.sleep(REFRESH_S)
 
 
-def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis: str) -> None:
+def _header(
+    console: Console,
+    settings: Settings,
+    ports: Ports,
+    out: Path,
+    redis: str,
+    private_url: str | None,
+) -> None:
     task, worker, budget = settings.task, settings.worker, settings.budget
     console.print(
         f"[bold]fedasync up[/bold]: {task.num_devices} devices ({worker.profile}, time scale "
@@ -199,6 +206,14 @@ def _header(console: Console, settings: Settings, ports: Ports, out: Path, redis
     ]
     for name, where, note in rows:
         console.print(f"  {name:<11} {where}  {note}", highlight=False, soft_wrap=True)
+    if settings.auth.required and private_url is not None:
+        # a device of the user's own joins the run with a key of its own, while the run lasts
+        console.print(
+            f"  {'a device':<11} FEDASYNC_REDIS__URL={private_url} fedasync devices add ID  "
+            "prints its key (docs/device-client.md)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -223,7 +238,7 @@ def run_up(args: argparse.Namespace) -> int:
             return 2
         redis_server.start()
         url, prefix = redis_server.url, settings.redis.key_prefix
-        where = f"private redis-server on 127.0.0.1:{redis_server.port} (AOF in {out / 'redis'})"
+        where = f"{redis_server.url}  private redis-server, no password (AOF in {out / 'redis'})"
     else:
         url = settings.redis.url
         explicit = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
@@ -243,7 +258,8 @@ def run_up(args: argparse.Namespace) -> int:
                         interrupts.check()
                         supervisor.start(spec)
                         supervisor.wait_ready(spec.name, timeout=60, between=interrupts.check)
-                    _header(console, settings, ports, out, where)
+                    private_url = None if redis_server is None else redis_server.url
+                    _header(console, settings, ports, out, where, private_url)
                     device_keys = asyncio.run(_provision(settings)) if args.secure else {}
                     for spec in worker_specs(settings, ports, device_keys):
                         interrupts.check()
