@@ -166,7 +166,8 @@ def verify(
         when = "before" if skew > 0 else "after"
         raise AuthError(
             AuthReason.SIGNATURE_EXPIRED,
-            f"signed {abs(skew)} ms {when} it was received; window {window_ms} ms",
+            f"signed {abs(skew)} ms {when} it was received; window {window_ms} ms (t is "
+            "milliseconds since the Unix epoch)",
         )
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from fedasync.services.ingest.protocol import CLIENT_HEADER, SIGNATURE_HEADER, TIME_HEADER
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.shared.device_auth import AuthError, Proof, parse_proof
+from fedasync.shared.device_auth import AuthError, AuthReason, Proof, parse_proof
 from fedasync.shared.token_bucket import TokenBucket
 
 #: rate-limit buckets kept before full (idle) ones are forgotten
@@ -80,7 +80,15 @@ def request_proof(request: web.Request) -> Proof:
     try:
         return parse_proof(raw(CLIENT_HEADER), raw(TIME_HEADER), raw(SIGNATURE_HEADER))
     except AuthError as exc:
-        raise Refusal(401, exc.reason.value, exc.detail) from None
+        # the core names the proof's parts as the stream entry does (c, t, s): say which header
+        detail = exc.detail
+        if exc.reason is AuthReason.MALFORMED_SIGNATURE:
+            detail += f" ({_HEADER_NAMES})"
+        raise Refusal(401, exc.reason.value, detail) from None
+
+
+#: the signature headers by the letters the core's messages use for them
+_HEADER_NAMES = f"c: {CLIENT_HEADER}, t: {TIME_HEADER}, s: {SIGNATURE_HEADER}"
 
 
 async def device_key(cache: KeyCache, proof: Proof) -> bytes:

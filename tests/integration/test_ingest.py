@@ -147,6 +147,10 @@ async def test_refusals_carry_status_reason_and_are_counted(
         assert (response.status, answer["reason"]) == (status, reason)
         assert answer["error"]
         assert refusals(client, reason) == 1.0
+        if reason == "malformed_signature":  # the header at fault is named, not a field letter
+            assert "t: X-Fedasync-Time" in answer["error"], answer
+        if reason == "signature_expired":  # a time in seconds is the usual mistake
+            assert "milliseconds since the Unix epoch" in answer["error"], answer
     assert await stream_length(redis, settings) == 0
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from fedasync.services.commands.up.report import describe_fairness
+from fedasync.services.commands.up.report import describe_fairness, print_summary
 from fedasync.services.commands.up.summary import fairness, summarize
 from fedasync.services.stores.evaluations import EvaluationRecord
 
@@ -56,6 +58,11 @@ def test_rates_stats_and_acceptance_from_the_ledger() -> None:
         {"client": "slow", "applied": 1, "decided": 2, "rate": 0.5},
         {"client": "fast", "applied": 2, "decided": 2, "rate": 1.0},
     ]
+    console = Console(record=True, width=200)
+    print_summary(console, summary, Path("runs/x"))
+    shown = console.export_text()
+    # the drops by reason: `closed` (after the budget) is not a staleness drop
+    assert "3 applied, 2 dropped (1 closed, 1 stale), 0 rejected" in shown
 
 
 def row(client: str, applied: int, decided: int) -> dict[str, Any]:
@@ -92,7 +99,7 @@ def test_every_client_under_the_fairness_rate_is_alerted_or_says_why_not() -> No
         },
     ]
     assert describe_fairness(fair) == (
-        "device-0 (under 10% of their last 20 applied); "
+        "device-0 (each: under 10% of its last 20 decided updates applied); "
         "device-1 9% not alerted: 11 decisions, fewer than the 20 it is judged on; "
         "device-8 9% not alerted: at or above 10% over its last 20 whenever the rule looked"
     )

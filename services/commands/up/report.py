@@ -102,9 +102,11 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     if final.get("per_class"):
         per_class = "  ".join(f"{c}: {v:.2f}" for c, v in final["per_class"].items())
         table.add_row("per class", per_class)
+    dropped = summary.get("reasons", {}).get("dropped", {})
+    why = f" ({', '.join(f'{n} {r}' for r, n in sorted(dropped.items()))})" if dropped else ""
     table.add_row(
         "updates",
-        f"{updates['applied']} applied, {updates['dropped']} dropped, "
+        f"{updates['applied']} applied, {updates['dropped']} dropped{why}, "
         f"{updates['rejected']} rejected, {updates['duplicate']} duplicates, "
         f"{updates['dead_letters']} dead letters",
     )
@@ -141,7 +143,8 @@ def describe_fairness(fair: dict[str, Any]) -> str:
     """Who the fairness rule alerted on, and why each other client under its rate was not."""
     rate = f"{fair['min_rate']:.0%}"
     parts = [
-        f"{', '.join(fair['alerted'])} (under {rate} of their last {fair['decisions']} applied)"
+        f"{', '.join(fair['alerted'])} (each: under {rate} of its last {fair['decisions']} "
+        "decided updates applied)"
         if fair["alerted"]
         else "none"
     ]
