@@ -35,6 +35,7 @@ from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
+from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import (
@@ -233,12 +234,7 @@ async def alerts(request: web.Request) -> web.Response:
     except ValueError:
         return _error(400, "count must be an int")
     entries: Any = await request.app[REDIS].xrevrange(request.app[KEYS].alerts, count=count)
-    return web.json_response(
-        [
-            {"id": entry_id.decode()} | {k.decode(): v.decode() for k, v in fields.items()}
-            for entry_id, fields in entries
-        ]
-    )
+    return web.json_response([alert_record(entry_id, fields) for entry_id, fields in entries])
 
 
 async def status(request: web.Request) -> web.Response:

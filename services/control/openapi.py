@@ -19,6 +19,19 @@ _ERROR = {
     "required": ["error"],
 }
 
+#: one alert (services/stores/alerts.py, alert_record)
+_ALERT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "the alerts stream's entry id"},
+        "rule": {"type": "string"},
+        "message": {"type": "string"},
+        "at": {"type": "number", "description": "Unix seconds"},
+        "client": {"type": "string", "description": "for a per-device alert"},
+    },
+    "required": ["id", "rule", "message", "at"],
+}
+
 
 def _policy_schema() -> dict[str, Any]:
     """The policy's JSON schema, from the core's schema: every field, its type and range."""
@@ -153,7 +166,7 @@ def spec() -> dict[str, Any]:
                     "summary": "Alerts raised by the automatic rules, newest first",
                     "parameters": [{"name": "count", "in": "query", "schema": {"type": "integer"}}],
                     "responses": {
-                        "200": _json({"type": "array", "items": {"type": "object"}}, "alerts"),
+                        "200": _json({"type": "array", "items": _ALERT}, "alerts"),
                         "400": _json(_ERROR, "count is not an int"),
                         **errors,
                     },

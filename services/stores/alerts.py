@@ -7,13 +7,14 @@ and, for a per-device alert, `client`; `GET /v1/alerts` and `fedasync up` show t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.redis_conn import TRANSIENT, as_text
 from fedasync.services.stores.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,16 @@ async def add_alert(
         fields["client"] = client
     entry: Any = await redis.xadd(keys.alerts, fields, maxlen=KEEP, approximate=True)
     return entry.decode() if isinstance(entry, bytes) else str(entry)
+
+
+def alert_record(entry_id: bytes | str, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """One alert as every reader shows it (`GET /v1/alerts`, the run folder's summary): its
+    entry `id`, `rule`, `message`, `client` if any, and `at` as a number of Unix seconds."""
+    record: dict[str, Any] = {"id": as_text(entry_id)}
+    record |= {as_text(k): as_text(v) for k, v in fields.items()}
+    with contextlib.suppress(KeyError, ValueError):  # a record written by hand: as it is
+        record["at"] = float(record["at"])
+    return record
 
 
 async def try_add_alert(

@@ -137,6 +137,7 @@ async def test_an_always_dropped_client_raises_a_fairness_alert(
         alerts = await (await client.get("/v1/alerts", headers=auth)).json()
     assert alerts[0]["client"] == "slow"
     assert "0 of its last 10" in alerts[0]["message"]
+    assert isinstance(alerts[0]["at"], float)  # Unix seconds, a number as everywhere else
 
 
 async def test_a_rule_turns_its_switch_off_after_a_restart(

@@ -20,6 +20,7 @@ from fedasync.services.commands.up.view import num
 from fedasync.services.runtime.redis_conn import connect, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations, ledger
+from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.keys import Keys
 
 
@@ -51,9 +52,7 @@ async def write_run_folder(
     summary["problems"] = list(summary.get("problems", []))
     if summary["updates"]["applied"] == 0 and ended_by != "interrupted":
         summary["problems"].append("no update was applied (see the dead letters and the logs)")
-    summary["alerts"] = [
-        {k.decode(): v.decode() for k, v in fields.items()} for _, fields in raised
-    ]
+    summary["alerts"] = [alert_record(entry_id, fields) for entry_id, fields in raised]
     control = settings.control
     summary["fairness"] = fairness(
         summary["clients"],
