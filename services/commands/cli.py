@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from fedasync.services.commands.acl_cli import register as register_acl
 from fedasync.services.commands.chaos.cli import register as register_chaos
@@ -68,8 +70,29 @@ def _settings(args: argparse.Namespace) -> int:
         return 0
     settings = load_settings()
     settings.task.build()  # the task as the aggregator would build it: importable, a Task
-    print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    print(json.dumps(_without_secrets(settings.model_dump(mode="json")), indent=2))
     return 0
+
+
+#: how a secret is shown: set, and not what it is (SecretStr fields already print so)
+HIDDEN = "**********"
+
+
+def _without_secrets(dumped: dict[str, Any]) -> dict[str, Any]:
+    """The settings as `fedasync settings` prints them, which operators paste into tickets: the
+    Redis URL's password and the control token are hidden like the other secrets."""
+    redis = dumped.get("redis", {})
+    if redis.get("url"):
+        parts = urlsplit(redis["url"])
+        if parts.password is not None:
+            user = f"{parts.username}:" if parts.username else ":"
+            host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+            netloc = f"{user}{HIDDEN}@{host}" + (f":{parts.port}" if parts.port else "")
+            redis["url"] = urlunsplit(parts._replace(netloc=netloc))
+    control = dumped.get("control", {})
+    if control.get("token"):
+        control["token"] = HIDDEN
+    return dumped
 
 
 def _service(module: str) -> Callable[[argparse.Namespace], int]:
@@ -129,7 +152,7 @@ async def _ledger_job(
     archive_dir: Path | None = None,
     claim_check_dir: Path | None = None,
 ) -> int:
-    from fedasync.services.commands.redis_target import talking_to
+    from fedasync.services.commands.redis_target import redis_where, talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores import ledger
     from fedasync.services.stores.archive import PayloadArchive
@@ -156,6 +179,12 @@ async def _ledger_job(
         archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
         claims = None if claim_check_dir is None else ClaimStore(claim_check_dir)
         report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
+        if report.nothing_committed:  # not a failed proof: most likely the wrong place
+            raise CommandError(
+                f"ledger verify: no training under the key prefix {keys.prefix!r} at "
+                f"{redis_where(redis_settings)} (no genesis checkpoint): check "
+                "FEDASYNC_REDIS__KEY_PREFIX and the database in FEDASYNC_REDIS__URL"
+            )
         print(report.describe())
         return 0 if report.ok else 1
 

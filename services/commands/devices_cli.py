@@ -69,8 +69,16 @@ def _devices(args: argparse.Namespace) -> int:
             return 0
         if args.devices_command == "revoke":
             had = await revoke_device(redis, keys, args.client_id)
-            print(f"{args.client_id}: " + ("revoked" if had else "had no key (now revoked)"))
-            return 0
+            if had:
+                print(f"{args.client_id}: revoked")
+                return 0
+            # most often a typo: the device meant keeps its key, so a script must not read success
+            print(
+                f"fedasync devices revoke: {args.client_id!r} had no key, so no device lost "
+                "one (`fedasync devices list` shows the ids); the id is listed as revoked",
+                file=sys.stderr,
+            )
+            return 1
         print(json.dumps(await list_devices(redis, keys), indent=2))
         return 0
 

@@ -221,6 +221,8 @@ async def meta(request: web.Request) -> web.StreamResponse:
     name = request.match_info["version"]
     if name == "latest":
         served = cache.latest
+        if served is None:  # as `latest` itself: nothing is kept yet, or Redis is away
+            return _error(503, "no model committed yet", "meta", request)
     else:
         version = parse_version(name)
         if version is None:

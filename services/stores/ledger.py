@@ -121,6 +121,9 @@ class VerifyReport:
     receipts: int = 0
     #: what was not checked, and why
     notes: list[str] = field(default_factory=list)
+    #: no genesis checkpoint under the key prefix: no training to verify (a wrong prefix or
+    #: database, more often than lost data)
+    nothing_committed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -160,6 +163,7 @@ async def verify(
     report = VerifyReport()
     genesis = await get_bytes(redis, keys.genesis)
     if genesis is None:
+        report.nothing_committed = True
         report.mismatches.append("no genesis checkpoint: nothing was ever committed")
         return report
     committed = await read_committed(redis, keys)

@@ -118,3 +118,24 @@ def test_two_trainings_in_one_redis_need_a_prefix(
     monkeypatch.setenv("FEDASYNC_REDIS__KEY_PREFIX", "second")
     assert main(["ledger", "verify", "--run", str(run)]) == 0
     assert "OK: 4 decisions replayed" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("no_settings")
+def test_verify_under_a_prefix_with_no_training_says_where_it_looked_not_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped prefix (or database) is not a failed proof: `FAILED` would send an operator
+    to stop production; one line says where nothing was found, exit 2."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        monkeypatch.setenv("FEDASYNC_REDIS__URL", server.url)
+        monkeypatch.setenv("FEDASYNC_REDIS__KEY_PREFIX", "fedasnyc")
+        assert main(["ledger", "verify"]) == 2
+    finally:
+        server.stop()
+    captured = capsys.readouterr()
+    assert "FAILED" not in captured.out
+    [line] = captured.err.splitlines()
+    assert "no training under the key prefix 'fedasnyc'" in line
+    assert "FEDASYNC_REDIS__KEY_PREFIX" in line

@@ -300,3 +300,16 @@ async def test_a_version_that_needs_an_absent_redis_is_a_503_not_a_500(
         await redis.aclose()
     finally:
         server.stop()
+
+
+async def test_before_the_first_model_latest_and_its_meta_are_503_not_a_missing_version(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """Nothing committed yet (or Redis away since the start): `latest/meta` says so as `latest`
+    does, not `404 version not kept`, which reads like a retention problem."""
+    app = create_app(settings, redis)
+    async with TestClient(TestServer(app)) as client:
+        for path in ("/v1/models/latest", "/v1/models/latest/meta"):
+            response = await client.get(path)
+            assert response.status == 503, path
+            assert (await response.json())["error"] == "no model committed yet"

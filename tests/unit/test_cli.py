@@ -206,3 +206,17 @@ def test_the_help_shows_the_default_of_a_setting_made_by_a_factory(
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: {}; FEDASYNC_TASK__PARAMS)" in text
     assert "PydanticUndefined" not in text
+
+
+def test_settings_prints_no_secret(
+    clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What operators paste into a ticket: the Redis password and the control token hidden."""
+    clean_env.setenv("FEDASYNC_REDIS__URL", "redis://admin:S3CRETpassword42@redis:6379/0")
+    clean_env.setenv("FEDASYNC_CONTROL__TOKEN", "operator-token-0123456789")
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    assert "S3CRETpassword42" not in out
+    assert "operator-token-0123456789" not in out
+    assert '"url": "redis://admin:**********@redis:6379/0"' in out
+    assert '"token": "**********"' in out

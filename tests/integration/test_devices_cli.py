@@ -1,0 +1,43 @@
+"""`fedasync devices` against a real Redis: a revoke that revoked nothing is not a success."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedasync.services.commands.cli import main
+from fedasync.services.runtime.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", server.url)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.mark.usefixtures("redis_url")
+def test_revoking_a_device_that_has_a_key_succeeds_and_a_typo_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["devices", "add", "phone-17"]) == 0
+    capsys.readouterr()
+    assert main(["devices", "revoke", "phone-71"]) == 1  # a typo: phone-17 keeps its key
+    [line] = capsys.readouterr().err.splitlines()
+    assert "'phone-71' had no key, so no device lost one" in line
+    assert main(["devices", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert '"phone-17": "active"' in listed
+    assert main(["devices", "revoke", "phone-17"]) == 0
+    assert capsys.readouterr().out == "phone-17: revoked\n"
