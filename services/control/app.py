@@ -1,4 +1,5 @@
-"""HTTP API of the control service: the policy in force, changes to it, and status.
+"""HTTP API of the control service: the policy in force, changes to it and their history, and
+status.
 
 Every policy change is validated by the core's own rules (shared/policy.py, shared/params.py),
 stored as a new policy version with who, when and why (services/stores/policy_store.py), and picked
@@ -42,6 +43,7 @@ from fedasync.services.stores.policy_store import (
     NoPolicy,
     PolicyConflict,
     change_policy,
+    policy_log,
     read_policy,
 )
 from fedasync.shared.params import ParamError
@@ -145,6 +147,20 @@ async def patch_policy(request: web.Request) -> web.Response:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
     return web.json_response({"policy": new.to_dict()})
+
+
+async def policy_history(request: web.Request) -> web.Response:
+    """The policy log, newest first (`?count=N`, default 100): each change's version, the policy
+    it put in force, who (`X-Fedasync-Operator`, or the rule), why, and at (Unix seconds)."""
+    denied = refusal(request, request.app[SETTINGS].control, write=False)
+    if denied is not None:
+        return denied
+    try:
+        count = max(1, min(int(request.query.get("count", "100")), 10_000))
+    except ValueError:
+        return _error(400, "count must be an int")
+    entries = await policy_log(request.app[REDIS], request.app[KEYS], last=count)
+    return web.json_response(entries[::-1])
 
 
 async def budget_refusal(request: web.Request, new: Policy) -> web.Response | None:
@@ -379,6 +395,7 @@ def create_app(
         [
             web.get("/v1/policy", get_policy),
             web.patch("/v1/policy", patch_policy),
+            web.get("/v1/policy/history", policy_history),
             web.get("/v1/status", status),
             web.get("/v1/switches", get_switches),
             web.post("/v1/switches/{name}", flip_switch),

@@ -33,6 +33,21 @@ _ALERT = {
 }
 
 
+def _policy_change(policy: dict[str, Any]) -> dict[str, Any]:
+    """One record of the policy log (services/stores/policy_store.py, log_entry)."""
+    return {
+        "type": "object",
+        "properties": {
+            "version": {"type": "integer", "description": "the version this change put in force"},
+            "policy": policy,
+            "who": {"type": "string", "description": "X-Fedasync-Operator, or rule:<name>"},
+            "why": {"type": "string"},
+            "at": {"type": "number", "description": "Unix seconds"},
+        },
+        "required": ["version", "policy", "who", "why", "at"],
+    }
+
+
 def _policy_schema() -> dict[str, Any]:
     """The policy's JSON schema, from the core's schema: every field, its type and range."""
     properties: dict[str, Any] = {}
@@ -118,6 +133,27 @@ def spec() -> dict[str, Any]:
                         **errors,
                     },
                 },
+            },
+            "/v1/policy/history": {
+                "get": {
+                    "summary": "Every policy change (who, when, why, the policy), newest first",
+                    "parameters": [
+                        {
+                            "name": "count",
+                            "in": "query",
+                            "description": "at most this many, the newest (default 100; "
+                            "taken into [1, 10000])",
+                            "schema": {"type": "integer"},
+                        }
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {"type": "array", "items": _policy_change(policy)}, "policy changes"
+                        ),
+                        "400": _json(_ERROR, "count is not an int"),
+                        **errors,
+                    },
+                }
             },
             "/v1/switches": {
                 "get": {

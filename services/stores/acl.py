@@ -196,6 +196,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 # never trim or rewrite it (RPUSH: no XADD, whose MAXLEN trims)
                 Grant(("hsetnx",), write=(k.policies,)),
                 Grant(("rpush",), write=(k.policy_log,)),
+                # ... and read it back, for GET /v1/policy/history (policy_store.policy_log)
+                Grant(("lrange",), read=(k.policy_log,)),
                 Grant(("hget", "hgetall", "hkeys", "hset", "hdel"), keys=(k.switches,)),
                 Grant(("xadd", "xrevrange"), keys=(k.alerts,)),
                 # the backlog figures only: never the update payloads
@@ -232,9 +234,16 @@ def users(prefix: str) -> tuple[User, ...]:
         ),
         User(
             "admin",
-            "`fedasync ledger` (read-only audit) and `fedasync devices` (keys written, never read)",
-            Grant((*ping, "multi", "exec", "acl|log")),
+            "`fedasync ledger` (read-only audit), `fedasync devices` (keys written, never read) "
+            "and `fedasync migrate` (rewrites the policy log once into today's format)",
+            # UNWATCH: a migration that finds nothing to convert ends its WATCH without an EXEC
+            Grant((*ping, "multi", "exec", "unwatch", "acl|log")),
             (
+                # migrate (policy_store.migrate_policy_log): under a WATCH of the policy log, its
+                # type and, if an earlier release's stream, its records; then in one transaction
+                # the stream deleted and the same records appended to a list
+                Grant(("watch", "type", "xrange"), read=(k.policy_log,)),
+                Grant(("del", "rpush"), write=(k.policy_log,)),
                 # verify reads the last commit's results in one transaction, under a WATCH of
                 # what a commit writes (services/stores/committed.py)
                 Grant(("watch",), read=(k.commit_seq, k.version, k.state)),

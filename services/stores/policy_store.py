@@ -7,8 +7,9 @@ a compare-and-set on the version, with who, when and why appended to the policy 
 The history is append-only by construction, not by convention: versions are added with HSETNX
 (never overwritten) and the log is a list appended with RPUSH (no command that may append to it
 can also remove from it, unlike XADD, whose MAXLEN option trims a stream). So the control
-service's Redis user, which holds only those two commands on these keys (services/stores/acl.py),
-cannot delete or rewrite the history even with its password in the wrong hands.
+service's Redis user, which holds only those two commands on these keys, and LRANGE to read the
+log back (services/stores/acl.py), cannot delete or rewrite the history even with its password in
+the wrong hands.
 """
 
 from __future__ import annotations
@@ -211,9 +212,18 @@ async def change_policy(
         )
 
 
-async def policy_log(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    """Every policy change, oldest first: version, policy, who, why, at (seconds)."""
-    raw: Any = await redis.lrange(keys.policy_log, 0, -1)
+async def policy_log(
+    redis: aioredis.Redis, keys: Keys, last: int | None = None
+) -> list[dict[str, Any]]:
+    """Policy changes, oldest first: every one, or only the `last` (at least 1) most recent.
+    Each is version, policy (an object), who, why, at (Unix seconds), as `log_entry` wrote it.
+
+    The one reader of the log (`GET /v1/policy/history`, bench/load.py): one LRANGE, the only
+    read the control user may make of it (services/stores/acl.py).
+    """
+    if last is not None and last < 1:
+        raise ValueError(f"last must be at least 1, not {last}")
+    raw: Any = await redis.lrange(keys.policy_log, 0 if last is None else -last, -1)
     return [json.loads(item) for item in raw]
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 from redis.exceptions import (
     AuthenticationError,
@@ -38,6 +39,8 @@ from fedasync.client import DeviceClient
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.commit import Batch, Committer
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.cli import main as cli
+from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.control.service import run as run_control
 from fedasync.services.control.switchboard import set_switch
 from fedasync.services.evaluator.service import run as run_evaluator
@@ -51,13 +54,14 @@ from fedasync.services.stores.acl import acl_file, all_users
 from fedasync.services.stores.device_keys import add_device, list_devices
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
-from fedasync.services.stores.policy_store import PolicyConflict
+from fedasync.services.stores.policy_store import OldPolicyLog, PolicyConflict, policy_log
 from fedasync.services.worker.service import run as run_worker
 from fedasync.shared import stream_entry
 from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import ledger, next_entries, wait_for_ledger
+from tests.integration.test_migrate import write_old_policy_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 T = TypeVar("T")
@@ -353,6 +357,9 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("control", ("LPOP", POLICY_LOG), command_refused("lpop")),
     ("control", ("LREM", POLICY_LOG, "0", "x"), command_refused("lrem")),
     ("control", ("EVAL", "return 1", "0"), command_refused("eval")),
+    # control: reads the policy log back (LRANGE), no other list
+    ("control", ("LRANGE", KEYS.receipts_order, "0", "-1"), KEY_REFUSED),
+    ("control", ("LINDEX", POLICY_LOG, "0"), command_refused("lindex")),
     # admin: writes device keys but never reads one back; audits read-only
     ("admin", ("HGET", DEVICE_KEYS, "d"), KEY_REFUSED),
     ("admin", ("HMGET", DEVICE_KEYS, "d"), command_refused("hmget")),
@@ -360,6 +367,12 @@ REFUSALS: list[tuple[str, tuple[Any, ...], str]] = [
     ("admin", ("XTRIM", UPDATES, "MAXLEN", "0"), command_refused("xtrim")),
     ("admin", ("HSET", RECEIPTS, "f", "1-1"), KEY_REFUSED),  # HSET on device keys only
     ("admin", ("LPOP", KEYS.receipts_order), command_refused("lpop")),
+    # ... and rewrites the policy log (`fedasync migrate`), nothing else with those commands
+    ("admin", ("DEL", STATE), KEY_REFUSED),
+    ("admin", ("RPUSH", KEYS.receipts_order, "x"), KEY_REFUSED),
+    ("admin", ("TYPE", STATE), KEY_REFUSED),
+    ("admin", ("XRANGE", KEYS.alerts, "-", "+"), KEY_REFUSED),
+    ("admin", ("LRANGE", POLICY_LOG, "0", "-1"), command_refused("lrange")),
     # aggregator: appends alerts, cannot delete or rewrite them
     ("aggregator", ("DEL", KEYS.alerts), KEY_REFUSED),
     ("aggregator", ("XTRIM", KEYS.alerts, "MAXLEN", "0"), KEY_REFUSED),
@@ -456,6 +469,64 @@ async def test_the_control_user_cannot_rewrite_the_policy_history_through_a_scri
         await set_switch(control, KEYS, "raise-gamma", True, reason="r", who="ops")
     assert await observer.hget(POLICIES, "3") == b"planted"
     assert await observer.lrange(POLICY_LOG, 0, -1) == history[1]
+
+
+async def test_admin_migrates_an_old_policy_log_and_control_reads_it(
+    acl_server: RedisServer,
+    clients: dict[str, aioredis.Redis],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/operations.md, Upgrading: `fedasync migrate` as the admin user converts an earlier
+    release's policy log (a stream) into the list; the aggregator refuses to start before and
+    starts after; the control user reads the converted history. Not one refusal."""
+    admin, observer = clients["admin"], clients[OBSERVER]
+    expected = await write_old_policy_log(observer, KEYS)
+    aggregator_settings = settings_as(acl_server, "aggregator")
+    with pytest.raises(OldPolicyLog, match="fedasync migrate"):
+        await run_aggregator(aggregator_settings, handle_signals=False, burst=True)
+
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", url_of(acl_server, "admin"))
+    monkeypatch.setenv("FEDASYNC_REDIS__KEY_PREFIX", PREFIX)
+    assert await asyncio.to_thread(cli, ["migrate"]) == 0
+    assert "3 records converted from a stream to a list" in capsys.readouterr().out
+    assert await observer.type(POLICY_LOG) == b"list"
+    assert [json.loads(e) for e in await observer.lrange(POLICY_LOG, 0, -1)] == expected
+    assert await asyncio.to_thread(cli, ["migrate"]) == 0  # nothing to do: WATCH, then UNWATCH
+    assert "nothing to do" in capsys.readouterr().out
+
+    await run_aggregator(aggregator_settings, handle_signals=False, burst=True)
+    assert await policy_log(clients["control"], KEYS) == expected
+    assert await policy_log(clients["control"], KEYS, last=1) == expected[-1:]
+    assert await admin.acl_log() == []
+
+
+async def test_the_control_user_serves_the_policy_history(
+    acl_server: RedisServer, clients: dict[str, aioredis.Redis]
+) -> None:
+    """GET /v1/policy/history under the control user's rights: what PATCH /v1/policy appended
+    (with who and why) is read back with LRANGE, and Redis refuses nothing."""
+    await clients[OBSERVER].set(KEYS.policy, json.dumps(Policy().to_dict(), sort_keys=True))
+    settings = settings_as(acl_server, "control", control={"token": TOKEN})
+    app = create_control_app(settings, clients["control"], run_rules=False)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with TestClient(TestServer(app)) as http:
+        for alpha0, who in ((0.25, "alice"), (0.5, "bob")):
+            changed = await http.patch(
+                "/v1/policy",
+                json={"changes": {"alpha0": alpha0}, "why": f"{who} tunes"},
+                headers=auth | {"X-Fedasync-Operator": who},
+            )
+            assert changed.status == 200, await changed.text()
+        response = await http.get("/v1/policy/history", headers=auth)
+        assert response.status == 200, await response.text()
+        history = await response.json()
+        assert (await http.get("/v1/policy/history")).status == 401
+    assert [(e["version"], e["who"], e["why"], e["policy"]["alpha0"]) for e in history] == [
+        (2, "bob", "bob tunes", 0.5),
+        (1, "alice", "alice tunes", 0.25),
+    ]
+    assert await clients["admin"].acl_log() == []
 
 
 async def test_a_script_runs_with_its_callers_rights(clients: dict[str, aioredis.Redis]) -> None:

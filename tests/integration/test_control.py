@@ -100,6 +100,71 @@ async def test_writes_without_a_valid_token_are_refused(client: TestClient) -> N
     assert policy["ranges"]["alpha0"] == "[0.001, 1]"
 
 
+async def test_policy_history_shows_each_change_newest_first_with_who_and_why(
+    client: TestClient,
+) -> None:
+    assert await (await client.get("/v1/policy/history")).json() == []  # no change made yet
+    for alpha0, who, why in ((0.25, "alice", "calmer"), (0.5, "bob", "faster again")):
+        response = await client.patch(
+            "/v1/policy",
+            json={"changes": {"alpha0": alpha0}, "why": why},
+            headers=AUTH | {"X-Fedasync-Operator": who},
+        )
+        assert response.status == 200
+    switched = await client.post(
+        "/v1/switches/raise-gamma", json={"on": True, "reason": "spike"}, headers=AUTH
+    )
+    assert switched.status == 200
+    response = await client.get("/v1/policy/history")
+    assert response.status == 200
+    history = await response.json()
+    assert [(e["version"], e["who"], e["why"]) for e in history] == [
+        (3, "operator", "switch raise-gamma on: spike"),  # no X-Fedasync-Operator header
+        (2, "bob", "faster again"),
+        (1, "alice", "calmer"),
+    ]
+    assert [e["policy"]["alpha0"] for e in history] == [0.5, 0.5, 0.25]
+    assert [e["policy"]["version"] for e in history] == [3, 2, 1]
+    assert all(isinstance(e["at"], float) for e in history)
+    assert history[0]["at"] >= history[1]["at"] >= history[2]["at"] > 1_700_000_000
+    policy = (await (await client.get("/v1/policy")).json())["policy"]
+    assert history[0]["policy"] == policy
+    # ?count=N: the N newest; bounded to [1, 10000] like /v1/alerts; not an int is a 400
+    newest = await (await client.get("/v1/policy/history?count=2")).json()
+    assert newest == history[:2]
+    assert await (await client.get("/v1/policy/history?count=0")).json() == history[:1]
+    assert await (await client.get("/v1/policy/history?count=99999")).json() == history
+    bad = await client.get("/v1/policy/history?count=two")
+    assert bad.status == 400
+    assert "count" in (await bad.json())["error"]
+
+
+async def test_policy_history_needs_the_token_unless_reads_are_open(
+    closed_reads: TestClient,
+) -> None:
+    changed = await closed_reads.patch(
+        "/v1/policy",
+        json={"changes": {"alpha0": 0.3}, "why": "secret reason"},
+        headers=AUTH | {"X-Fedasync-Operator": "carol"},
+    )
+    assert changed.status == 200
+    missing = await closed_reads.get("/v1/policy/history")
+    assert missing.status == 401
+    assert missing.headers["WWW-Authenticate"].startswith("Bearer")
+    wrong = await closed_reads.get(
+        "/v1/policy/history", headers={"Authorization": "Bearer wrong-token-of-length"}
+    )
+    assert wrong.status == 403
+    for refused in (missing, wrong):
+        text = await refused.text()
+        assert "carol" not in text
+        assert "secret reason" not in text
+    allowed = await closed_reads.get("/v1/policy/history", headers=AUTH)
+    assert allowed.status == 200
+    [entry] = await allowed.json()
+    assert (entry["version"], entry["who"], entry["why"]) == (1, "carol", "secret reason")
+
+
 async def test_openapi_document_describes_every_route(client: TestClient) -> None:
     document = await (await client.get("/openapi.json")).json()
     assert document == spec()
@@ -218,6 +283,7 @@ async def raw_request(client: TestClient, head: bytes, body: bytes = b"") -> tup
 #: every route that checks the bearer token (reads need it unless reads are open)
 TOKEN_ROUTES = [
     ("GET", "/v1/policy"),
+    ("GET", "/v1/policy/history"),
     ("GET", "/v1/status"),
     ("GET", "/v1/switches"),
     ("GET", "/v1/alerts"),
