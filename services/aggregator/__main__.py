@@ -18,7 +18,12 @@ from fedasync.services.stores.policy_store import OldPolicyLog
 
 def main() -> int:
     return run_service(
-        "aggregator", run, fatal=(Fenced,), refused=(StateMismatch, OldPolicyLog), builds_task=True
+        "aggregator",
+        run,
+        fatal=(Fenced,),
+        refused=(StateMismatch, OldPolicyLog),
+        builds_task=True,
+        listens_on="aggregator",
     )
 
 

@@ -9,7 +9,7 @@ from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("control", run)
+    return run_service("control", run, listens_on="control")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("evaluator", run, builds_task=True)
+    return run_service("evaluator", run, builds_task=True, listens_on="evaluator")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from fedasync.services.runtime.entry import run_service
 
 
 def main() -> int:
-    return run_service("ingest", run)
+    return run_service("ingest", run, listens_on="ingest")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ fatal condition the service reports (e.g. an aggregator fenced off by a newer on
 run on data that contradicts itself (an aggregator that found Redis moved back in time):
 restarting will not help, an operator must look first (docs/operations.md). A service that
 builds the task (`builds_task`) builds it here first, so a task that cannot be imported or built
-is invalid settings, not a traceback from inside the running service.
+is invalid settings, not a traceback from inside the running service. So is a service without a
+Redis to talk to (`needs_redis`: no FEDASYNC_REDIS__URL), and one whose host and port (the
+settings section `listens_on` names) cannot be listened on: a port in use is one line naming its
+variable (FEDASYNC_SNAPSHOT__PORT) and exit code 2, as the settings must change (or whatever holds
+the port must stop) before a restart can help.
 """
 
 from __future__ import annotations
@@ -16,11 +20,19 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from fedasync.services.runtime.http_service import CannotListen
 from fedasync.services.runtime.logs import configure
-from fedasync.services.runtime.settings import Settings, SettingsError, load_settings
+from fedasync.services.runtime.settings import (
+    Problem,
+    Settings,
+    SettingsError,
+    env_name,
+    load_settings,
+)
 
 log = logging.getLogger(__name__)
 
+EXIT_SETTINGS = 2
 EXIT_FATAL = 3
 EXIT_REFUSED = 4
 
@@ -32,19 +44,37 @@ def run_service(
     refused: tuple[type[Exception], ...] = (),
     *,
     builds_task: bool = False,
+    needs_redis: bool | Callable[[Settings], bool] = True,
+    listens_on: str | None = None,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> int:
+    """Run a service's `start` under its settings; the exit code (module docstring).
+
+    `needs_redis`: whether (under these settings) it talks to Redis, so that without one it stops
+    before starting. `listens_on`: the settings section whose host and port it serves HTTP on,
+    named when they cannot be listened on.
+    """
     try:
         settings = load_settings()
+    except SettingsError as exc:
+        print(f"{name if isinstance(name, str) else 'fedasync'}: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    prefix = name if isinstance(name, str) else name(settings)
+    try:
+        if needs_redis(settings) if callable(needs_redis) else needs_redis:
+            require_redis(settings)
         if builds_task:
             settings.task.build()
     except SettingsError as exc:
-        print(f"{name if isinstance(name, str) else 'fedasync'}: {exc}", file=sys.stderr)
-        return 2
-    configure(settings.log, name if isinstance(name, str) else name(settings))
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    configure(settings.log, prefix)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             result = runner.run(start(settings))
+    except CannotListen as exc:
+        print(f"{prefix}: {cannot_listen(exc, listens_on)}", file=sys.stderr)
+        return EXIT_SETTINGS
     except refused as exc:
         log.error("refused to run: %s", exc)
         return EXIT_REFUSED
@@ -54,3 +84,23 @@ def run_service(
     if result is not None:
         log.info("stopped: %s", result)
     return 0
+
+
+def require_redis(settings: Settings) -> None:
+    """A SettingsError (one line) when no Redis is named: no URL and no Sentinels."""
+    if settings.redis.configured:
+        return
+    url, sentinels = env_name("redis", "url"), env_name("redis", "sentinels")
+    message = (
+        f"no Redis configured: set {url} to the Redis the services use (or {sentinels} to its "
+        "Sentinels); `fedasync up` is the command that starts a private Redis with the services"
+    )
+    raise SettingsError(message, (Problem(("redis", "url"), None, message),))
+
+
+def cannot_listen(exc: CannotListen, section: str | None) -> str:
+    """The one line of a (host, port) that cannot be listened on, naming the variable to change."""
+    if section is None:
+        return str(exc)
+    setting = env_name(section, "host" if exc.host_is_wrong else "port")
+    return f"{setting}: {exc}"

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -36,6 +38,27 @@ FAST_PATH = web.AppKey("fast_path", FastPath)
 HANDLER_ARGS: dict[str, Any] = {"auto_decompress": False, "lingering_time": 0}
 
 
+class CannotListen(Exception):
+    """The (host, port) a service's settings name cannot be listened on: the port is in use (or
+    privileged), or the host is no address of this machine. Not an OSError on purpose, so no
+    retry of transient network errors takes it for one; the entry point reports it in one line
+    naming the setting (services/runtime/entry.py)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        self.host = host
+        self.port = port
+        #: the host is at fault (no address of this machine, a name that does not resolve)
+        self.host_is_wrong = isinstance(cause, socket.gaierror) or cause.errno in (
+            errno.EADDRNOTAVAIL,
+        )
+        if cause.errno == errno.EADDRINUSE:
+            reason = "the port is in use (another process listens on it)"
+        else:
+            reason = (cause.strerror or str(cause)).lower()
+        self.reason = reason
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+
+
 @contextlib.asynccontextmanager
 async def listening(
     name: str,
@@ -51,6 +74,7 @@ async def listening(
     The guard's figures join the app's metrics registry (`prometheus.REGISTRY`) if it has one, and
     the app's `FAST_PATH`, if it has one, answers before aiohttp. With `reuse_port`, several
     processes may listen on the same port (SO_REUSEPORT: the kernel spreads connections).
+    `CannotListen` when (host, port) cannot be listened on.
     """
     guard = Guard(limits, name, app.get(FAST_PATH))
     runner = web.AppRunner(app, access_log=None, **HANDLER_ARGS)
@@ -65,14 +89,17 @@ async def listening(
         assert runner.server is not None
         guard.watch_server(runner.server)
         loop = asyncio.get_running_loop()
-        listener = await loop.create_server(
-            guard.protocol_factory(runner.server),
-            host,
-            port,
-            reuse_address=True,
-            reuse_port=reuse_port or None,
-            backlog=128,
-        )
+        try:
+            listener = await loop.create_server(
+                guard.protocol_factory(runner.server),
+                host,
+                port,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
+                backlog=128,
+            )
+        except OSError as exc:  # in use, privileged, no such address: the settings' to fix
+            raise CannotListen(host, port, exc) from exc
         yield listener.sockets[0].getsockname()[1]
     finally:
         if listener is not None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -20,11 +21,13 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
 
 from fedasync.learning.task import Task
 from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
@@ -82,10 +85,60 @@ class SettingsError(ValueError):
         return SettingsError(_invalid([p.describe(flags) for p in problems]), problems)
 
 
+#: the text that stands for "unset" in a variable of a setting that may be unset (as in JSON)
+NULL = "null"
+
+
 class Section(BaseModel):
     """A settings section: unknown keys are errors, so a misspelt variable is never ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _from_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """A setting given as text (a variable), read the one way for every field.
+
+        `null`, or nothing at all, is None for a setting that may be unset (compose passes
+        `${VAR:-}`); a list or table (FEDASYNC_TASK__PARAMS) is JSON, and text that is not is
+        named as such instead of failing inside pydantic-settings. Everything else is left to
+        the field's own checks.
+        """
+        if not isinstance(value, str) or info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        if _admits_none(annotation) and value.strip().lower() in ("", NULL):
+            return None
+        kind = _container(annotation)
+        if kind is None:
+            return value
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}; give a JSON {kind}") from None
+
+
+def _admits_none(annotation: Any) -> bool:
+    if get_origin(annotation) is Annotated:
+        return _admits_none(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return type(None) in get_args(annotation)
+    return annotation is None or annotation is type(None)
+
+
+def _container(annotation: Any) -> str | None:
+    """What JSON a field's value is written in (`object`, `list`); None: not JSON, plain text."""
+    if get_origin(annotation) is Annotated:
+        return _container(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        kinds = {_container(a) for a in get_args(annotation)} - {None}
+        return kinds.pop() if len(kinds) == 1 else None
+    origin = get_origin(annotation) or annotation
+    if isinstance(origin, type) and issubclass(origin, (dict, BaseModel)):
+        return "object"
+    if isinstance(origin, type) and issubclass(origin, (list, tuple, set, frozenset)):
+        return "list"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +153,9 @@ class RedisSettings(Section):
     """Where the broker is and how patiently to talk to it."""
 
     url: str | None = Field(
-        None, description="Redis URL, e.g. redis://:password@host:6379/0; unset: a private server"
+        None,
+        description="Redis URL, e.g. redis://:password@host:6379/0; unset: the services refuse "
+        "to start, `fedasync up` starts a private server",
     )
     socket_timeout_s: float = Field(10.0, gt=0, description="socket read timeout, seconds")
     connect_timeout_s: float = Field(5.0, gt=0, description="connect timeout, seconds")
@@ -130,12 +185,6 @@ class RedisSettings(Section):
     durable_timeout_ms: int = Field(
         1000, ge=1, description="how long one WAIT for the replicas may take, ms"
     )
-
-    @field_validator("sentinels", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        """An empty value is no value: compose passes `${FEDASYNC_REDIS__SENTINELS:-}`."""
-        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("sentinels")
     @classmethod
@@ -387,8 +436,8 @@ class ControlSettings(Section):
     token: str | None = Field(
         None,
         min_length=16,
-        description="bearer token for every write (and for reads unless open_reads); "
-        "unset: writes refused",
+        description="bearer token for every write (and for reads unless open_reads), at least "
+        "16 characters; unset: writes refused",
     )
     open_reads: bool = Field(
         False,
@@ -592,11 +641,15 @@ class LogSettings(Section):
 class Settings(BaseSettings):
     """All settings of fedasync; each service reads the sections it needs."""
 
+    # enable_decoding=False: pydantic-settings hands a list or table over as the text it was
+    # given, and `Section._from_text` reads the JSON, so text that is not JSON is named by its
+    # variable like any other bad value (not an error about a whole section)
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=ENV_NESTED_DELIMITER,
         extra="forbid",
         frozen=True,
+        enable_decoding=False,
     )
 
     redis: RedisSettings = RedisSettings()
@@ -671,6 +724,9 @@ def load_settings(**overrides: Any) -> Settings:
         problems = tuple(_problem(error) for error in exc.errors())
         lines = [problem.describe({}) for problem in problems]
         raise SettingsError(_invalid(lines), problems) from None
+    except SourceError as exc:  # pydantic-settings could not read a variable: still one line
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        raise SettingsError(f"invalid settings: {exc}{cause}") from None
 
 
 def _invalid(lines: list[str]) -> str:

@@ -20,7 +20,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def main() -> int:
-    return run_service("snapshot", run, loop_factory=new_event_loop)
+    return run_service("snapshot", run, listens_on="snapshot", loop_factory=new_event_loop)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ def main() -> int:
     return run_service(
         f"snapshot-{worker}",
         functools.partial(serve_one, worker=worker, reuse_port=True),
+        listens_on="snapshot",
         loop_factory=new_event_loop,
     )
 

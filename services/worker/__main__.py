@@ -9,7 +9,13 @@ from fedasync.services.worker.service import run
 
 
 def main() -> int:
-    return run_service(lambda s: f"worker-{s.worker.device_index}", run, builds_task=True)
+    return run_service(
+        lambda s: f"worker-{s.worker.device_index}",
+        run,
+        builds_task=True,
+        # a device publishing through the ingest service holds no Redis credentials
+        needs_redis=lambda s: s.worker.ingest_url is None,
+    )
 
 
 if __name__ == "__main__":
