@@ -1,14 +1,20 @@
-"""The aggregator's small HTTP side: liveness, readiness and Prometheus metrics."""
+"""The aggregator's small HTTP side: liveness, readiness and Prometheus metrics.
+
+Ready means restored and Redis answering a PING, as every other service's /readyz: while the
+aggregator retries a lost Redis it decides nothing, and a load balancer or an operator must see
+that before it gives up and exits.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_errors import json_errors
-from fedasync.services.runtime.http_service import livez
+from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 
 
@@ -22,12 +28,16 @@ class Readiness:
 
 METRICS = web.AppKey("metrics", AggregatorMetrics)
 READY = web.AppKey("ready", Readiness)
+REDIS = web.AppKey("redis", aioredis.Redis)
 
 
-def create_app(metrics: AggregatorMetrics, ready: Readiness) -> web.Application:
+def create_app(
+    metrics: AggregatorMetrics, ready: Readiness, redis: aioredis.Redis
+) -> web.Application:
     app = web.Application(middlewares=[json_errors])
     app[METRICS] = metrics
     app[READY] = ready
+    app[REDIS] = redis
     app[REGISTRY] = metrics.registry
 
     async def readyz(request: web.Request) -> web.Response:
@@ -37,7 +47,7 @@ def create_app(metrics: AggregatorMetrics, ready: Readiness) -> web.Application:
             return web.json_response(body, status=503)
         if not readiness.ready:
             return web.json_response({"status": "restoring"}, status=503)
-        return web.json_response({"status": "ready"})
+        return await redis_readiness(request.app[REDIS])
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
         return metrics_response(request.app[METRICS].registry)

@@ -1,8 +1,10 @@
 """The one shape of every service's main(): settings, logging, run, exit code.
 
-Exit codes: 0 stopped cleanly, 2 invalid settings (one line on stderr, nothing started), 3 a
-fatal condition the service reports (e.g. an aggregator fenced off by a newer one), 4 a refusal to
-run on data that contradicts itself (an aggregator that found Redis moved back in time):
+Exit codes: 0 stopped cleanly, 1 Redis unreachable for longer than the retries last (one log
+line; a supervisor's restart may help), 2 invalid settings (one line on stderr, nothing
+started), 3 a fatal condition the service reports (e.g. an aggregator fenced off by a newer
+one), 4 a refusal to run on data that contradicts itself (an aggregator that found Redis moved
+back in time):
 restarting will not help, an operator must look first (docs/operations.md). A service that
 builds the task (`builds_task`) builds it here first, so a task that cannot be imported or built
 is invalid settings, not a traceback from inside the running service. So is a service without a
@@ -20,6 +22,9 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from fedasync.services.runtime.http_service import CannotListen
 from fedasync.services.runtime.logs import configure
 from fedasync.services.runtime.settings import (
@@ -32,6 +37,11 @@ from fedasync.services.runtime.settings import (
 
 log = logging.getLogger(__name__)
 
+#: a lost connection to Redis that outlasted every retry (not an OSError of any other kind)
+REDIS_GONE = (RedisConnectionError, RedisTimeoutError, ConnectionError)
+
+#: Redis could not be reached for longer than the retries last: a restart may well help
+EXIT_REDIS_GONE = 1
 EXIT_SETTINGS = 2
 EXIT_FATAL = 3
 EXIT_REFUSED = 4
@@ -81,6 +91,16 @@ def run_service(
     except fatal as exc:
         log.error("stopping: %s", exc)
         return EXIT_FATAL
+    except REDIS_GONE as exc:  # its calls were retried until FEDASYNC_REDIS__RECONNECT_ATTEMPTS
+        log.error(
+            "Redis unreachable, still after %d reconnection attempts (%s); exiting with code %d "
+            "for a supervisor to restart this service",
+            settings.redis.reconnect_attempts,
+            exc,
+            EXIT_REDIS_GONE,
+        )
+        log.debug("where Redis was lost", exc_info=True)
+        return EXIT_REDIS_GONE
     if result is not None:
         log.info("stopped: %s", result)
     return 0

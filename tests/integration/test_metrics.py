@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.ingest.app import create_app as create_ingest_app
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import create_app as create_snapshot_app
 from fedasync.services.snapshot.app import wait_ready
@@ -45,7 +48,8 @@ async def test_metrics_count_decisions_tau_alpha_and_commits(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
     aggregator = await run_once(settings, redis)
-    async with TestClient(TestServer(create_app(aggregator.metrics, aggregator.ready))) as client:
+    app = create_app(aggregator.metrics, aggregator.ready, redis)
+    async with TestClient(TestServer(app)) as client:
         assert (await client.get("/livez")).status == 200
         assert (await client.get("/readyz")).status == 200
         text = await (await client.get("/metrics")).text()
@@ -129,3 +133,26 @@ async def test_ingest_metrics_pass_promtool(settings: Settings, redis: aioredis.
         text = await (await client.get("/metrics")).read()
     assert b'fedasync_ingest_refusals_total{reason="unsupported_media_type"} 1.0' in text
     promtool_check(text)
+
+
+async def test_readiness_is_lost_with_redis_while_the_aggregator_retries(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Restored, but Redis gone: not ready (it decides nothing), as every other service says."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    redis_settings = settings.redis.model_copy(update={"url": server.url})
+    settings = settings.model_copy(update={"redis": redis_settings})
+    redis = connect(settings.redis)
+    try:
+        aggregator = await run_once(settings, redis)
+        app = create_app(aggregator.metrics, aggregator.ready, redis)
+        async with TestClient(TestServer(app)) as client:
+            assert (await client.get("/readyz")).status == 200
+            server.stop()
+            gone = await client.get("/readyz")
+            assert gone.status == 503
+            assert (await gone.json())["status"] == "redis unreachable"
+    finally:
+        server.stop()
+        await redis.aclose()
