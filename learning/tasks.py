@@ -15,6 +15,9 @@ from collections.abc import Callable, Mapping
 from numbers import Integral
 from typing import Any
 
+import numpy as np
+
+from fedasync.learning.dataset import Dataset
 from fedasync.learning.digits import DigitsMLP
 from fedasync.learning.linear import LinearRegression
 from fedasync.learning.synthetic import SyntheticClassification
@@ -90,6 +93,19 @@ def get_task(name: str, **params: Any) -> Task:
     task = _build(name, factory, params)
     _check_attributes(name, task)
     return task
+
+
+def task_data(name: str, task: Task, rng: np.random.Generator) -> tuple[Dataset, Dataset]:
+    """The task's (train, test) data, or one TaskBuildError line when the user's code fails.
+
+    A param of the right name and the wrong type (`{"samples": "x"}`) passes the signature check
+    in `get_task` and fails only here, deep in numpy: the evaluator, a worker and the simulator
+    all make their data through this, so each reports it in one line instead of a traceback.
+    """
+    try:
+        return task.dataset(rng)
+    except Exception as exc:  # the user's code: any failure is reported, none escapes
+        raise TaskBuildError(f"task {name!r}: making its data failed: {_reason(exc)}") from exc
 
 
 def _dotted(text: str) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.task import Task, TrainParams
-from fedasync.learning.tasks import get_task
+from fedasync.learning.tasks import get_task, task_data
 from fedasync.shared import fleet as profiles
 from fedasync.shared.fleet import (
     AlwaysOnline,
@@ -180,7 +180,7 @@ def build_world(config: cfg.SimConfig) -> World:
     client_ids = list(durations) if durations else [f"d{i:0{len(str(n - 1))}d}" for i in range(n)]
     medians = [lat.quantile(0.5) for lat in make_latencies(config, durations)]
     slow = slowest(medians, config.data.slow_share)
-    train, test = task.dataset(stream(config.seed, Stream.DATA))
+    train, test = task_data(config.task.name, task, stream(config.seed, Stream.DATA))
     parts = _partition(config.data, train.y, n, slow, stream(config.seed, Stream.PARTITION))
     return World(
         config=config,

@@ -22,6 +22,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from fedasync.learning.task import Task
+from fedasync.learning.tasks import task_data
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import http_service, livez, redis_readiness
@@ -57,7 +58,8 @@ class Follower:
         self.keys = Keys(settings.redis.key_prefix)
         self.metrics = metrics
         self.task: Task = settings.task.build()
-        _, self.test = self.task.dataset(stream(settings.task.seed, Stream.DATA))
+        data = stream(settings.task.seed, Stream.DATA)
+        _, self.test = task_data(settings.task.name, self.task, data)
         #: the newest version scored and recorded
         self.evaluated: int | None = None
         #: the newest version fetched, scored or passed over: the next fetch asks for a newer one

@@ -25,6 +25,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fedasync.learning.tasks import TaskError
 from fedasync.services.runtime.http_service import CannotListen
 from fedasync.services.runtime.logs import configure
 from fedasync.services.runtime.settings import (
@@ -84,6 +85,9 @@ def run_service(
             result = runner.run(start(settings))
     except CannotListen as exc:
         print(f"{prefix}: {cannot_listen(exc, listens_on)}", file=sys.stderr)
+        return EXIT_SETTINGS
+    except TaskError as exc:  # the task's own code failed making its data: its params to fix
+        print(f"{prefix}: invalid settings: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
     except refused as exc:
         log.error("refused to run: %s", exc)

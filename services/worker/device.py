@@ -13,6 +13,7 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.task import Task, TrainParams
+from fedasync.learning.tasks import task_data
 from fedasync.services.runtime.settings import TaskSettings, WorkerSettings
 from fedasync.shared import fleet
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
@@ -48,7 +49,7 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
         )
     task = task_settings.build()
     seed = task_settings.seed
-    train_data, _ = task.dataset(stream(seed, Stream.DATA))
+    train_data, _ = task_data(task_settings.name, task, stream(seed, Stream.DATA))
     devices = None
     if worker.profile != "none":
         devices = PROFILES[worker.profile].devices(

@@ -6,7 +6,9 @@ as a user's own module would be importable: installed, or on PYTHONPATH.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from fedasync.learning.tasks import (
     TaskNameError,
     TaskParamsError,
     get_task,
+    task_data,
 )
 from fedasync.services.commands.cli import main
 from fedasync.services.runtime import settings as settings_module
@@ -204,3 +207,40 @@ def test_fedasync_settings_builds_the_task_it_prints(
     monkeypatch.setenv("FEDASYNC_TASK__NAME", "mytask:make")
     assert main(["settings"]) == 0
     assert '"name": "mytask:make"' in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("task_folder")
+def test_a_task_whose_data_cannot_be_made_is_one_task_error_line() -> None:
+    task = get_task("mytask:DataFails")
+    with pytest.raises(TaskBuildError) as raised:
+        task_data("mytask:DataFails", task, np.random.default_rng(0))
+    assert str(raised.value) == (
+        "task 'mytask:DataFails': making its data failed: TypeError: ufunc 'multiply' did not "
+        "contain a loop with signature matching types"
+    )
+
+
+@pytest.mark.parametrize("service", ["evaluator", "worker"])
+def test_a_service_whose_task_data_fails_exits_2_with_one_line(
+    task_folder: Path, service: str
+) -> None:
+    """Before: a numpy traceback from inside the running service, printed twice by `up`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDASYNC_")}
+    env |= {
+        "PYTHONPATH": str(task_folder),
+        "FEDASYNC_TASK__NAME": "mytask:DataFails",
+        "FEDASYNC_REDIS__URL": "redis://127.0.0.1:1/0",  # never reached: the data fails first
+        "FEDASYNC_EVALUATOR__PORT": "0",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", f"fedasync.services.{service}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert "task 'mytask:DataFails': making its data failed: TypeError" in line

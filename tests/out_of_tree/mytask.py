@@ -114,6 +114,14 @@ def broken() -> Task:
     raise RuntimeError("no data here")
 
 
+class DataFails(Blobs):
+    """Builds, but its data cannot be made: what a param of the right name and the wrong type
+    does to a real task (`{"samples": "x"}` reaching numpy)."""
+
+    def dataset(self, rng: np.random.Generator) -> tuple[Dataset, Dataset]:
+        raise TypeError("ufunc 'multiply' did not contain a loop with signature matching types")
+
+
 def main() -> None:
     """A script's entry point named by mistake: its argument parser exits."""
     raise SystemExit(2)
