@@ -64,6 +64,7 @@ from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy, read_policy
+from fedasync.services.stores.run_record import check_task, record_run
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
 from fedasync.shared.checkpoint import MemoryMissing, save_state
@@ -194,6 +195,9 @@ class Aggregator:
         # the raised epoch they hold all that is read below too: nothing restored from this
         # primary (and announced again below) can be lost to a failover
         durability = self.settings.redis.durability
+        # before the epoch: an aggregator started with another task must not fence off the
+        # running one on its way to refusing (invalid settings, exit code 2)
+        await check_task(r, keys, self.settings.task)
         epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch)))
         found = await inspect(r, keys)
         problems = mismatches(found.found)
@@ -215,6 +219,7 @@ class Aggregator:
             if "BUSYGROUP" not in str(exc):
                 raise
         await check_policy_log(r, keys)
+        await record_run(r, keys, self.settings.task, self.settings.budget)
         self.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
         if seq == 0:
             self.state = initial if initial is not None else self._initial_state()

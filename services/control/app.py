@@ -34,7 +34,7 @@ from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
-from fedasync.services.runtime.settings import Settings
+from fedasync.services.runtime.settings import BudgetSettings, Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.backlog import read_backlog
@@ -46,6 +46,7 @@ from fedasync.services.stores.policy_store import (
     policy_log,
     read_policy,
 )
+from fedasync.services.stores.run_record import recorded_budget
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import POLICY_RANGES, Policy
 from fedasync.shared.switches import SWITCHES
@@ -163,6 +164,13 @@ async def policy_history(request: web.Request) -> web.Response:
     return web.json_response(entries[::-1])
 
 
+async def _budget(request: web.Request) -> BudgetSettings:
+    """The budget that ends training: the aggregator's, as it recorded it at its start; this
+    service's own only before the aggregator's first start (stores/run_record.py)."""
+    recorded = await recorded_budget(request.app[REDIS], request.app[KEYS])
+    return recorded if recorded is not None else request.app[SETTINGS].budget
+
+
 async def budget_refusal(request: web.Request, new: Policy) -> web.Response | None:
     """409 for a budget change that cannot take effect as asked: training has ended (an end is
     final, a budget never reopens it), or the new budget is already used up (it would end
@@ -177,7 +185,7 @@ async def budget_refusal(request: web.Request, new: Policy) -> web.Response | No
             "a budget cannot reopen it",
             training_done=ended,
         )
-    max_updates, max_seconds = request.app[SETTINGS].budget.limits(new)
+    max_updates, max_seconds = (await _budget(request)).limits(new)
     version = await get_bytes(redis, keys.version)
     applied = int(version) if version is not None else 0
     if applied >= max_updates:
@@ -267,7 +275,7 @@ async def status(request: web.Request) -> web.Response:
     switches: Any = await redis.hkeys(keys.switches)
     backlog = await read_backlog(redis, keys)
     evaluation = await evaluations.latest(redis, keys)
-    max_updates, max_seconds = request.app[SETTINGS].budget.limits(policy)
+    max_updates, max_seconds = (await _budget(request)).limits(policy)
     started = await get_bytes(redis, keys.started)
     committed = int(version) if version is not None else None
     return web.json_response(

@@ -2,9 +2,10 @@
 
 The evaluator long-polls the snapshot service (`newer_than=N`), which always answers with the
 newest version: when evaluation is slower than commits, the versions in between are skipped and
-counted, so the evaluator never falls further behind and never holds anything up. It reads
-nothing from the aggregator's keys and writes only its own stream, so it cannot block the
-aggregator. Scoring runs in a thread; the event loop keeps answering /readyz and /metrics.
+counted, so the evaluator never falls further behind and never holds anything up. Of the
+aggregator's keys it reads only the run's task, once at start (stores/run_record.py), and it
+writes only its own stream, so it cannot block the aggregator. Scoring runs in a thread; the
+event loop keeps answering /readyz and /metrics.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.run_record import check_task_if_reachable
 from fedasync.shared.model_format import ModelMessage, decode_model
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.wire import WireError
@@ -194,6 +196,8 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         return metrics_response(metrics.registry)
 
     async def follow(app: web.Application) -> AsyncIterator[None]:
+        # the test split comes from the task: scoring another task's split would mislead
+        await check_task_if_reachable(redis, follower.keys, settings.task)
         timeout = aiohttp.ClientTimeout(total=settings.evaluator.wait_s + 30)
         session = aiohttp.ClientSession(timeout=timeout)
         background.start(follower.run(session), "follow-versions")

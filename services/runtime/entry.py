@@ -89,6 +89,9 @@ def run_service(
     except TaskError as exc:  # the task's own code failed making its data: its params to fix
         print(f"{prefix}: invalid settings: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
+    except SettingsError as exc:  # found once running: a task other than the run's
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
     except refused as exc:
         log.error("refused to run: %s", exc)
         return EXIT_REFUSED

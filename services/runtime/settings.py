@@ -71,6 +71,11 @@ class SettingsError(ValueError):
         super().__init__(message)
         self.problems = problems
 
+    @classmethod
+    def of(cls, problems: tuple[Problem, ...]) -> SettingsError:
+        """The error of problems found outside validation (a process's task against its run's)."""
+        return cls(_invalid([p.describe({}) for p in problems]), problems)
+
     def naming(
         self, flags: Mapping[SettingPath, str], typed: Mapping[SettingPath, Any]
     ) -> SettingsError:

@@ -89,6 +89,8 @@ def users(prefix: str) -> tuple[User, ...]:
     alert = Grant(("xadd",), write=(k.alerts,))
     # a receipt: the index names a ledger entry, read by its id (services/stores/receipts.py)
     receipts = (Grant(("hget",), read=(k.receipts,)), Grant(("xrange",), read=(k.ledger,)))
+    # what the run is (stores/run_record.py): the task every process builds, the budget
+    run_task = Grant(("hget",), read=(k.run,))
     ping = ("ping",)
     return (
         User(
@@ -161,6 +163,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 Grant(("type",), read=(k.policy_log,)),
                 # restore: the memory mode's per-client deltas (the commit writes them)
                 Grant(("hgetall",), read=(k.memory,)),
+                # start-up: its task against the run's, then the run's task (once) and budget
+                Grant(("hget", "hsetnx", "hset"), keys=(k.run,)),
             ),
             (k.versions_channel,),
         ),
@@ -184,6 +188,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 read=(k.version, k.done, k.started, k.ledger, k.deadletter, k.evaluations),
             ),
             (
+                # the aggregator's budget, against which the budget left is computed
+                run_task,
                 # the policy compare-and-set script (services/stores/policy_store.py); it runs
                 # GET SET on the policy in force, HSETNX on policies, RPUSH on the log, and for a
                 # switch flip HGET HSET HDEL on the switches hash: each granted below, no more
@@ -208,8 +214,10 @@ def users(prefix: str) -> tuple[User, ...]:
         ),
         User(
             "evaluator",
-            "appends scores to the evaluations stream, resumes from its newest record",
+            "appends scores to the evaluations stream, resumes from its newest record, checks "
+            "its task against the run's",
             Grant((*ping, "xadd", "xrevrange"), keys=(k.evaluations,)),
+            (run_task,),
         ),
         User(
             "ingest",
@@ -228,9 +236,10 @@ def users(prefix: str) -> tuple[User, ...]:
         ),
         User(
             "worker",
-            "a device on a trusted network publishing straight to the stream, reading receipts",
+            "a device on a trusted network publishing straight to the stream, reading receipts "
+            "and the run's task",
             Grant((*ping, "xadd", "wait"), write=(k.updates,)),
-            receipts,
+            (*receipts, run_task),
         ),
         User(
             "admin",

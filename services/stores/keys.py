@@ -107,6 +107,13 @@ class Keys:
         return self._k("started-at")
 
     @property
+    def run(self) -> str:
+        """Hash: what the run is, as its aggregator recorded it: `task` (JSON of the task's name,
+        params and seed; set once) and `budget` (JSON of its budget; at each of its starts).
+        Read by every process that builds the task, and by control (stores/run_record.py)."""
+        return self._k("run")
+
+    @property
     def policy(self) -> str:
         """String: JSON of the policy in force (fedasync.shared.policy.Policy.to_dict)."""
         return self._k("policy")

@@ -31,6 +31,8 @@ from fedasync.client import (
 from fedasync.services.runtime.lifecycle import stop_on_signals
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.keys import Keys
+from fedasync.services.stores.run_record import check_task_if_reachable
 from fedasync.services.worker.device import Device, build_device, default_client_id, run_rng
 from fedasync.services.worker.journal import Journal
 
@@ -161,6 +163,8 @@ async def run(
     # a device publishing through ingest holds no Redis credentials and opens no connection
     client = redis if redis is not None or over_http else connect(settings.redis)
     try:
+        if client is not None:  # its data comes from the task: another task's would mislead
+            await check_task_if_reachable(client, Keys(settings.redis.key_prefix), settings.task)
         with stop_on_signals(stopping, handle_signals):
             result = await work(settings, device, client, stopping)
         log.info(
