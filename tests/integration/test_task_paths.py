@@ -113,7 +113,7 @@ def test_a_service_refuses_a_bad_task_in_one_line_with_exit_code_2(
     )
     assert process.returncode == 2, process.stderr
     assert process.stdout == ""
-    name = "fedasync" if service == "worker" else service  # a worker's name needs its settings
+    name = "worker-0" if service == "worker" else service  # a worker's name: from its settings
     [line] = process.stderr.splitlines()
     assert line.startswith(f"{name}: invalid settings: FEDASYNC_TASK__NAME: task {task!r}: ")
     assert reason in line
