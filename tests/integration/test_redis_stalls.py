@@ -70,8 +70,11 @@ START = (
     "GET started-at",
     "GET state",
     "GET version",
+    "HGET run",
     "HGETALL memory",
+    "HSET run",
     "HSETNX policies",
+    "HSETNX run",
     "INCRBY aggregator-epoch",
     "PING",
     "SCRIPT LOAD",
@@ -87,7 +90,9 @@ START = (
     "XREVRANGE ledger",
 )
 #: the writes among them: a late one (after its retry) must change nothing
-START_WRITES = tuple(n for n in START if n.split()[0] in ("SET", "HSETNX", "XGROUP", "EVALSHA"))
+START_WRITES = tuple(
+    n for n in START if n.split()[0] in ("SET", "HSET", "HSETNX", "XGROUP", "EVALSHA")
+)
 #: what it sends while it runs: reads, device keys, policy, claims, commits, gauges
 LOOP = (
     "EVALSHA commit-seq",
@@ -114,8 +119,11 @@ RESTART = (
     "GET started-at",
     "GET state",
     "GET version",
+    "HGET run",
     "HGETALL memory",
+    "HSET run",
     "HSETNX policies",
+    "HSETNX run",
     "INCRBY aggregator-epoch",
     "PING",
     "SCRIPT LOAD",
