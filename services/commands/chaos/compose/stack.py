@@ -193,8 +193,13 @@ class Stack:
 
     def up(self, workers: int, timeout_s: float = 900.0) -> float:
         """Start the stack with `workers` workers and wait until every healthcheck passes;
-        returns the seconds from `up` to healthy."""
+        returns the seconds from `up` to healthy.
+
+        A project of the same name left by a run that was cut short (its containers stopped, its
+        volumes kept) is removed first: its Redis volume holds another run's ledger, whose
+        decisions this run's journals never attempted."""
         self.started = self.default_services()
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "20", timeout_s=300)
         started = time.monotonic()
         self.compose(
             "up",
