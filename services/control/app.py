@@ -150,15 +150,22 @@ async def patch_policy(request: web.Request) -> web.Response:
     return web.json_response({"policy": new.to_dict()})
 
 
+def _count(request: web.Request, default: int = 100, most: int = 10_000) -> int | None:
+    """`?count=N` of a list route, taken into [1, most]; None if it is not an int."""
+    try:
+        return max(1, min(int(request.query.get("count", str(default))), most))
+    except ValueError:
+        return None
+
+
 async def policy_history(request: web.Request) -> web.Response:
     """The policy log, newest first (`?count=N`, default 100): each change's version, the policy
     it put in force, who (`X-Fedasync-Operator`, or the rule), why, and at (Unix seconds)."""
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
         return denied
-    try:
-        count = max(1, min(int(request.query.get("count", "100")), 10_000))
-    except ValueError:
+    count = _count(request)
+    if count is None:
         return _error(400, "count must be an int")
     entries = await policy_log(request.app[REDIS], request.app[KEYS], last=count)
     return web.json_response(entries[::-1])
@@ -253,9 +260,8 @@ async def alerts(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
         return denied
-    try:
-        count = max(1, min(int(request.query.get("count", "100")), 10_000))
-    except ValueError:
+    count = _count(request)
+    if count is None:
         return _error(400, "count must be an int")
     entries: Any = await request.app[REDIS].xrevrange(request.app[KEYS].alerts, count=count)
     return web.json_response([alert_record(entry_id, fields) for entry_id, fields in entries])
