@@ -157,6 +157,7 @@ async def _ledger_job(
     from fedasync.services.stores import ledger
     from fedasync.services.stores.archive import PayloadArchive
     from fedasync.services.stores.claim_check import ClaimStore
+    from fedasync.services.stores.committed import CommitsTooFast
     from fedasync.services.stores.keys import Keys
 
     redis = connect(redis_settings)
@@ -178,7 +179,10 @@ async def _ledger_job(
     async def verify() -> int:
         archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
         claims = None if claim_check_dir is None else ClaimStore(claim_check_dir)
-        report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
+        try:
+            report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
+        except CommitsTooFast as exc:
+            raise CommandError(f"ledger verify: {exc}", 1) from None
         if report.nothing_committed:  # not a failed proof: most likely the wrong place
             raise CommandError(
                 f"ledger verify: no training under the key prefix {keys.prefix!r} at "

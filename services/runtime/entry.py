@@ -86,11 +86,10 @@ def run_service(
     except CannotListen as exc:
         print(f"{prefix}: {cannot_listen(exc, listens_on)}", file=sys.stderr)
         return EXIT_SETTINGS
-    except TaskError as exc:  # the task's own code failed making its data: its params to fix
-        print(f"{prefix}: invalid settings: {exc}", file=sys.stderr)
-        return EXIT_SETTINGS
-    except SettingsError as exc:  # found once running: a task other than the run's
-        print(f"{prefix}: {exc}", file=sys.stderr)
+    except (TaskError, SettingsError) as exc:  # found once running: the task's own code failed
+        # making its data (its params to fix), or a task other than the run's
+        shown = exc if isinstance(exc, SettingsError) else f"invalid settings: {exc}"
+        print(f"{prefix}: {shown}", file=sys.stderr)
         return EXIT_SETTINGS
     except refused as exc:
         log.error("refused to run: %s", exc)

@@ -178,17 +178,15 @@ class RedisServer:
         `free_port` and now, start again on a new one. A port given to the constructor is kept,
         and so is the port of a server started before (a restart: its clients know that port);
         for those, PortTaken is raised."""
-        for _ in range(_START_ATTEMPTS - 1):
+        for attempt in range(1, _START_ATTEMPTS + 1):
             try:
                 self._start(timeout)
                 break
             except PortTaken:
-                if self._port_given:
+                if self._port_given or attempt == _START_ATTEMPTS:
                     raise
                 self.process = None
                 self.port = free_port()
-        else:
-            self._start(timeout)
         self._port_given = True
 
     def _start(self, timeout: float) -> None:

@@ -726,9 +726,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        problems = tuple(_problem(error) for error in exc.errors())
-        lines = [problem.describe({}) for problem in problems]
-        raise SettingsError(_invalid(lines), problems) from None
+        raise SettingsError.of(tuple(_problem(error) for error in exc.errors())) from None
     except SourceError as exc:  # pydantic-settings could not read a variable: still one line
         cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
         raise SettingsError(f"invalid settings: {exc}{cause}") from None
