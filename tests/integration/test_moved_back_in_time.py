@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from redis.exceptions import NoPermissionError
@@ -34,6 +35,7 @@ from redis.exceptions import NoPermissionError
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.chaos.probe import wait_served
 from fedasync.services.commands.chaos.restarts import compare, read_marks
 from fedasync.services.runtime.entry import EXIT_REFUSED
 from fedasync.services.runtime.redis_conn import connect
@@ -480,3 +482,32 @@ async def test_the_chaos_restart_check_tells_an_intact_restart_from_a_lossy_one(
         assert any("ledger entry" in p for p in problems), problems
     finally:
         server.stop()
+
+
+async def test_the_chaos_probe_does_not_take_a_frozen_newer_version_for_the_committed_one(
+    snapshot: tuple[TestClient, Settings], observer: aioredis.Redis
+) -> None:
+    """After a failover that lost commits, the snapshot service freezes at a version Redis no
+    longer holds: serving *more* than Redis is not serving what it holds. The probe keeps
+    supervising (its `tick` restarts a frozen service) and reports the difference at its
+    deadline instead of passing at once (a CI run saw served 116 against committed 114)."""
+    client, settings = snapshot
+    base_url = str(client.make_url("")).rstrip("/")
+    sync = redis.Redis.from_url(settings.redis.url)
+    try:
+        served = await asyncio.to_thread(wait_served, sync, KEYS, base_url, 30.0, lambda: None)
+        assert served.equal  # in step: returns at once
+        assert served.served_version == 3
+
+        await observer.set(KEYS.version, 1)
+        await observer.publish(KEYS.versions_channel, 1)
+        assert (await next_alert(observer))["rule"] == VERSION_REGRESSED
+        ticks: list[int] = []
+        served = await asyncio.to_thread(
+            wait_served, sync, KEYS, base_url, 0.5, lambda: ticks.append(1)
+        )
+    finally:
+        sync.close()
+    assert (served.served_version, served.committed_version) == (3, 1)
+    assert not served.equal
+    assert len(ticks) > 1  # supervised every round, not only once

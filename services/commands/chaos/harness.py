@@ -81,7 +81,13 @@ def run(
                 DRAIN_TIMEOUT_S,
                 lambda: _supervise(injector, services),
             )
-            served = wait_served(client, system.keys, system.snapshot_url, SERVED_TIMEOUT_S)
+            served = wait_served(
+                client,
+                system.keys,
+                system.snapshot_url,
+                SERVED_TIMEOUT_S,
+                lambda: _supervise(injector, services),
+            )
         finally:
             client.close()
         injector.settle()

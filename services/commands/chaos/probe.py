@@ -107,15 +107,23 @@ def served_model(base_url: str) -> tuple[int, bytes] | None:
     return decode_model(body, max_bytes=len(body)).snapshot.version, body
 
 
-def wait_served(client: redis.Redis, keys: Keys, base_url: str, timeout: float) -> Served:
-    """Poll until the snapshot service serves the committed version (or `timeout`)."""
+def wait_served(
+    client: redis.Redis, keys: Keys, base_url: str, timeout: float, tick: Callable[[], None]
+) -> Served:
+    """Poll until the snapshot service serves the committed model, the same version and bytes
+    (or `timeout`); `tick` runs each round (restarts).
+
+    Not "served at least the committed version": after a failover that lost commits, a snapshot
+    service frozen at a newer, lost version serves more than Redis holds until `tick` restarts it.
+    """
     deadline = time.monotonic() + timeout
     while True:
+        tick()
         version, raw = committed(client, keys)
         served = served_model(base_url)
         got = served or (-1, b"")
         result = Served(got[0], _sha(got[1]), version, _sha(raw))
-        if result.served_version >= version or time.monotonic() > deadline:
+        if result.equal or time.monotonic() > deadline:
             return result
         time.sleep(POLL_S)
 
