@@ -105,6 +105,11 @@ def _service(module: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+#: `ledger verify` could not check (Redis unreachable or refusing, commits landing faster than
+#: it can read them): not exit 1, which says the ledger did not reproduce the committed model
+VERIFY_NOT_CHECKED = 3
+
+
 def _ledger(args: argparse.Namespace) -> int:
     """Export or verify the ledger of the configured Redis, or of a `fedasync up` run folder."""
     from fedasync.services.commands.redis_target import configured, saved_run
@@ -182,7 +187,7 @@ async def _ledger_job(
         try:
             report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
         except CommitsTooFast as exc:
-            raise CommandError(f"ledger verify: {exc}", 1) from None
+            raise CommandError(f"ledger verify: {exc}", VERIFY_NOT_CHECKED) from None
         if report.nothing_committed:  # not a failed proof: most likely the wrong place
             raise CommandError(
                 f"ledger verify: no training under the key prefix {keys.prefix!r} at "
@@ -193,8 +198,9 @@ async def _ledger_job(
         return 0 if report.ok else 1
 
     try:
-        job = export if args.ledger_command == "export" else verify
-        return await talking_to(redis_settings, f"ledger {args.ledger_command}", job)
+        if args.ledger_command == "export":
+            return await talking_to(redis_settings, "ledger export", export)
+        return await talking_to(redis_settings, "ledger verify", verify, VERIFY_NOT_CHECKED)
     finally:
         await redis.aclose()
 
@@ -248,7 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     export = ledger_commands.add_parser("export", help="write the ledger as JSON lines")
     export.add_argument("--out", type=Path, help="file to write (default: standard output)")
     verify = ledger_commands.add_parser(
-        "verify", help="replay the ledger through the core and check the committed model"
+        "verify",
+        help="replay the ledger through the core and check the committed model",
+        description="Replay the ledger through the core and check the committed model. Exit "
+        "code 0: reproduced; 1: not reproduced; 2: nothing to check where it looked (settings, "
+        f"key prefix, run folder); {VERIFY_NOT_CHECKED}: could not check (Redis unreachable or "
+        "refusing, or commits landing faster than it can read them).",
     )
     for sub in (export, verify):
         sub.add_argument(

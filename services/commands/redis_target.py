@@ -68,13 +68,13 @@ def redis_where(settings: RedisSettings) -> str:
 
 
 async def talking_to(
-    settings: RedisSettings, command: str, action: Callable[[], Awaitable[T]]
+    settings: RedisSettings, command: str, action: Callable[[], Awaitable[T]], code: int = 1
 ) -> T:
-    """Run `action`; a Redis that refuses or cannot be reached becomes one line (exit 1)."""
+    """Run `action`; a Redis that refuses or cannot be reached becomes one line (exit `code`)."""
     try:
         return await action()
     except RedisError as exc:  # connection refused and timeouts included
-        raise CommandError(f"{command}: Redis at {redis_where(settings)}: {exc}", 1) from None
+        raise CommandError(f"{command}: Redis at {redis_where(settings)}: {exc}", code) from None
 
 
 @dataclass(frozen=True, slots=True)
