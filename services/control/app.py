@@ -30,7 +30,7 @@ from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.control.switchboard import AlreadyInState, set_switch
 from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.http_errors import json_errors
-from fedasync.services.runtime.http_service import livez, redis_readiness
+from fedasync.services.runtime.http_service import BACKGROUND, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
@@ -56,7 +56,6 @@ REDIS = web.AppKey("redis", aioredis.Redis)
 KEYS = web.AppKey("keys", Keys)
 WINDOW = web.AppKey("window", LedgerWindow)
 METRICS = web.AppKey("metrics", ControlMetrics)
-BACKGROUND = web.AppKey("background", Background)
 
 #: the policy fields that set a budget (their change is checked against what is used up)
 BUDGET_FIELDS = frozenset({"max_updates", "max_seconds"})

@@ -26,16 +26,21 @@ from fedasync.learning.task import Task
 from fedasync.learning.tasks import task_data
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.runtime.http_errors import json_errors
-from fedasync.services.runtime.http_service import http_service, livez, redis_readiness
+from fedasync.services.runtime.http_service import (
+    BACKGROUND,
+    http_service,
+    livez,
+    redis_readiness,
+)
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT
-from fedasync.services.runtime.settings import Settings
+from fedasync.services.runtime.settings import Settings, SettingsError
 from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.keys import Keys
-from fedasync.services.stores.run_record import check_task_if_reachable
+from fedasync.services.stores.run_record import RunCheck
 from fedasync.shared.model_format import ModelMessage, decode_model
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.wire import WireError
@@ -67,6 +72,8 @@ class Follower:
         #: the newest version fetched, scored or passed over: the next fetch asks for a newer one
         self.seen: int | None = None
         self.stopping = asyncio.Event()
+        # the test split comes from the task: scoring another task's split would mislead
+        self.run_check = RunCheck(redis, self.keys, settings.task)
 
     async def resume(self) -> None:
         """After a restart, continue after the newest version already recorded."""
@@ -99,6 +106,8 @@ class Follower:
                 log.warning(
                     "cannot read or record evaluations (%s); retrying in %.1f s", exc, backoff
                 )
+            except SettingsError:
+                raise  # another task than the run's: the service ends (exit code 2)
             except Exception:
                 # a bug, not a bad model: keep the evaluator alive, loudly, at the backoff's pace
                 self.metrics.failures.labels("error").inc()
@@ -152,6 +161,7 @@ class Follower:
         if self.seen is not None and version <= self.seen:
             return
         skipped = 0 if self.seen is None else version - self.seen - 1
+        await self.run_check.ensure()
         started = time.perf_counter()
         evaluation = await asyncio.to_thread(
             self.task.evaluate, np.asarray(model.snapshot.weights), self.test
@@ -175,7 +185,6 @@ class Follower:
 
 
 FOLLOWER = web.AppKey("follower", Follower)
-BACKGROUND = web.AppKey("background", Background)
 
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
@@ -196,8 +205,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         return metrics_response(metrics.registry)
 
     async def follow(app: web.Application) -> AsyncIterator[None]:
-        # the test split comes from the task: scoring another task's split would mislead
-        await check_task_if_reachable(redis, follower.keys, settings.task)
+        await follower.run_check.ensure()
         timeout = aiohttp.ClientTimeout(total=settings.evaluator.wait_s + 30)
         session = aiohttp.ClientSession(timeout=timeout)
         background.start(follower.run(session), "follow-versions")

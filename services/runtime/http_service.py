@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 #: an app's answers for its hottest requests, served by the guard without aiohttp (http_guard.py)
 FAST_PATH = web.AppKey("fast_path", FastPath)
 
+#: the app's one background loop, if it has one (lifecycle.Background): its /readyz vouches for
+#: it, and a refusal it ends with ends the service
+BACKGROUND = web.AppKey("background", Background)
+
 #: aiohttp's request handler options for every service (an app's own handler_args win)
 HANDLER_ARGS: dict[str, Any] = {"auto_decompress": False, "lingering_time": 0}
 
@@ -134,10 +138,27 @@ async def serve(
                 log.info("%s on http://%s:%d", name, host, bound)
                 if started is not None:
                     started.set_result(bound)
-                await stopping.wait()
+                await _until_stopped_or_refused(stopping, app.get(BACKGROUND))
     finally:
         if redis is None:
             await client.aclose()
+
+
+async def _until_stopped_or_refused(stopping: asyncio.Event, background: Background | None) -> None:
+    """Until `stopping` is set, or the background loop ends refusing to run (raised here, for the
+    entry point's one line and exit code 2). A loop that ended otherwise leaves the service up,
+    saying so on /readyz, for the orchestrator to restart."""
+    task = None if background is None else background.task
+    if task is not None:
+        stopped = asyncio.create_task(stopping.wait(), name="until-stopped")
+        try:
+            await asyncio.wait({stopped, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        refusal = background.refusal() if background is not None else None
+        if refusal is not None:
+            raise refusal
+    await stopping.wait()
 
 
 class ServiceRun(Protocol):

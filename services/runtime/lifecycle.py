@@ -14,6 +14,8 @@ import signal
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any
 
+from fedasync.services.runtime.settings import SettingsError
+
 log = logging.getLogger(__name__)
 
 
@@ -71,6 +73,15 @@ class Background:
         self.task: asyncio.Task[None] | None = None
         self._stopping = False
 
+    def refusal(self) -> SettingsError | None:
+        """The settings error the task ended with: the loop found it must not run (a task other
+        than the run's), which ends the whole service with exit code 2, not only its /readyz."""
+        task = self.task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        exc = task.exception()
+        return exc if isinstance(exc, SettingsError) else None
+
     def start(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         self.task = asyncio.create_task(work, name=name)
         return self.task
@@ -90,5 +101,5 @@ class Background:
     async def stop(self, timeout: float = 5.0) -> None:
         """Cancel the task (after the caller asked it to drain) and log how it ended."""
         self._stopping = True
-        if self.task is not None:
+        if self.task is not None and self.refusal() is None:  # a refusal is the exit's to say
             await cancel_tasks([self.task], timeout)

@@ -75,13 +75,40 @@ async def check_task(redis: aioredis.Redis, keys: Keys, task: TaskSettings) -> N
         raise error
 
 
-async def check_task_if_reachable(redis: aioredis.Redis, keys: Keys, task: TaskSettings) -> None:
-    """`check_task` for a process that must start without Redis (the evaluator, a worker): a
-    Redis away now skips the check with a warning, a different task still raises."""
-    try:
-        await check_task(redis, keys, task)
-    except TRANSIENT as exc:
-        log.warning("task not checked against the run's: Redis unreachable (%s)", exc)
+class RunCheck:
+    """`check_task` for a process that may start before it can compare (the evaluator, a
+    worker): Redis away, or no task recorded yet because the aggregator has not started.
+
+    Such a process compares at start and again before each of its writes (a worker's update, the
+    evaluator's record) until it has compared once, so nothing it writes comes from another task
+    unnoticed. A different task raises SettingsError; Redis away is logged (once) and left to the
+    next write.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, task: TaskSettings) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.task = task
+        #: compared with the run's task, and the same
+        self.compared = False
+        self._warned = False
+
+    async def ensure(self) -> None:
+        if self.compared:
+            return
+        try:
+            recorded = await recorded_task(self.redis, self.keys)
+        except TRANSIENT as exc:
+            if not self._warned:
+                log.warning("task not yet checked against the run's: Redis unreachable (%s)", exc)
+                self._warned = True
+            return
+        if recorded is None:  # the aggregator has not started yet: compare at the next write
+            return
+        error = differences(recorded, task_identity(self.task))
+        if error is not None:
+            raise error
+        self.compared = True
 
 
 async def record_run(

@@ -32,7 +32,7 @@ from fedasync.services.runtime.lifecycle import stop_on_signals
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import Keys
-from fedasync.services.stores.run_record import check_task_if_reachable
+from fedasync.services.stores.run_record import RunCheck
 from fedasync.services.worker.device import Device, build_device, default_client_id, run_rng
 from fedasync.services.worker.journal import Journal
 
@@ -82,6 +82,12 @@ async def work(
     cfg = settings.worker
     client_id = cfg.client_id or default_client_id(cfg.device_index)
     result = WorkerResult()
+    # its data comes from the task: updates trained on another task's would mislead
+    run_check = (
+        None if redis is None else RunCheck(redis, Keys(settings.redis.key_prefix), settings.task)
+    )
+    if run_check is not None:
+        await run_check.ensure()
     journal = Journal(cfg.journal)
     client = DeviceClient(
         cfg.snapshot_url,
@@ -130,6 +136,8 @@ async def work(
                 result.dropped_out += 1
                 log.info("run %d abandoned mid-training (dropout)", run)
                 continue
+            if run_check is not None:
+                await run_check.ensure()
             update = client.prepare(new, base.version, len(device.data), metrics)
             journal.attempted(update.update_id)
             try:
@@ -163,8 +171,6 @@ async def run(
     # a device publishing through ingest holds no Redis credentials and opens no connection
     client = redis if redis is not None or over_http else connect(settings.redis)
     try:
-        if client is not None:  # its data comes from the task: another task's would mislead
-            await check_task_if_reachable(client, Keys(settings.redis.key_prefix), settings.task)
         with stop_on_signals(stopping, handle_signals):
             result = await work(settings, device, client, stopping)
         log.info(
