@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from fedasync.services.runtime.settings import Settings
+from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records
 from fedasync.shared import stream_entry
@@ -85,3 +87,20 @@ async def wait_for_ledger(redis: aioredis.Redis, keys: Keys, after: str, count: 
         seen += len(entries)
         after = entries[-1][0].decode()
     return after
+
+
+async def start_snapshot(
+    settings: Settings, redis: aioredis.Redis, stopping: asyncio.Event
+) -> tuple[asyncio.Task[None], str]:
+    """The snapshot service in this process on a free port, until `stopping`; its task and URL
+    once it listens."""
+    on_free_port = settings.model_copy(
+        update={"snapshot": settings.snapshot.model_copy(update={"port": 0})}
+    )
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        run_snapshot(
+            on_free_port, redis=redis, handle_signals=False, stopping=stopping, started=started
+        )
+    )
+    return task, f"http://127.0.0.1:{await started}"

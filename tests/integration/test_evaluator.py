@@ -22,7 +22,6 @@ from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
-from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
 from fedasync.services.stores.keys import Keys
@@ -33,7 +32,7 @@ from fedasync.shared.model_format import decode_model, encode_model
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
-from tests.integration.helpers import next_entries, wait_for_ledger
+from tests.integration.helpers import next_entries, start_snapshot, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -41,23 +40,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 @pytest_asyncio.fixture
 async def system(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[Settings]:
     """A running aggregator and snapshot service; yields settings pointing at the snapshot."""
-    settings = settings.model_copy(
-        update={"snapshot": settings.snapshot.model_copy(update={"port": 0})}
-    )
     stopping = asyncio.Event()
-    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    tasks = [
-        asyncio.create_task(
-            run_aggregator(settings, redis=redis, handle_signals=False, stopping=stopping)
-        ),
-        asyncio.create_task(
-            run_snapshot(
-                settings, redis=redis, handle_signals=False, stopping=stopping, started=started
-            )
-        ),
-    ]
-    port = await started
-    url = f"http://127.0.0.1:{port}"
+    aggregator = asyncio.create_task(
+        run_aggregator(settings, redis=redis, handle_signals=False, stopping=stopping)
+    )
+    snapshot, url = await start_snapshot(settings, redis, stopping)
+    tasks = [aggregator, snapshot]
     yield settings.model_copy(
         update={
             "evaluator": settings.evaluator.model_copy(

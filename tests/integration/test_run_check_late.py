@@ -25,12 +25,11 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.settings import Settings, SettingsError
-from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.run_record import RunCheck, recorded_task
 from fedasync.services.worker.service import run as run_worker
-from tests.integration.helpers import initial_state
+from tests.integration.helpers import initial_state, start_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -43,6 +42,13 @@ def with_seed(settings: Settings, seed: int) -> Settings:
     return settings.model_copy(update={"task": settings.task.model_copy(update={"seed": seed})})
 
 
+def late(settings: Settings, section: str, **values: object) -> Settings:
+    """The late process's settings: OTHER_SEED, and its own section changed by `values`."""
+    other = with_seed(settings, OTHER_SEED)
+    part = getattr(other, section).model_copy(update=values)
+    return other.model_copy(update={section: part})
+
+
 @dataclass
 class Snapshot:
     """A snapshot service with no model yet: no aggregator has started."""
@@ -53,17 +59,9 @@ class Snapshot:
 
 @pytest_asyncio.fixture
 async def snapshot(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[Snapshot]:
-    settings = settings.model_copy(
-        update={"snapshot": settings.snapshot.model_copy(update={"port": 0})}
-    )
     stopping = asyncio.Event()
-    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        run_snapshot(
-            settings, redis=redis, handle_signals=False, stopping=stopping, started=started
-        )
-    )
-    yield Snapshot(f"http://127.0.0.1:{await started}", stopping)
+    task, url = await start_snapshot(settings, redis, stopping)
+    yield Snapshot(url, stopping)
     stopping.set()
     await task
 
@@ -81,39 +79,33 @@ async def waiting_for_a_model(url: str) -> None:
     raise AssertionError("the worker never asked for a model")
 
 
-async def start_aggregator(
-    settings: Settings, redis: aioredis.Redis, stopping: asyncio.Event
-) -> asyncio.Task[object]:
-    """The run's aggregator (seed RUN_SEED): it records the run and commits version 0."""
+async def refusal_once_the_run_starts(
+    late: asyncio.Task[object], settings: Settings, redis: aioredis.Redis, snapshot: Snapshot
+) -> str:
+    """Start the run's aggregator (seed RUN_SEED: it records the run and commits version 0)
+    while `late` runs with another seed; the refusal `late` ends with."""
     run = with_seed(settings, RUN_SEED)
-    return asyncio.create_task(
-        run_aggregator(run, redis=redis, handle_signals=False, stopping=stopping)
+    aggregator = asyncio.create_task(
+        run_aggregator(run, redis=redis, handle_signals=False, stopping=snapshot.stopping)
     )
+    try:
+        with pytest.raises(SettingsError) as refused:
+            await asyncio.wait_for(late, 120)
+    finally:
+        snapshot.stopping.set()
+        await aggregator
+    return str(refused.value)
 
 
 async def test_a_worker_started_before_the_run_refuses_before_it_publishes(
     settings: Settings, redis: aioredis.Redis, snapshot: Snapshot
 ) -> None:
     keys = Keys(settings.redis.key_prefix)
-    other = with_seed(settings, OTHER_SEED)
-    other = other.model_copy(
-        update={
-            "worker": other.worker.model_copy(
-                update={"device_index": 0, "profile": "none", "snapshot_url": snapshot.url}
-            )
-        }
-    )
+    other = late(settings, "worker", device_index=0, profile="none", snapshot_url=snapshot.url)
     assert await recorded_task(redis, keys) is None  # nothing to compare with at its start
     worker = asyncio.create_task(run_worker(other, redis=redis, handle_signals=False))
     await waiting_for_a_model(snapshot.url)  # past its check at start, which found no run
-    aggregator = await start_aggregator(settings, redis, snapshot.stopping)
-    try:
-        with pytest.raises(SettingsError) as refused:
-            await asyncio.wait_for(worker, 120)
-    finally:
-        snapshot.stopping.set()
-        await aggregator
-    assert REFUSAL in str(refused.value)
+    assert REFUSAL in await refusal_once_the_run_starts(worker, settings, redis, snapshot)
     assert await redis.xlen(keys.updates) == 0  # it trained on another task's data: not sent
 
 
@@ -121,28 +113,14 @@ async def test_an_evaluator_started_before_the_run_stops_the_service_before_it_r
     settings: Settings, redis: aioredis.Redis, snapshot: Snapshot
 ) -> None:
     keys = Keys(settings.redis.key_prefix)
-    other = with_seed(settings, OTHER_SEED)
-    other = other.model_copy(
-        update={
-            "evaluator": other.evaluator.model_copy(
-                update={"snapshot_url": snapshot.url, "port": 0, "wait_s": 1.0}
-            )
-        }
-    )
+    other = late(settings, "evaluator", snapshot_url=snapshot.url, port=0, wait_s=1.0)
     stopping = asyncio.Event()  # never set: the refusal alone ends it
     started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     evaluator = asyncio.create_task(
         run_evaluator(other, redis=redis, handle_signals=False, stopping=stopping, started=started)
     )
     await started  # listening: its check at start found no run to compare with
-    aggregator = await start_aggregator(settings, redis, snapshot.stopping)
-    try:
-        with pytest.raises(SettingsError) as refused:
-            await asyncio.wait_for(evaluator, 120)
-    finally:
-        snapshot.stopping.set()
-        await aggregator
-    assert REFUSAL in str(refused.value)
+    assert REFUSAL in await refusal_once_the_run_starts(evaluator, settings, redis, snapshot)
     assert await evaluations.latest(redis, keys) is None  # another task's score: not recorded
 
 
