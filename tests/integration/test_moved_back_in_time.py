@@ -504,7 +504,7 @@ async def test_the_chaos_probe_does_not_take_a_frozen_newer_version_for_the_comm
         assert (await next_alert(observer))["rule"] == VERSION_REGRESSED
         ticks: list[int] = []
         served = await asyncio.to_thread(
-            wait_served, sync, KEYS, base_url, 0.5, lambda: ticks.append(1)
+            wait_served, sync, KEYS, base_url, 3.0, lambda: ticks.append(1)
         )
     finally:
         sync.close()

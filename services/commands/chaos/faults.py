@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -53,7 +54,6 @@ from fedasync.services.commands.chaos.system import (
 )
 from fedasync.services.commands.chaos.waits import Interruption
 from fedasync.services.runtime.entry import EXIT_REFUSED
-from fedasync.services.runtime.redis_sentinel import ReplicatedRedis
 from fedasync.services.runtime.redis_server import free_port
 
 #: least time between a child's unexpected exit and its restart, seconds (a supervisor's back-off)
@@ -69,6 +69,8 @@ FENCED_WITHIN_S = 30.0
 #: settle again (the killed server back and in sync) before the next failover, seconds
 PROMOTED_WITHIN_S = 60.0
 SETTLED_WITHIN_S = 60.0
+#: how long a slow-clients burst waits for the snapshot service to listen (just restarted)
+LISTENING_WITHIN_S = 15.0
 #: how often the snapshot service's /readyz is asked whether it froze, seconds
 SNAPSHOT_WATCH_S = 1.0
 #: how often the injector looks for the first commit after a failover, seconds
@@ -197,6 +199,10 @@ class Injector:
             return
         if fault.kind is FaultKind.SLOW_CLIENTS:
             port = self.system.snapshot_port
+            # restarted a moment ago, it may not listen yet: a burst met by refusals tests nothing
+            if not _listening("127.0.0.1", port, LISTENING_WITHIN_S):
+                self._skip(fault, now, f"{SNAPSHOT} not listening after {LISTENING_WITHIN_S} s")
+                return
             burst = SlowClients("127.0.0.1", port, self.slow_clients, fault.outage_s)
             self.bursts.append(burst.start())
             self._injected(fault, now)
@@ -284,7 +290,7 @@ class Injector:
             return
         try:
             group.wait_settled(SETTLED_WITHIN_S)
-            self._wait_recovered(group)
+            self.wait_recovered()
         except TimeoutError as exc:
             self._skip(fault, now, str(exc))
             return
@@ -324,11 +330,14 @@ class Injector:
             )
         )
 
-    def _wait_recovered(self, group: ReplicatedRedis) -> None:
+    def wait_recovered(self) -> None:
         """Until the aggregator has committed on the primary promoted by the last failover, so
         each failover's figures are its own (a kill during the recovery from the previous one
-        would add to them). Restarts what exits meanwhile; TimeoutError after SETTLED_WITHIN_S."""
-        if not self.failovers or self.failovers[-1].seq_after is None:
+        would add to them), and so the run shows the services carrying on against it before its
+        workers are stopped. Restarts what exits meanwhile; TimeoutError after SETTLED_WITHIN_S.
+        """
+        group = self.system.group
+        if group is None or not self.failovers or self.failovers[-1].seq_after is None:
             return
         last = self.failovers[-1]
         deadline = time.monotonic() + SETTLED_WITHIN_S
@@ -355,7 +364,9 @@ class Injector:
             or _ready_status(self.system.snapshot_url) != (REGRESSED_STATUS)
         ):
             return
-        self.system.supervisor.kill(SNAPSHOT, signal.SIGTERM)
+        if self.system.supervisor.kill(SNAPSHOT, signal.SIGTERM) is None:
+            self.events.append(Event(self.now(), "hung_on_stop", SNAPSHOT))
+            self.system.supervisor.kill(SNAPSHOT)
         self.system.supervisor.start(self.system.spec(SNAPSHOT))
         self.unfrozen += 1
         self.events.append(
@@ -474,6 +485,19 @@ class Injector:
     def recovering(self) -> bool:
         """Something is down or stopped on purpose, due to come back."""
         return bool(self.pending or self.stopped)
+
+
+def _listening(host: str, port: int, within_s: float) -> bool:
+    """Whether (host, port) accepts a connection within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(RECOVERY_POLL_S)
 
 
 def _ready_status(base_url: str) -> str | None:

@@ -67,6 +67,10 @@ def run(
         say(f"chaos: {len(schedule)} faults over {profile.window_s:.0f} s")
         _inject(system, injector, schedule, say)
 
+        try:  # a failover's new primary has taken a commit before the workers stop
+            injector.wait_recovered()
+        except TimeoutError as exc:
+            say(f"chaos: {exc}")  # the report shows no first commit after it
         say("chaos: faults over; stopping the workers and draining the stream")
         for name in system.workers:
             if system.supervisor.kill(name, signal.SIGTERM, wait=15.0) is None:
