@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+from redis.exceptions import RedisError
 
 from fedasync.client.errors import Unavailable
 from fedasync.client.retry import Pause, RetryPolicy, json_object, retry_after_s, retryable
-from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,14 +117,19 @@ class Transport:
 
 
 class RedisRetry:
-    """Runs a Redis action again on connection errors, by the same policy (trusted network)."""
+    """Runs a Redis action again on connection errors, by the same policy (trusted network).
+
+    A Redis full to `maxmemory` refuses the write and keeps nothing: it is waited out as long as
+    it lasts and uses up no attempt, as the ingest service's `503 redis_out_of_memory` is, so a
+    device writing straight to Redis rides out what one publishing through ingest does.
+    """
 
     def __init__(self, policy: RetryPolicy, pause: Pause) -> None:
         self.policy = policy
         self.pause = pause
 
     async def __call__(self, what: str, action: Callable[[], Awaitable[T]]) -> T:
-        failures = 0
+        failures = full = 0
         while True:
             try:
                 return await action()
@@ -135,6 +141,13 @@ class RedisRetry:
                     ) from exc
                 log.warning("%s failed (%s); trying again (attempt %d)", what, exc, failures)
                 await self.pause(self.policy.backoff(failures))
+            except RedisError as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                full += 1
+                wait = self.policy.backoff(full)
+                log.info("%s: Redis is full (%s); trying again in %.0f s", what, exc, wait)
+                await self.pause(wait)
 
 
 def now_ms() -> int:
