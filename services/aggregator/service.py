@@ -561,7 +561,7 @@ class Aggregator:
                 return None
             raise
         key = self.device_keys.key_of(proof.client_id)
-        window_ms = round(self.settings.auth.window_s * 1000)
+        window_ms = self.settings.auth.window_ms
         verify(proof, key, raw, stream_id_ms(stream_id), window_ms)
         self.metrics.authenticated.inc()
         return proof

@@ -35,7 +35,7 @@ from fedasync.services.ingest.refusal import (
     request_proof,
     unavailable,
 )
-from fedasync.services.ingest.store import IngestStore, UpdateIdReused
+from fedasync.services.ingest.store import IngestStore, SignedOutsideWindow, UpdateIdReused
 from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
@@ -44,7 +44,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import PolicyCache
-from fedasync.shared.device_auth import AuthError, check_claim, verify
+from fedasync.shared.device_auth import AuthError, Proof, check_claim, stream_id_ms, verify
 from fedasync.shared.update import Update
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
@@ -71,7 +71,11 @@ class Ingest:
         self.redis = redis
         self.keys_cache = KeyCache(redis, keys, settings.auth.key_refresh_s)
         self.store = IngestStore(
-            redis, keys, settings.ingest.idempotency_ttl_s, durability=settings.redis.durability
+            redis,
+            keys,
+            settings.ingest.idempotency_ttl_s,
+            window_ms=settings.auth.window_ms,
+            durability=settings.redis.durability,
         )
         self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
         self.policy = PolicyCache(redis, keys, settings.ingest.policy_refresh_s)
@@ -131,8 +135,8 @@ class Ingest:
         key = await device_key(self.keys_cache, proof)
         self.limiter.check(proof.client_id, time.monotonic(), take=False)
         body = await _read(request)
-        window_ms = round(self.settings.auth.window_s * 1000)
-        try:
+        window_ms = self.settings.auth.window_ms
+        try:  # by this clock first: most late signatures are refused without a write
             verify(proof, key, body, int(time.time() * 1000), window_ms)
         except AuthError as exc:
             raise Refusal(401, exc.reason.value, exc.detail) from None
@@ -149,6 +153,9 @@ class Ingest:
             ingested = await self.store.add(proof.client_id, update.update_id, body, proof)
         except UpdateIdReused as exc:
             raise Refusal(409, "update_id_reused", str(exc)) from None
+        except SignedOutsideWindow as exc:
+            # then by Redis's clock, the aggregator's: what it would refuse is never acknowledged
+            raise outside_window(proof, key, body, exc.entry_id, window_ms) from None
         except TRANSIENT as exc:
             # maybe added, maybe not: a retry with the same update id settles it
             raise unavailable(exc) from None
@@ -181,6 +188,20 @@ class Ingest:
                 f"ingest paused by the operators (policy version {policy.version})",
                 {"Retry-After": retry},
             )
+
+
+def outside_window(proof: Proof, key: bytes, body: bytes, entry_id: str, window_ms: int) -> Refusal:
+    """The 401 for an update the store found signed outside the window of Redis's time of
+    receipt, worded by the core's own check (the aggregator's) at that time."""
+    try:
+        verify(proof, key, body, stream_id_ms(entry_id.encode()), window_ms)
+    except AuthError as exc:
+        return Refusal(401, exc.reason.value, exc.detail + " (by the update store's clock)")
+    # the script and the core disagree on the rule: refused all the same, and said loudly
+    log.error(
+        "the update store refused %s as signed outside the window; the core does not", entry_id
+    )
+    return Refusal(401, "signature_expired", f"signed outside the window at entry {entry_id}")
 
 
 async def _read(request: web.Request) -> bytes:

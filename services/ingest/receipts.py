@@ -57,7 +57,7 @@ class ReceiptReader:
             message = read_message(update_id)
         except UnicodeEncodeError:  # not text: no device could have signed it, nor used it
             raise Refusal(401, "bad_signature", "the update id is not UTF-8") from None
-        window_ms = round(self._settings.auth.window_s * 1000)
+        window_ms = self._settings.auth.window_ms
         try:
             verify(proof, key, message, int(time.time() * 1000), window_ms, READ_DOMAIN)
         except AuthError as exc:

@@ -6,6 +6,15 @@ retries cannot both add an entry, and a crash cannot leave an entry without its 
 with the same body gets the first entry id; the same update id with a *different* body is a
 conflict, never silently dropped. Never trims the stream (no MAXLEN).
 
+The signing time is judged in the same step, against the new entry id's milliseconds: Redis's
+clock, the one the aggregator judges the entry by (shared/device_auth.py `verify`, with the entry
+id as the time of receipt). Ingest's own check against its clock comes first and refuses most
+late signatures without a write, but a Redis stall between that check and the XADD, or a clock
+of Redis's host ahead of ingest's, would let an update be acknowledged that the aggregator then
+refuses as `signature_expired`: acknowledged, yet never decided. Outside the window the script
+deletes the entry it just added (no reader can see it in between) and sets no marker, so nothing
+is acknowledged and a retry, signed afresh, is judged anew.
+
 Durable mode (`FEDASYNC_REDIS__DURABLE_REPLICAS`): the script and a WAIT run on one connection
 (services/runtime/redis_conn.py, `replicated`), so the device hears 202 only once the replicas
 hold its entry; short of them it hears 503 and retries. A retry that finds the marker sets it
@@ -37,7 +46,12 @@ if existing then
   end
   return {-1, id}
 end
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5))
+local ms = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
+if math.abs(ms - tonumber(ARGV[3])) > tonumber(ARGV[4]) then
+  redis.call('XDEL', KEYS[2], id)
+  return {-2, id}
+end
 redis.call('SET', KEYS[1], id .. ' ' .. ARGV[1], 'EX', ARGV[2])
 return {1, id}
 """
@@ -49,6 +63,14 @@ class Ingested:
 
     entry_id: str
     new: bool
+
+
+class SignedOutsideWindow(Exception):
+    """Signed too long before (or after) Redis's time of the XADD: nothing was added."""
+
+    def __init__(self, entry_id: str) -> None:
+        self.entry_id = entry_id  # deleted again: its milliseconds are Redis's time of receipt
+        super().__init__(f"signature outside the window at {entry_id}")
 
 
 class UpdateIdReused(Exception):
@@ -65,20 +87,26 @@ class IngestStore:
         redis: aioredis.Redis,
         keys: Keys,
         ttl_s: int,
+        *,
+        window_ms: int,
         durability: Durability | None = None,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._ttl_s = ttl_s
+        self._window_ms = window_ms
         self._script = redis.register_script(INGEST_SCRIPT)
         self._durability = durability or Durability()
 
     async def add(self, client_id: str, update_id: str, body: bytes, proof: Proof) -> Ingested:
-        """XADD the signed entry unless this (client, update id) is already in; atomic."""
+        """XADD the signed entry unless this (client, update id) is already in; atomic.
+        SignedOutsideWindow if `proof` was signed outside the window of Redis's time of the XADD
+        (nothing added), UpdateIdReused if the update id came before with other content."""
         marker = update_digest(client_id, update_id)
         digest = hashlib.sha256(body).hexdigest()
         fields = stream_entry.build(body, proof)
-        args = [digest, self._ttl_s, *(part for pair in fields.items() for part in pair)]
+        parts = (part for pair in fields.items() for part in pair)
+        args = [digest, self._ttl_s, proof.signed_at_ms, self._window_ms, *parts]
         keys = [self._keys.ingested(marker), self._keys.updates]
 
         async def add(client: aioredis.Redis) -> Any:
@@ -88,4 +116,6 @@ class IngestStore:
         code, entry_id = int(reply[0]), bytes(reply[1]).decode()
         if code == -1:
             raise UpdateIdReused(entry_id)
+        if code == -2:
+            raise SignedOutsideWindow(entry_id)
         return Ingested(entry_id, new=code == 1)

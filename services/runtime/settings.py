@@ -578,6 +578,12 @@ class AuthSettings(Section):
         1.0, gt=0, le=60, description="a cached device key is re-read after this many seconds"
     )
 
+    @property
+    def window_ms(self) -> int:
+        """The window as every check uses it (ingest, its update store, the aggregator): one
+        rounding, so they never disagree at its edge."""
+        return round(self.window_s * 1000)
+
 
 class IngestSettings(Section):
     """The HTTP entry for devices that must not hold Redis credentials (docs/http-api.md)."""

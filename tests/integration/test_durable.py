@@ -10,6 +10,7 @@ the replica away.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,8 +183,8 @@ async def test_the_ingest_service_acknowledges_an_update_once_a_replica_holds_it
     pair: Pair, primary: aioredis.Redis
 ) -> None:
     await wait_linked(pair, primary)
-    store = IngestStore(primary, KEYS, ttl_s=60, durability=DURABLE)
-    proof = Proof("c0", 1_700_000_000_000, b"\0" * 32)
+    store = IngestStore(primary, KEYS, ttl_s=60, window_ms=300_000, durability=DURABLE)
+    proof = Proof("c0", int(time.time() * 1000), b"\0" * 32)  # signed now: inside the window
     pair.replica.kill()
     with pytest.raises(NotReplicated):  # the service answers 503 Retry-After: 1 (app.py)
         await store.add("c0", "u1", b"body", proof)

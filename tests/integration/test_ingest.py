@@ -12,6 +12,7 @@ import json
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.app import create_app as create_control_app
+from fedasync.services.ingest import app as ingest_app
 from fedasync.services.ingest.app import INGEST, create_app
 from fedasync.services.ingest.openapi import spec
 from fedasync.services.ingest.protocol import (
@@ -436,3 +438,39 @@ async def test_receipt_reads_need_a_valid_read_signature(
     registry = client.app[INGEST].metrics.registry
     sample = registry.get_sample_value("fedasync_ingest_receipts_total", {"answer": "not_decided"})
     assert sample == 1.0
+
+
+async def test_a_signature_late_by_redis_clock_is_refused_not_acknowledged(
+    settings: Settings, redis: aioredis.Redis, device_key: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingest's clock SKEW_S behind Redis's (another host; or, the same in effect, a stall
+    between ingest's check and the XADD): an update signed within the window by ingest's clock
+    but outside it by Redis's, the clock the aggregator judges entries by, is refused (401),
+    never acknowledged and then dropped by the aggregator as `signature_expired`. Found by an
+    outside fault injection (a CLIENT PAUSE WRITE at the window's edge). Nothing is added, no
+    retry marker is left: the device's retry, signed afresh, is judged anew and taken."""
+    window_ms = settings.auth.window_ms
+    skew_ms = 20_000  # margins of 10 s either way: no timing in play
+    behind = SimpleNamespace(time=lambda: time.time() - skew_ms / 1000, monotonic=time.monotonic)
+    monkeypatch.setattr(ingest_app, "time", behind)  # ingest's module only
+    client = await start(ingest_settings(settings), redis)
+    try:
+        body = body_of("late")
+        signed_at = now_ms() - window_ms - skew_ms // 2  # in by ingest's clock, out by Redis's
+        late = signed_headers(device_key, "dev-a", signed_at, body)
+        response = await client.post(PATH, data=body, headers=late)
+        answer = await response.json()
+        assert response.status == 401, answer
+        assert answer["reason"] == "signature_expired"
+        assert "by the update store's clock" in answer["error"]
+        assert refusals(client, "signature_expired") == 1.0
+        assert await stream_length(redis, settings) == 0
+        assert await redis.keys(Keys(settings.redis.key_prefix).ingested("*")) == []
+
+        fresh = signed_headers(device_key, "dev-a", now_ms(), body)
+        again = await client.post(PATH, data=body, headers=fresh)
+        assert again.status == 202
+        assert (await again.json())["retry"] is False  # the first attempt left nothing behind
+        assert await stream_length(redis, settings) == 1
+    finally:
+        await client.close()
