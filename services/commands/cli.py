@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -259,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay the ledger through the core and check the committed model. Exit "
         "code 0: reproduced; 1: not reproduced; 2: nothing to check where it looked (settings, "
         f"key prefix, run folder); {VERIFY_NOT_CHECKED}: could not check (Redis unreachable or "
-        "refusing, or commits landing faster than it can read them).",
+        "refusing, or commits landing faster than it can read them); 141: the reader of its "
+        "output went away.",
     )
     for sub in (export, verify):
         sub.add_argument(
@@ -289,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the reader of standard output went away: what a shell reports for a process SIGPIPE ended
+#: (128 + 13), and none of the codes a command gives a meaning (`ledger verify`'s 1: not reproduced)
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -301,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:  # `fedasync ledger export | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-        return 1
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

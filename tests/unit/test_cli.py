@@ -222,3 +222,19 @@ def test_settings_prints_no_secret(
     assert "operator-token-0123456789" not in out
     assert '"url": "redis://admin:**********@redis:6379/0"' in out
     assert '"token": "**********"' in out
+
+
+def test_a_reader_that_went_away_is_no_traceback_and_not_a_meaningful_exit_code() -> None:
+    """`fedasync ledger verify | head -1`: exit 1 would read as "not reproduced"; 141 is what a
+    shell shows for a process that SIGPIPE ended."""
+    script = Path(sys.executable).parent / "fedasync"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    try:
+        result = subprocess.run(
+            [str(script), "acl"], stdout=write_end, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141
+    assert "Traceback" not in result.stderr
