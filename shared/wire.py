@@ -155,9 +155,13 @@ def decode_array(value: Any, field: str) -> np.ndarray:
         raise WireError(
             WireReason.BAD_DTYPE, f"{field}.dtype {dtype_name!r}, expected {list(DTYPES)}"
         )
-    if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS:
+    if not isinstance(shape, list):
         raise WireError(
             WireReason.WRONG_TYPE, f"{field}.shape must be a list of 1..{MAX_DIMS} ints"
+        )
+    if not 1 <= len(shape) <= MAX_DIMS:  # the right type, out of range (docs/wire-format.md)
+        raise WireError(
+            WireReason.BAD_VALUE, f"{field}.shape has {len(shape)} dimensions, not 1..{MAX_DIMS}"
         )
     if not all(_is_int(d) and d >= 0 for d in shape):
         raise WireError(WireReason.BAD_VALUE, f"{field}.shape {shape!r} must be non-negative ints")

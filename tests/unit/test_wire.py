@@ -186,8 +186,8 @@ def weights_field(**changes: Any) -> dict[str, Any]:
         ({"dtype": 4}, WireReason.BAD_DTYPE),
         ({"shape": [4]}, WireReason.SIZE_MISMATCH),
         ({"shape": [2]}, WireReason.SIZE_MISMATCH),
-        ({"shape": []}, WireReason.WRONG_TYPE),
-        ({"shape": [1] * 9}, WireReason.WRONG_TYPE),
+        ({"shape": []}, WireReason.BAD_VALUE),  # a list, of no dimension
+        ({"shape": [1] * 9}, WireReason.BAD_VALUE),  # a list, of too many
         ({"shape": [-3]}, WireReason.BAD_VALUE),
         ({"shape": [3.0]}, WireReason.BAD_VALUE),
         ({"shape": 3}, WireReason.WRONG_TYPE),
