@@ -205,11 +205,18 @@ def outside_window(proof: Proof, key: bytes, body: bytes, entry_id: str, window_
 
 
 async def _read(request: web.Request) -> bytes:
-    """The body, capped by the app's client_max_size while it streams in (chunked uploads)."""
+    """The body, capped by the app's client_max_size while it streams in (chunked uploads).
+
+    A device that goes away mid-body (it timed out, its network dropped) is a refusal like any
+    other, counted as `connection_lost` and logged in one line, not a traceback at ERROR: nothing
+    was added, and nobody is left to hear the answer.
+    """
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise Refusal(413, "too_large", exc.text or "body over the limit") from None
+    except ConnectionResetError as exc:
+        raise Refusal(400, "connection_lost", f"the body was cut off: {exc}") from None
 
 
 INGEST = web.AppKey("ingest", Ingest)

@@ -474,3 +474,33 @@ async def test_a_signature_late_by_redis_clock_is_refused_not_acknowledged(
         assert await stream_length(redis, settings) == 1
     finally:
         await client.close()
+
+
+async def test_a_device_gone_mid_body_is_counted_and_logged_in_one_line_not_a_traceback(
+    client: TestClient[Any, Any],
+    device_key: bytes,
+    settings: Settings,
+    redis: aioredis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by an outside fault injection: devices that timed out while ingest was stopped
+    (SIGSTOP) left `ConnectionResetError` tracebacks at ERROR and no count."""
+    body = body_of("cut")
+    headers = signed_headers(device_key, "dev-a", now_ms(), body)
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    port = client.server.port
+    assert port is not None
+    request = f"POST {PATH} HTTP/1.1\r\nHost: ingest\r\nContent-Length: {len(body)}\r\n{head}\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request.encode() + body[: len(body) // 2])
+    await writer.drain()
+    writer.close()  # gone with half the body sent
+    await writer.wait_closed()
+    for _ in range(600):  # the handler runs on this loop: the count is the event to wait for
+        if refusals(client, "connection_lost") == 1.0:
+            break
+        await asyncio.sleep(0.05)
+    assert refusals(client, "connection_lost") == 1.0
+    assert await stream_length(redis, settings) == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    del reader
