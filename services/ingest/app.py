@@ -196,7 +196,8 @@ def outside_window(proof: Proof, key: bytes, body: bytes, entry_id: str, window_
     try:
         verify(proof, key, body, stream_id_ms(entry_id.encode()), window_ms)
     except AuthError as exc:
-        return Refusal(401, exc.reason.value, exc.detail + " (by the update store's clock)")
+        detail = f"{exc.detail} (by Redis's clock, when it added the entry)"
+        return Refusal(401, exc.reason.value, detail)
     # the script and the core disagree on the rule: refused all the same, and said loudly
     log.error(
         "the update store refused %s as signed outside the window; the core does not", entry_id

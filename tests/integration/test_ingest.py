@@ -462,7 +462,7 @@ async def test_a_signature_late_by_redis_clock_is_refused_not_acknowledged(
         answer = await response.json()
         assert response.status == 401, answer
         assert answer["reason"] == "signature_expired"
-        assert "by the update store's clock" in answer["error"]
+        assert "by Redis's clock" in answer["error"]
         assert refusals(client, "signature_expired") == 1.0
         assert await stream_length(redis, settings) == 0
         assert await redis.keys(Keys(settings.redis.key_prefix).ingested("*")) == []
