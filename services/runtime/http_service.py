@@ -148,14 +148,13 @@ async def _until_stopped_or_refused(stopping: asyncio.Event, background: Backgro
     """Until `stopping` is set, or the background loop ends refusing to run (raised here, for the
     entry point's one line and exit code 2). A loop that ended otherwise leaves the service up,
     saying so on /readyz, for the orchestrator to restart."""
-    task = None if background is None else background.task
-    if task is not None:
+    if background is not None and background.task is not None:
         stopped = asyncio.create_task(stopping.wait(), name="until-stopped")
         try:
-            await asyncio.wait({stopped, task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stopped, background.task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-        refusal = background.refusal() if background is not None else None
+        refusal = background.refusal()
         if refusal is not None:
             raise refusal
     await stopping.wait()

@@ -65,14 +65,16 @@ async def recorded_task(redis: aioredis.Redis, keys: Keys) -> dict[str, Any] | N
     return None if raw is None else dict(json.loads(as_text(raw)))
 
 
-async def check_task(redis: aioredis.Redis, keys: Keys, task: TaskSettings) -> None:
-    """Raise SettingsError if this process's task is not the run's (nothing recorded: no check)."""
+async def check_task(redis: aioredis.Redis, keys: Keys, task: TaskSettings) -> bool:
+    """Raise SettingsError if this process's task is not the run's; whether there was a run's
+    task to compare with (nothing recorded yet: no check, False)."""
     recorded = await recorded_task(redis, keys)
     if recorded is None:
-        return
+        return False
     error = differences(recorded, task_identity(task))
     if error is not None:
         raise error
+    return True
 
 
 class RunCheck:
@@ -96,19 +98,12 @@ class RunCheck:
     async def ensure(self) -> None:
         if self.compared:
             return
-        try:
-            recorded = await recorded_task(self.redis, self.keys)
+        try:  # nothing recorded yet (the aggregator has not started): compare at the next write
+            self.compared = await check_task(self.redis, self.keys, self.task)
         except TRANSIENT as exc:
             if not self._warned:
                 log.warning("task not yet checked against the run's: Redis unreachable (%s)", exc)
                 self._warned = True
-            return
-        if recorded is None:  # the aggregator has not started yet: compare at the next write
-            return
-        error = differences(recorded, task_identity(self.task))
-        if error is not None:
-            raise error
-        self.compared = True
 
 
 async def record_run(
