@@ -45,6 +45,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fedasync.services.runtime.http_malformed import REASONS as MALFORMED_REASONS
 from fedasync.services.runtime.settings import HttpSettings
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class Guard:
         self.connections: dict[asyncio.BaseTransport, GuardedConnection] = {}
         self.refused = 0
         self.closed: Counter[str] = Counter()
+        #: requests aiohttp could not parse, by reason (http_malformed.py)
+        self.malformed_requests: Counter[str] = Counter()
         self._full = False
 
     def protocol_factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], Any]:
@@ -158,6 +161,12 @@ class Guard:
             log.debug("%s: closed idle connection from %s", self.name, peer)
         else:
             log.warning("%s: closed connection from %s: %s", self.name, peer, detail)
+
+    def malformed(self, reason: str, peer: str | None) -> None:
+        """A request head aiohttp could not parse, answered 400 (http_malformed.py): counted,
+        and one line that names none of its bytes (they are anyone's)."""
+        self.malformed_requests[reason] += 1
+        log.warning("%s: malformed request from %s (%s); answered 400", self.name, peer, reason)
 
     def close_all_timers(self) -> None:
         for connection in list(self.connections.values()):
@@ -444,6 +453,15 @@ class GuardCollector(Collector):
         for reason in CLOSE_REASONS:
             closed.add_metric([reason], guard.closed[reason])
         yield closed
+        malformed = CounterMetricFamily(
+            "fedasync_http_malformed_requests",
+            "Requests whose head could not be parsed (answered 400 and closed), by reason: "
+            + ", ".join(MALFORMED_REASONS),
+            labels=["reason"],
+        )
+        for reason in MALFORMED_REASONS:
+            malformed.add_metric([reason], guard.malformed_requests[reason])
+        yield malformed
 
 
 def _write(transport: asyncio.Transport, answer: Sequence[bytes]) -> None:

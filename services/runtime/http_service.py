@@ -4,7 +4,8 @@ Every service listens through `listening`, behind the connection guard (runtime/
 deadlines for request heads and bodies, a bound on open connections), and no service inflates a
 compressed request body (`auto_decompress=False`): nothing is ever decompressed, so no small body
 can grow into a large one in memory. A body a handler leaves unread is not drained either
-(`lingering_time=0`): the connection closes after the answer.
+(`lingering_time=0`): the connection closes after the answer. A request aiohttp cannot parse is
+answered as JSON and logged in one line (runtime/http_malformed.py).
 
 Also the health answers every HTTP service gives (`/livez`, and `/readyz` built on a Redis PING),
 so a load balancer or a compose healthcheck reads them the same way everywhere.
@@ -24,6 +25,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from fedasync.services.runtime.http_guard import FastPath, Guard, GuardCollector
+from fedasync.services.runtime.http_malformed import handler_factory
 from fedasync.services.runtime.lifecycle import Background, stop_on_signals
 from fedasync.services.runtime.prometheus import REGISTRY
 from fedasync.services.runtime.redis_conn import TRANSIENT, connect
@@ -95,7 +97,7 @@ async def listening(
         loop = asyncio.get_running_loop()
         try:
             listener = await loop.create_server(
-                guard.protocol_factory(runner.server),
+                guard.protocol_factory(handler_factory(runner.server, guard.malformed)),
                 host,
                 port,
                 reuse_address=True,

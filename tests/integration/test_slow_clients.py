@@ -1,7 +1,8 @@
 """Slow and hostile clients against the real services over raw sockets (issue 12, item 3).
 
-Each HTTP service (snapshot, ingest, control, and the aggregator's metrics port) runs as it does
-in production (its `run`, behind services/runtime/http_guard.py) with small limits set here. A
+Each HTTP service (snapshot, ingest, control, and the aggregator's metrics port; `running` also
+starts the evaluator) runs as it does in production (its `run`, behind
+services/runtime/http_guard.py) with small limits set here. A
 head that never completes, a body that stops arriving and a client that takes none of its answer
 must each be cut off: the test awaits the server's EOF with a deadline far above the configured
 timeouts (it never measures how soon). Beyond the connection bound a new connection is answered
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.service import run as run_control
+from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.ingest.protocol import PATH, signed_headers
 from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.http_guard import log as guard_log
@@ -55,6 +57,10 @@ def configured(settings: Settings, **http: Any) -> Settings:
             "snapshot": settings.snapshot.model_copy(update={"port": 0}),
             "ingest": settings.ingest.model_copy(update={"port": 0}),
             "control": settings.control.model_copy(update={"port": 0, "token": TOKEN}),
+            # no snapshot service answers there: the evaluator serves HTTP all the same
+            "evaluator": settings.evaluator.model_copy(
+                update={"port": 0, "snapshot_url": "http://127.0.0.1:9", "wait_s": 1.0}
+            ),
         }
     )
 
@@ -68,7 +74,12 @@ async def running(name: str, settings: Settings, redis: aioredis.Redis) -> Async
     if name == "aggregator":
         service = run_aggregator(settings, redis=redis, initial=initial_state(settings), **options)
     else:
-        run = {"snapshot": run_snapshot, "ingest": run_ingest, "control": run_control}[name]
+        run = {
+            "snapshot": run_snapshot,
+            "ingest": run_ingest,
+            "control": run_control,
+            "evaluator": run_evaluator,
+        }[name]
         service = run(settings, redis=redis, **options)
     task: asyncio.Task[Any] = asyncio.create_task(service)
     try:
