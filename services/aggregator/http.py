@@ -1,4 +1,5 @@
-"""The aggregator's small HTTP side: liveness, readiness and Prometheus metrics.
+"""The aggregator's small HTTP side: liveness, readiness and Prometheus metrics (and their
+OpenAPI document, /openapi.json).
 
 Ready means restored and Redis answering a PING, as every other service's /readyz: while the
 aggregator retries a lost Redis it decides nothing, and a load balancer or an operator must see
@@ -14,7 +15,9 @@ from aiohttp import web
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.http_errors import json_errors
+from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import livez, redis_readiness
+from fedasync.services.runtime.openapi_parts import operational_document
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 
 
@@ -59,4 +62,5 @@ def create_app(
             web.get("/metrics", metrics_endpoint),
         ]
     )
+    documented(app, operational_document("aggregator", "decisions, commits, lag, memory"))
     return app

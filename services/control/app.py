@@ -25,11 +25,12 @@ from redis.exceptions import RedisError, ResponseError
 
 from fedasync.services.control.auth import refusal
 from fedasync.services.control.metrics import ControlMetrics
-from fedasync.services.control.openapi import spec
+from fedasync.services.control.openapi import MAX_COUNT, spec
 from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.control.switchboard import AlreadyInState, set_switch
 from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.http_errors import json_errors
+from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import BACKGROUND, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
@@ -149,12 +150,21 @@ async def patch_policy(request: web.Request) -> web.Response:
     return web.json_response({"policy": new.to_dict()})
 
 
-def _count(request: web.Request, default: int = 100, most: int = 10_000) -> int | None:
-    """`?count=N` of a list route, taken into [1, most]; None if it is not an int."""
-    try:
-        return max(1, min(int(request.query.get("count", str(default))), most))
-    except ValueError:
+_COUNT = re.compile(r"[1-9][0-9]{0,4}")
+
+
+def _count(request: web.Request, default: int) -> int | None:
+    """`?count=N` of a list route (decimal digits, in [1, MAX_COUNT]), or `default` without one;
+    None if it is anything else (a 400, on every list route alike)."""
+    text = request.query.get("count")
+    if text is None:
+        return default
+    if _COUNT.fullmatch(text) is None or int(text) > MAX_COUNT:
         return None
+    return int(text)
+
+
+BAD_COUNT = f"count must be an integer in [1, {MAX_COUNT}]"
 
 
 async def policy_history(request: web.Request) -> web.Response:
@@ -163,9 +173,9 @@ async def policy_history(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
         return denied
-    count = _count(request)
+    count = _count(request, 100)
     if count is None:
-        return _error(400, "count must be an int")
+        return _error(400, BAD_COUNT)
     entries = await policy_log(request.app[REDIS], request.app[KEYS], last=count)
     return web.json_response(entries[::-1])
 
@@ -259,9 +269,9 @@ async def alerts(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
         return denied
-    count = _count(request)
+    count = _count(request, 100)
     if count is None:
-        return _error(400, "count must be an int")
+        return _error(400, BAD_COUNT)
     entries: Any = await request.app[REDIS].xrevrange(request.app[KEYS].alerts, count=count)
     return web.json_response([alert_record(entry_id, fields) for entry_id, fields in entries])
 
@@ -361,12 +371,9 @@ async def evaluation_curve(request: web.Request) -> web.Response:
     denied = refusal(request, request.app[SETTINGS].control, write=False)
     if denied is not None:
         return denied
-    try:
-        count = int(request.query.get("count", "500"))
-    except ValueError:
-        return _error(400, "count must be an int")
-    if not 1 <= count <= 10_000:
-        return _error(400, "count must be in [1, 10000]")
+    count = _count(request, 500)
+    if count is None:
+        return _error(400, BAD_COUNT)
     records = await evaluations.recent(request.app[REDIS], request.app[KEYS], count)
     return web.json_response([asdict(r) for r in records])
 
@@ -374,10 +381,6 @@ async def evaluation_curve(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Ready once Redis answers: everything the service shows comes from there."""
     return await redis_readiness(request.app[REDIS], request.app[BACKGROUND])
-
-
-async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(spec())
 
 
 async def _rules(app: web.Application) -> AsyncIterator[None]:
@@ -414,13 +417,13 @@ def create_app(
             web.post("/v1/switches/{name}", flip_switch),
             web.get("/v1/alerts", alerts),
             web.get("/v1/evaluations", evaluation_curve),
-            web.get("/openapi.json", openapi),
             web.get("/", dashboard),
             web.get("/metrics", metrics_endpoint),
             web.get("/livez", livez),
             web.get("/readyz", readyz),
         ]
     )
+    documented(app, spec())  # /openapi.json, and no query key it does not name
     if run_rules:
         app.cleanup_ctx.append(_rules)
     return app

@@ -13,11 +13,30 @@ _ERROR = {
     "type": "object",
     "properties": {
         "error": {"type": "string"},
+        "reason": {"type": "string"},
         "field": {"type": "string"},
         "allowed": {"type": "string"},
     },
     "required": ["error"],
 }
+
+#: the most records a list route returns (`?count=`); app.py refuses more, as it says here
+MAX_COUNT = 10_000
+
+#: the bearer token: every write needs it, and every read unless reads are open
+_TOKEN: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def _count(default: int) -> dict[str, Any]:
+    """The `count` query parameter every list route takes, with its bounds."""
+    return {
+        "name": "count",
+        "in": "query",
+        "description": f"at most this many records (default {default}); outside [1, "
+        f"{MAX_COUNT}], or not decimal digits, is a 400",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "default": default},
+    }
+
 
 #: one alert (services/stores/alerts.py, alert_record)
 _ALERT = {
@@ -84,12 +103,20 @@ def spec() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "fedasync control service", "version": "1"},
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "FEDASYNC_CONTROL__TOKEN; reads need it too unless "
+                    "FEDASYNC_CONTROL__OPEN_READS=true",
+                }
+            },
         },
         "paths": {
             "/v1/policy": {
                 "get": {
                     "summary": "The policy in force and the allowed range of each parameter",
+                    "security": _TOKEN,
                     "responses": {
                         "200": _json(
                             {
@@ -102,8 +129,8 @@ def spec() -> dict[str, Any]:
                     },
                 },
                 "patch": {
-                    "summary": "Change the policy; its version rises by one",
-                    "security": [{"bearer": []}],
+                    "summary": "Change the policy (at least one change); its version rises by one",
+                    "security": _TOKEN,
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -111,7 +138,12 @@ def spec() -> dict[str, Any]:
                                 "schema": {
                                     "type": "object",
                                     "properties": {
-                                        "changes": {"type": "object", "properties": changes},
+                                        "changes": {
+                                            "type": "object",
+                                            "properties": changes,
+                                            "additionalProperties": False,
+                                            "minProperties": 1,
+                                        },
                                         "why": {"type": "string"},
                                     },
                                     "required": ["changes"],
@@ -137,20 +169,13 @@ def spec() -> dict[str, Any]:
             "/v1/policy/history": {
                 "get": {
                     "summary": "Every policy change (who, when, why, the policy), newest first",
-                    "parameters": [
-                        {
-                            "name": "count",
-                            "in": "query",
-                            "description": "at most this many, the newest (default 100; "
-                            "taken into [1, 10000])",
-                            "schema": {"type": "integer"},
-                        }
-                    ],
+                    "security": _TOKEN,
+                    "parameters": [_count(100)],
                     "responses": {
                         "200": _json(
                             {"type": "array", "items": _policy_change(policy)}, "policy changes"
                         ),
-                        "400": _json(_ERROR, "count is not an int"),
+                        "400": _json(_ERROR, "a count out of bounds, or a bad query string"),
                         **errors,
                     },
                 }
@@ -158,13 +183,14 @@ def spec() -> dict[str, Any]:
             "/v1/switches": {
                 "get": {
                     "summary": "Every degrade switch, what it does, and whether it is on",
+                    "security": _TOKEN,
                     "responses": {"200": _json({"type": "object"}, "switches"), **errors},
                 }
             },
             "/v1/switches/{name}": {
                 "post": {
                     "summary": "Flip a switch; on and off are each a new policy version",
-                    "security": [{"bearer": []}],
+                    "security": _TOKEN,
                     "parameters": [
                         {
                             "name": "name",
@@ -200,10 +226,11 @@ def spec() -> dict[str, Any]:
             "/v1/alerts": {
                 "get": {
                     "summary": "Alerts raised by the automatic rules, newest first",
-                    "parameters": [{"name": "count", "in": "query", "schema": {"type": "integer"}}],
+                    "security": _TOKEN,
+                    "parameters": [_count(100)],
                     "responses": {
                         "200": _json({"type": "array", "items": _ALERT}, "alerts"),
-                        "400": _json(_ERROR, "count is not an int"),
+                        "400": _json(_ERROR, "a count out of bounds, or a bad query string"),
                         **errors,
                     },
                 }
@@ -211,10 +238,11 @@ def spec() -> dict[str, Any]:
             "/v1/evaluations": {
                 "get": {
                     "summary": "The evaluator's scores per version, oldest first (accuracy curve)",
-                    "parameters": [{"name": "count", "in": "query", "schema": {"type": "integer"}}],
+                    "security": _TOKEN,
+                    "parameters": [_count(500)],
                     "responses": {
                         "200": _json({"type": "array", "items": {"type": "object"}}, "records"),
-                        "400": _json(_ERROR, "count is not an int in [1, 10000]"),
+                        "400": _json(_ERROR, "a count out of bounds, or a bad query string"),
                         **errors,
                     },
                 }
@@ -222,6 +250,7 @@ def spec() -> dict[str, Any]:
             "/v1/status": {
                 "get": {
                     "summary": "Versions, recent figures, backlog, latest evaluation, done",
+                    "security": _TOKEN,
                     "responses": {"200": _json({"type": "object"}, "status"), **errors},
                 }
             },

@@ -26,6 +26,7 @@ from fedasync.learning.task import Task
 from fedasync.learning.tasks import task_data
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.runtime.http_errors import json_errors
+from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import (
     BACKGROUND,
     http_service,
@@ -33,10 +34,12 @@ from fedasync.services.runtime.http_service import (
     redis_readiness,
 )
 from fedasync.services.runtime.lifecycle import Background
+from fedasync.services.runtime.openapi_parts import operational_document
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings, SettingsError
-from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.services.snapshot.app import VERSION_HEADER
+from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.keys import Keys
@@ -221,6 +224,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
             web.get("/metrics", metrics_endpoint),
         ]
     )
+    documented(app, operational_document("evaluator", "evaluations, scores, durations"))
     app.cleanup_ctx.append(follow)
     return app
 

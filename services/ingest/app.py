@@ -37,6 +37,7 @@ from fedasync.services.ingest.refusal import (
 )
 from fedasync.services.ingest.store import IngestStore, SignedOutsideWindow, UpdateIdReused
 from fedasync.services.runtime.http_errors import json_errors
+from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
@@ -279,9 +280,6 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     async def readyz(request: web.Request) -> web.Response:
         return await redis_readiness(redis)
 
-    async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(spec())
-
     async def metrics(request: web.Request) -> web.Response:
         return metrics_response(ingest.metrics.registry)
 
@@ -292,7 +290,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
             web.get("/livez", livez),
             web.get("/readyz", readyz),
             web.get("/metrics", metrics),
-            web.get("/openapi.json", openapi),
         ]
     )
+    documented(app, spec())  # /openapi.json, and no query key it does not name
     return app

@@ -32,6 +32,7 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_errors import json_errors
+from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.prometheus import REGISTRY, FoldingRegistry, metrics_response
@@ -40,14 +41,13 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
 from fedasync.services.snapshot.conditional import none_match
 from fedasync.services.snapshot.fast import HotAnswers
+from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE, spec
 from fedasync.services.stores.alerts import VERSION_REGRESSED, try_add_alert
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import regressed
 
 log = logging.getLogger(__name__)
 
-MODEL_CONTENT_TYPE = "application/vnd.fedasync.model+msgpack"
-SAFETENSORS_CONTENT_TYPE = "application/vnd.safetensors"
 VERSION_HEADER = "X-Fedasync-Version"
 DONE_HEADER = "X-Fedasync-Training-Done"
 
@@ -402,6 +402,7 @@ def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> we
             web.get("/metrics", metrics_endpoint),
         ]
     )
+    documented(app, spec())  # /openapi.json, and no query key it does not name
     app.cleanup_ctx.append(_background)
     app.on_shutdown.append(_release_long_polls)
     return app

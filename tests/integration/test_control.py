@@ -129,14 +129,34 @@ async def test_policy_history_shows_each_change_newest_first_with_who_and_why(
     assert history[0]["at"] >= history[1]["at"] >= history[2]["at"] > 1_700_000_000
     policy = (await (await client.get("/v1/policy")).json())["policy"]
     assert history[0]["policy"] == policy
-    # ?count=N: the N newest; bounded to [1, 10000] like /v1/alerts; not an int is a 400
+    # ?count=N: the N newest (its bounds: test_every_list_route_refuses_a_count_out_of_bounds)
     newest = await (await client.get("/v1/policy/history?count=2")).json()
     assert newest == history[:2]
-    assert await (await client.get("/v1/policy/history?count=0")).json() == history[:1]
-    assert await (await client.get("/v1/policy/history?count=99999")).json() == history
-    bad = await client.get("/v1/policy/history?count=two")
-    assert bad.status == 400
-    assert "count" in (await bad.json())["error"]
+    assert await (await client.get("/v1/policy/history?count=10000")).json() == history
+
+
+@pytest.mark.parametrize("route", ["/v1/policy/history", "/v1/alerts", "/v1/evaluations"])
+async def test_every_list_route_refuses_a_count_out_of_bounds(
+    client: TestClient, route: str
+) -> None:
+    """One rule for `?count=` on every list route, as the OpenAPI document says: decimal digits
+    in [1, 10000], else 400 (none clamps what another refuses)."""
+    assert (await client.get(f"{route}?count=1")).status == 200
+    assert (await client.get(f"{route}?count=10000")).status == 200
+    for bad in ("0", "10001", "-1", "two", "+5", " 5", "05", "1e3", ""):
+        answer = await client.get(route, params={"count": bad})
+        assert answer.status == 400, (route, bad)
+        assert "count" in (await answer.json())["error"]
+    parameter = next(p for p in spec()["paths"][route]["get"]["parameters"] if p["name"] == "count")
+    assert (parameter["schema"]["minimum"], parameter["schema"]["maximum"]) == (1, 10_000)
+
+
+async def test_a_query_key_a_route_does_not_take_is_a_400(client: TestClient) -> None:
+    """The query keys each route takes are those its OpenAPI document names."""
+    for url in ("/v1/alerts?zz=1", "/v1/status?count=1", "/v1/alerts?count=1&count=2"):
+        answer = await client.get(url)
+        assert answer.status == 400, url
+        assert (await answer.json())["reason"] in ("unknown_query_key", "repeated_query_key")
 
 
 async def test_policy_history_needs_the_token_unless_reads_are_open(

@@ -21,7 +21,8 @@ from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.snapshot.app import MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.services.snapshot.app import VERSION_HEADER
+from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
 from fedasync.services.stores.keys import Keys

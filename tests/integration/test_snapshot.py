@@ -29,6 +29,7 @@ from fedasync.services.snapshot.app import (
     follow,
     wait_ready,
 )
+from fedasync.services.snapshot.openapi import spec
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.model_format import decode_model
 from tests.integration.helpers import initial_state, make_update, publish
@@ -132,6 +133,47 @@ async def test_a_version_has_one_spelling(client: TestClient, spelling: str) -> 
     assert (await client.get("/v1/models/0/meta")).status == 200
     text = await (await client.get("/metrics")).text()
     assert 'fedasync_snapshot_requests_total{route="version",status="400"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("/v1/models/0?format=AAA", "bad_query_value"),
+        ("/v1/models/0?format=", "bad_query_value"),
+        ("/v1/models/0?zz=1", "unknown_query_key"),
+        ("/v1/models/0?format=safetensors&format=safetensors", "repeated_query_key"),
+        ("/v1/models/0?format=safetensors&zz=1", "unknown_query_key"),
+        ("/v1/models/0/meta?format=safetensors", "unknown_query_key"),
+        ("/v1/models/latest?zz=1", "unknown_query_key"),
+        ("/v1/models/latest/meta?x", "unknown_query_key"),
+    ],
+)
+async def test_an_immutable_version_has_no_other_cacheable_url(
+    client: TestClient, url: str, reason: str
+) -> None:
+    """The edge caches by URL, query string included: a query key a route does not take, or a
+    format that does not exist, is a 400 (JSON, not cacheable), never the immutable 200."""
+    for method in ("GET", "HEAD"):
+        response = await client.request(method, URL(url, encoded=True))
+        assert response.status == 400, (method, url)
+        assert "immutable" not in response.headers.get("Cache-Control", "")
+    body = await (await client.get(URL(url, encoded=True))).json()
+    assert body["reason"] == reason
+    for good in ("/v1/models/0", "/v1/models/0?format=safetensors"):
+        answer = await client.get(good)
+        assert answer.status == 200
+        assert answer.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+
+
+async def test_openapi_document_describes_every_route(client: TestClient) -> None:
+    document = await (await client.get("/openapi.json")).json()
+    assert document == spec()
+    routes = {
+        (route.resource.canonical, route.method.lower())
+        for route in client.server.app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    }
+    assert routes == {(path, method) for path, ops in document["paths"].items() for method in ops}
 
 
 async def test_metadata_and_safetensors(client: TestClient) -> None:
