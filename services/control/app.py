@@ -49,7 +49,7 @@ from fedasync.services.stores.policy_store import (
 )
 from fedasync.services.stores.run_record import recorded_budget
 from fedasync.shared.params import ParamError
-from fedasync.shared.policy import POLICY_RANGES, Policy
+from fedasync.shared.policy import POLICY_RANGES, SCHEMA, Policy
 from fedasync.shared.switches import SWITCHES
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -133,7 +133,7 @@ async def patch_policy(request: web.Request) -> web.Response:
     redis, keys = request.app[REDIS], request.app[KEYS]
     current = await read_policy(redis, keys)
     try:  # names, types and ranges: the policy schema's, as everywhere (shared/policy.py)
-        new = current.evolve(**changes)
+        new = current.evolve(**_integers(changes))
     except ParamError as exc:
         return _error(422, str(exc), field=exc.param, allowed=exc.allowed)
     if BUDGET_FIELDS & set(changes):
@@ -151,6 +151,22 @@ async def patch_policy(request: web.Request) -> web.Response:
 
 
 _COUNT = re.compile(r"[1-9][0-9]{0,4}")
+
+
+#: the policy parameters that take integers
+_INTEGERS = frozenset(f.name for f in SCHEMA if f.allowed is not None and f.allowed.integer)
+
+
+def _integers(changes: dict[str, Any]) -> dict[str, Any]:
+    """JSON has one number type: `637.0` is the integer 637 (as JSON Schema, and so the OpenAPI
+    document, reads it) for a parameter that takes integers; any other value is left to the
+    core to judge."""
+    return {
+        name: int(value)
+        if name in _INTEGERS and isinstance(value, float) and value.is_integer()
+        else value
+        for name, value in changes.items()
+    }
 
 
 def _count(request: web.Request, default: int) -> int | None:

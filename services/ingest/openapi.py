@@ -90,7 +90,9 @@ def spec() -> dict[str, Any]:
                     "parameters": _SIGNATURE_HEADERS,
                     "requestBody": {
                         "required": True,
-                        "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+                        "content": {
+                            CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}
+                        },
                     },
                     "responses": {
                         "202": _json(

@@ -176,16 +176,18 @@ async def latest(request: web.Request) -> web.StreamResponse:
     """The newest committed model; `?newer_than=N&wait=S` long-polls for a version above N."""
     cache, settings = request.app[CACHE], request.app[SETTINGS]
     newer_than = request.query.get("newer_than")
+    try:  # checked with or without newer_than: a query string is right or a 400, never ignored
+        wait = float(request.query.get("wait", settings.snapshot.long_poll_max_s))
+    except ValueError:
+        wait = math.nan
+    than = None
     if newer_than is not None:
         than = -1 if newer_than == "-1" else parse_version(newer_than)
-        try:
-            wait = float(request.query.get("wait", settings.snapshot.long_poll_max_s))
-        except ValueError:
-            wait = math.nan
-        if than is None or not math.isfinite(wait):
-            return _error(
-                400, "newer_than must be a version or -1, and wait a number", "latest", request
-            )
+    if (newer_than is not None and than is None) or not math.isfinite(wait):
+        return _error(
+            400, "newer_than must be a version or -1, and wait a number", "latest", request
+        )
+    if than is not None:
         wait = max(0.0, min(wait, settings.snapshot.long_poll_max_s))
         try:
             served = await cache.wait_newer(than, wait)
