@@ -151,6 +151,24 @@ async def test_every_list_route_refuses_a_count_out_of_bounds(
     assert (parameter["schema"]["minimum"], parameter["schema"]["maximum"]) == (1, 10_000)
 
 
+async def test_an_integral_json_number_is_taken_for_an_integer_parameter(
+    client: TestClient,
+) -> None:
+    """JSON (and the OpenAPI document's JSON Schema) reads 500.0 as the integer 500: found by
+    Schemathesis, it was a 422; 500.5 stays one."""
+    changed = await client.patch(
+        "/v1/policy", json={"changes": {"tau_max": 500.0}, "why": "w"}, headers=AUTH
+    )
+    assert changed.status == 200
+    tau_max = (await changed.json())["policy"]["tau_max"]
+    assert tau_max == 500
+    assert isinstance(tau_max, int)
+    refused = await client.patch(
+        "/v1/policy", json={"changes": {"tau_max": 500.5}, "why": "w"}, headers=AUTH
+    )
+    assert refused.status == 422
+
+
 async def test_a_query_key_a_route_does_not_take_is_a_400(client: TestClient) -> None:
     """The query keys each route takes are those its OpenAPI document names."""
     for url in ("/v1/alerts?zz=1", "/v1/status?count=1", "/v1/alerts?count=1&count=2"):

@@ -165,6 +165,15 @@ async def test_an_immutable_version_has_no_other_cacheable_url(
         assert answer.headers["Cache-Control"] == "public, max-age=31536000, immutable"
 
 
+async def test_a_wait_that_is_no_number_is_a_400_also_without_newer_than(
+    client: TestClient,
+) -> None:
+    """Found by Schemathesis: `?wait=null` alone was answered 200, the query ignored."""
+    for url in ("/v1/models/latest?wait=null", "/v1/models/latest?wait=inf"):
+        assert (await client.get(url)).status == 400, url
+    assert (await client.get("/v1/models/latest?wait=1")).status == 200
+
+
 async def test_openapi_document_describes_every_route(client: TestClient) -> None:
     document = await (await client.get("/openapi.json")).json()
     assert document == spec()
