@@ -172,11 +172,16 @@ def parse_version(text: str) -> int | None:
     return version if version <= _MAX_VERSION else None
 
 
-async def latest(request: web.Request) -> web.StreamResponse:
-    """The newest committed model; `?newer_than=N&wait=S` long-polls for a version above N."""
+NOT_NEWER = "newer_than must be a version or -1, and wait a number"
+
+
+async def _long_poll(request: web.Request, route: str) -> Served | web.Response | None:
+    """`?newer_than=N&wait=S`: the newest version once it is above N (waited for up to S
+    seconds), or the answer instead of it (204 on timeout, 400, 503); None without newer_than.
+    `wait` is checked either way: a query string is right or a 400, never ignored."""
     cache, settings = request.app[CACHE], request.app[SETTINGS]
     newer_than = request.query.get("newer_than")
-    try:  # checked with or without newer_than: a query string is right or a 400, never ignored
+    try:
         wait = float(request.query.get("wait", settings.snapshot.long_poll_max_s))
     except ValueError:
         wait = math.nan
@@ -184,26 +189,34 @@ async def latest(request: web.Request) -> web.StreamResponse:
     if newer_than is not None:
         than = -1 if newer_than == "-1" else parse_version(newer_than)
     if (newer_than is not None and than is None) or not math.isfinite(wait):
-        return _error(
-            400, "newer_than must be a version or -1, and wait a number", "latest", request
-        )
-    if than is not None:
-        wait = max(0.0, min(wait, settings.snapshot.long_poll_max_s))
-        try:
-            served = await cache.wait_newer(than, wait)
-        except TooManyWaiters as exc:
-            response = _error(503, str(exc), "latest", request)
-            response.headers["Retry-After"] = "1"
-            return response
-        if served is None:
-            if cache.closing:
-                return _error(503, "shutting down", "latest", request)
-            request.app[METRICS].requests.labels("latest", "204").inc()
-            return web.Response(status=204, headers={"Cache-Control": "no-cache"})
-        return _send(request, served, "latest", immutable=False)
-    if cache.latest is None:
+        return _error(400, NOT_NEWER, route, request)
+    if than is None:
+        return None
+    wait = max(0.0, min(wait, settings.snapshot.long_poll_max_s))
+    try:
+        served = await cache.wait_newer(than, wait)
+    except TooManyWaiters as exc:
+        response = _error(503, str(exc), route, request)
+        response.headers["Retry-After"] = "1"
+        return response
+    if served is None:
+        if cache.closing:
+            return _error(503, "shutting down", route, request)
+        request.app[METRICS].requests.labels(route, "204").inc()
+        return web.Response(status=204, headers={"Cache-Control": "no-cache"})
+    return served
+
+
+async def latest(request: web.Request) -> web.StreamResponse:
+    """The newest committed model; `?newer_than=N&wait=S` long-polls for a version above N."""
+    cache = request.app[CACHE]
+    polled = await _long_poll(request, "latest")
+    if isinstance(polled, web.Response):
+        return polled
+    served = polled if polled is not None else cache.latest
+    if served is None:
         return _error(503, "no model committed yet", "latest", request)
-    return _send(request, cache.latest, "latest", immutable=False)
+    return _send(request, served, "latest", immutable=False)
 
 
 async def by_version(request: web.Request) -> web.StreamResponse:
@@ -217,23 +230,32 @@ async def by_version(request: web.Request) -> web.StreamResponse:
     return _send(request, served, "version", immutable=True)
 
 
+async def latest_meta(request: web.Request) -> web.StreamResponse:
+    """The newest version's metadata; `?newer_than=N&wait=S` long-polls as `latest` does (a
+    poller that wants the version, not the weights)."""
+    polled = await _long_poll(request, "meta")
+    if isinstance(polled, web.Response):
+        return polled
+    served = polled if polled is not None else request.app[CACHE].latest
+    if served is None:  # as `latest` itself: nothing is kept yet, or Redis is away
+        return _error(503, "no model committed yet", "meta", request)
+    return _meta(request, served)
+
+
 async def meta(request: web.Request) -> web.StreamResponse:
     """JSON metadata (version, layout, sha256, size, created) without the weights."""
-    cache = request.app[CACHE]
-    name = request.match_info["version"]
-    if name == "latest":
-        served = cache.latest
-        if served is None:  # as `latest` itself: nothing is kept yet, or Redis is away
-            return _error(503, "no model committed yet", "meta", request)
-    else:
-        version = parse_version(name)
-        if version is None:
-            return _error(400, NOT_A_VERSION, "meta", request)
-        served = await _lookup(request, version, "meta")
+    version = parse_version(request.match_info["version"])
+    if version is None:
+        return _error(400, NOT_A_VERSION, "meta", request)
+    served = await _lookup(request, version, "meta")
     if served is None:
         return _error(404, "version not kept", "meta", request)
+    return _meta(request, served)
+
+
+def _meta(request: web.Request, served: Served) -> web.Response:
     request.app[METRICS].requests.labels("meta", "200").inc()
-    body = served.meta | {"etag": served.etag, "training_done": cache.done or None}
+    body = served.meta | {"etag": served.etag, "training_done": request.app[CACHE].done or None}
     return web.json_response(body, headers={VERSION_HEADER: str(served.version)})
 
 
@@ -397,6 +419,7 @@ def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> we
     app.add_routes(
         [
             web.get("/v1/models/latest", latest),
+            web.get("/v1/models/latest/meta", latest_meta),
             web.get("/v1/models/{version}/meta", meta),
             web.get("/v1/models/{version}", by_version),
             web.get("/livez", livez),

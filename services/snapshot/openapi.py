@@ -40,16 +40,29 @@ _META = {
 }
 
 
-def _version(latest: bool) -> dict[str, Any]:
-    pattern = f"^(latest|{VERSION_PATTERN})$" if latest else f"^({VERSION_PATTERN})$"
-    return {
-        "name": "version",
-        "in": "path",
-        "required": True,
-        "description": "decimal digits, no sign or leading zero (up to 2^63-1)"
-        + (', or "latest"' if latest else ""),
-        "schema": {"type": "string", "pattern": pattern},
-    }
+_VERSION = {
+    "name": "version",
+    "in": "path",
+    "required": True,
+    "description": "decimal digits, no sign or leading zero (up to 2^63-1)",
+    "schema": {"type": "string", "pattern": f"^({VERSION_PATTERN})$"},
+}
+_LONG_POLL = [
+    {
+        "name": "newer_than",
+        "in": "query",
+        "description": "wait for a version above this one (-1: any)",
+        "schema": {"type": "string", "pattern": f"^(-1|{VERSION_PATTERN})$"},
+    },
+    {
+        "name": "wait",
+        "in": "query",
+        "description": "with newer_than: seconds to wait at most (capped by "
+        "FEDASYNC_SNAPSHOT__LONG_POLL_MAX_S; below 0 is 0); finite",
+        "schema": {"type": "number"},
+    },
+]
+_TIMED_OUT = {"description": "the long-poll timed out: no newer version"}
 
 
 def spec() -> dict[str, Any]:
@@ -62,25 +75,10 @@ def spec() -> dict[str, Any]:
             "/v1/models/latest": {
                 "get": {
                     "summary": "The newest committed model; a long-poll with newer_than",
-                    "parameters": [
-                        {
-                            "name": "newer_than",
-                            "in": "query",
-                            "description": "wait for a version above this one (-1: any)",
-                            "schema": {"type": "string", "pattern": f"^(-1|{VERSION_PATTERN})$"},
-                        },
-                        {
-                            "name": "wait",
-                            "in": "query",
-                            "description": "with newer_than: seconds to wait at most (capped by "
-                            "FEDASYNC_SNAPSHOT__LONG_POLL_MAX_S; below 0 is 0); finite",
-                            "schema": {"type": "number"},
-                        },
-                        _FORMAT,
-                    ],
+                    "parameters": [*_LONG_POLL, _FORMAT],
                     "responses": {
                         "200": _MODEL,
-                        "204": {"description": "the long-poll timed out: no newer version"},
+                        "204": _TIMED_OUT,
                         "304": {"description": "If-None-Match holds the current ETag"},
                         "400": bad_version,
                         "503": unavailable,
@@ -90,7 +88,7 @@ def spec() -> dict[str, Any]:
             "/v1/models/{version}": {
                 "get": {
                     "summary": "A committed version: immutable, cacheable for ever",
-                    "parameters": [_version(latest=False), _FORMAT],
+                    "parameters": [_VERSION, _FORMAT],
                     "responses": {
                         "200": _MODEL,
                         "304": {"description": "If-None-Match holds this version's ETag"},
@@ -100,10 +98,22 @@ def spec() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/models/latest/meta": {
+                "get": {
+                    "summary": "The newest version's metadata; a long-poll with newer_than",
+                    "parameters": _LONG_POLL,
+                    "responses": {
+                        "200": json_response(_META, "the metadata"),
+                        "204": _TIMED_OUT,
+                        "400": bad_version,
+                        "503": unavailable,
+                    },
+                }
+            },
             "/v1/models/{version}/meta": {
                 "get": {
                     "summary": "A version's metadata (layout, sha256, size, ETag) without weights",
-                    "parameters": [_version(latest=True)],
+                    "parameters": [_VERSION],
                     "responses": {
                         "200": json_response(_META, "the metadata"),
                         "400": bad_version,

@@ -174,6 +174,23 @@ async def test_a_wait_that_is_no_number_is_a_400_also_without_newer_than(
     assert (await client.get("/v1/models/latest?wait=1")).status == 200
 
 
+async def test_latest_meta_long_polls_as_latest_does(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """`latest/meta?newer_than=N&wait=S`: the version without the weights, once above N (the
+    compose tests and `chaos --compose` poll it so); a version's meta takes no such keys."""
+    timed_out = await client.get("/v1/models/latest/meta?newer_than=0&wait=0.05")
+    assert timed_out.status == 204
+    now = await client.get("/v1/models/latest/meta?newer_than=-1&wait=0")
+    assert (await now.json())["version"] == 0
+    waiting = asyncio.create_task(client.get("/v1/models/latest/meta?newer_than=0&wait=30"))
+    await commit_updates(settings, redis, ["u1"])
+    newer = await asyncio.wait_for(waiting, 60)
+    assert newer.status == 200
+    assert (await newer.json())["version"] == 1
+    assert (await client.get("/v1/models/0/meta?newer_than=0")).status == 400
+
+
 async def test_openapi_document_describes_every_route(client: TestClient) -> None:
     document = await (await client.get("/openapi.json")).json()
     assert document == spec()
