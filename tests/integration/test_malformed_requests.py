@@ -13,8 +13,10 @@ import logging
 
 import pytest
 import redis.asyncio as aioredis
+from aiohttp import web
 
-from fedasync.services.runtime.settings import Settings
+from fedasync.services.runtime.http_service import listening
+from fedasync.services.runtime.settings import HttpSettings, Settings
 from tests.integration.test_slow_clients import (
     SERVICES,
     configured,
@@ -78,3 +80,29 @@ async def test_a_malformed_request_gets_a_json_400_one_warning_line_and_a_count(
         after = await metrics(port)
         for reason in MALFORMED:
             assert malformed_count(after, reason) == malformed_count(before, reason) + 1
+
+
+async def test_a_handler_s_bug_is_a_json_500_with_its_traceback_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not the client's fault: the traceback stays in the log (where a bug belongs), the answer
+    is the JSON error all others are, not aiohttp's text."""
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    app = web.Application()
+    app.router.add_get("/broken", broken)
+    async with listening("test", app, "127.0.0.1", 0, HttpSettings()) as port:
+        reader, writer = await open_raw(port)
+        try:
+            writer.write(b"GET /broken HTTP/1.1\r\nHost: t\r\n\r\n")
+            answer = await until_closed(reader)
+        finally:
+            writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 500 "), head
+    assert json.loads(body)["reason"] == "internal_error"
+    [logged] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged.exc_info is not None
+    assert isinstance(logged.exc_info[1], RuntimeError)
