@@ -30,13 +30,18 @@ from typing import Any, TypeVar
 import pytest
 import requests
 import schemathesis
+from aiohttp import web
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
+from fedasync.services.aggregator.http import Readiness
+from fedasync.services.aggregator.http import create_app as create_aggregator_app
+from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.evaluator.service import create_app as create_evaluator_app
 from fedasync.services.ingest.protocol import CONTENT_TYPE, read_headers, signed_headers
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer
@@ -259,3 +264,28 @@ def test_ingest_answers_as_its_document_says_signed_and_unsigned(stack: Stack) -
     assert unsigned.statuses[("POST /v1/updates", 202)] == 0
     assert unsigned.statuses[("POST /v1/updates", 401)] > 0
     report("ingest", Figures(unsigned.operations, unsigned.examples + signed_figures.examples))
+
+
+def documented_routes(app: web.Application) -> set[tuple[str, str]]:
+    return {
+        (route.resource.canonical, route.method.lower())
+        for route in app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    }
+
+
+def test_the_evaluator_s_and_the_aggregator_s_documents_name_every_route(
+    stack: Stack,
+) -> None:
+    """As the other services' own tests do for theirs: nothing served goes undocumented."""
+    cfg = load_settings(redis={"url": "redis://127.0.0.1:1"})
+    redis = connect(cfg.redis)  # never used: the apps are only built
+    apps = {
+        "evaluator": create_evaluator_app(cfg, redis),
+        "aggregator": create_aggregator_app(AggregatorMetrics(), Readiness(), redis),
+    }
+    for name, app in apps.items():
+        document = requests.get(f"{stack.urls[name]}/openapi.json", timeout=30).json()
+        operations = {(path, method) for path, ops in document["paths"].items() for method in ops}
+        assert documented_routes(app) == operations, name
+    stack.call(redis.aclose())
