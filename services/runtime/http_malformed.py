@@ -33,8 +33,8 @@ KINDS: tuple[tuple[type[bad.HttpProcessingError], str, str], ...] = (
     (bad.BadHttpMethod, "bad_method", "the request line's method is not an HTTP method"),
     (bad.InvalidURLError, "invalid_url", "the request's URL is not valid"),
     (bad.BadStatusLine, "bad_request_line", "the request line is not valid HTTP"),
-    # what llhttp (aiohttp's C parser) raises for a bad header line, e.g. one with a NUL
-    (bad.HttpProcessingError, "bad_request", "the request head is not valid HTTP"),
+    # what llhttp (aiohttp's C parser) raises for a bad header line (a NUL) or chunk framing
+    (bad.HttpProcessingError, "bad_request", "the request is not valid HTTP (head or framing)"),
 )
 #: the `reason` label values of fedasync_http_malformed_requests
 REASONS = tuple(reason for _, reason, _ in KINDS)
@@ -63,11 +63,13 @@ class JsonErrorHandler(RequestHandler):
         if not isinstance(exc, bad.HttpProcessingError):
             answer = super().handle_error(request, status, exc, message)  # logs the traceback
             return _json(answer.status, answer.reason or "error", "internal_error")
+        # the client's fault, also when a handler's body read raised it (a broken chunked
+        # encoding, a body shorter than its Content-Length), which aiohttp would answer 500
         reason, text = kind(exc)
         self._report(reason, request.remote)
         if request.writer.output_size > 0:  # as aiohttp's: an answer is already on its way
             raise ConnectionError("an answer was sent already; cannot send the error")
-        return _json(status, text, reason)
+        return _json(exc.code if 400 <= exc.code < 500 else 400, text, reason)
 
 
 def _json(status: int, message: str, reason: str) -> web.Response:
