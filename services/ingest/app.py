@@ -60,7 +60,6 @@ from fedasync.shared.device_auth import (
     stream_id_ms,
     verify,
 )
-from fedasync.shared.update import Update
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,7 @@ class Accepted:
     """An update added to the stream (or found there: a retry), and the size of its body as
     read, which a chunked upload declares nowhere else (no Content-Length)."""
 
-    update: Update
+    update_id: str
     entry_id: str
     new: bool
     body_bytes: int
@@ -170,8 +169,10 @@ class Ingest:
             raise Refusal(status, exc.reason.value, exc.detail) from None
         except AuthError as exc:
             raise Refusal(403, exc.reason.value, exc.detail) from None
+        update_id = update.update_id
+        del update  # its weights are a copy of the body's: not held while Redis takes the body
         try:
-            ingested = await self.store.add(proof.client_id, update.update_id, body, proof)
+            ingested = await self.store.add(proof.client_id, update_id, body, proof)
         except UpdateIdReused as exc:
             raise Refusal(409, "update_id_reused", str(exc)) from None
         except SignedOutsideWindow as exc:
@@ -191,7 +192,7 @@ class Ingest:
                 "the update store is full; retry later",
                 {"Retry-After": str(self.settings.ingest.paused_retry_after_s)},
             ) from None
-        return Accepted(update, ingested.entry_id, ingested.new, len(body))
+        return Accepted(update_id, ingested.entry_id, ingested.new, len(body))
 
     async def read_verified(
         self, request: web.Request, proof: Proof, key: bytes, limit: int
@@ -297,7 +298,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         return web.json_response(
             {
                 "status": "accepted",
-                "update_id": accepted.update.update_id,
+                "update_id": accepted.update_id,
                 "entry_id": accepted.entry_id,
                 "retry": not accepted.new,
             },

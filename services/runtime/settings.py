@@ -598,7 +598,7 @@ class IngestSettings(Section):
         "commit: FEDASYNC_WIRE__MAX_MESSAGE_BYTES)",
     )
     unverified_bytes: int = Field(
-        16 * 2**20,
+        8 * 2**20,
         ge=1024,
         description="bytes of bodies being read whose signature is not yet checked, all devices "
         "together; a body beyond gets 503 unverified_budget with Retry-After (one body is "
