@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings
@@ -59,6 +60,9 @@ class BodyLimit:
                 parameters = await self._parameters()
             except TRANSIENT:
                 parameters = None  # Redis away: the request's own key look-up will say so
+            except ResponseError as exc:  # NOPERM: a Redis user without the ingest user's rights
+                self._complain(f"the run's model cannot be read ({exc})")
+                parameters = None
             if parameters is not None:
                 self._derived = min(max_update_bytes(parameters), self._ceiling)
         return self._ceiling if self._derived is None else self._derived
