@@ -265,7 +265,7 @@ async def _read(
             metrics.read_bytes.inc(len(chunk))
             size += len(chunk)
             if size > limit:
-                raise Refusal(413, "too_large", f"body over the limit {limit}; cut off unread")
+                raise Refusal(413, "too_large", f"body over the limit {limit}; the rest not read")
             state.update(chunk)
             chunks.append(chunk)
     except ConnectionResetError as exc:
