@@ -85,12 +85,21 @@ def parse_key(text: str) -> bytes:
     return bytes.fromhex(text)
 
 
+def signer(key: bytes, client_id: str, signed_at_ms: int, domain: bytes = DOMAIN) -> hmac.HMAC:
+    """The HMAC with the signed text's head (domain, client id, time) already fed: feed it the
+    message in pieces as they arrive (ingest, a body while it streams in), so that checking a
+    MAC never needs the whole message in memory first. `.digest()` is then `mac(...)`."""
+    head = b"".join((domain, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n"))
+    return hmac.new(key, head, hashlib.sha256)
+
+
 def mac(
     key: bytes, client_id: str, signed_at_ms: int, message: bytes, domain: bytes = DOMAIN
 ) -> bytes:
     """HMAC-SHA256 over the domain, the client id, the signing time and the exact message."""
-    text = b"".join((domain, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n", message))
-    return hmac.new(key, text, hashlib.sha256).digest()
+    state = signer(key, client_id, signed_at_ms, domain)
+    state.update(message)
+    return state.digest()
 
 
 def sign(
@@ -157,6 +166,12 @@ def verify(
     a captured update outside the window, or a device whose clock is far off.
     """
     expected = mac(key, proof.client_id, proof.signed_at_ms, message, domain)
+    check_mac(proof, expected, received_ms, window_ms)
+
+
+def check_mac(proof: Proof, expected: bytes, received_ms: int, window_ms: int) -> None:
+    """`verify` once the MAC of the message is computed (`expected`, e.g. from a `signer` fed
+    while the message was read): the MAC in constant time, then the signing time."""
     if not hmac.compare_digest(expected, proof.mac):
         raise AuthError(
             AuthReason.BAD_SIGNATURE, f"MAC does not match the key of {proof.client_id}"

@@ -4,9 +4,13 @@ GET /v1/updates/{update_id} tells a device the decision about one of its own upd
 
 The order of checks spends as little as possible on a request that will be refused: media type,
 encoding (a compressed body is refused, never inflated) and declared length first (a body over
-the limit is never read), then the signature headers and the device's key (an unknown device's
-body is never read), then the body (capped while reading, for chunked uploads), its MAC and
-signing time, the device's rate, the strict wire decoder and the client id inside the message.
+the limit is never read; the limit is the largest update of the run's model unless set:
+services/ingest/body_limit.py), then the signature headers and the device's key (an unknown
+device's body is never read), then the budget of unverified bytes (services/ingest/budget.py: a
+body beyond it is never read), then the body, fed to the MAC as it streams in (capped while
+reading, for chunked uploads), its MAC and signing time, the device's rate, the strict wire
+decoder and the client id inside the message. A body whose MAC does not hold is dropped as soon
+as that is known, and gives its bytes back to the budget.
 Only then is it added to the stream, idempotently (services/ingest/store.py), and 202 is answered
 once Redis has acknowledged the XADD (in durable mode: once WAIT says the replicas hold it).
 
@@ -16,6 +20,7 @@ body, a log line and a count.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -24,6 +29,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import ResponseError
 
+from fedasync.services.ingest.body_limit import BodyLimit
+from fedasync.services.ingest.budget import UnverifiedBudget
 from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.ingest.openapi import spec
 from fedasync.services.ingest.protocol import CLIENT_HEADER, CONTENT_TYPE, PATH, RECEIPT_PATH
@@ -45,8 +52,15 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import PolicyCache
-from fedasync.shared.device_auth import AuthError, Proof, check_claim, stream_id_ms, verify
-from fedasync.shared.update import Update
+from fedasync.shared.device_auth import (
+    AuthError,
+    Proof,
+    check_claim,
+    check_mac,
+    signer,
+    stream_id_ms,
+    verify,
+)
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)
@@ -57,7 +71,7 @@ class Accepted:
     """An update added to the stream (or found there: a retry), and the size of its body as
     read, which a chunked upload declares nowhere else (no Content-Length)."""
 
-    update: Update
+    update_id: str
     entry_id: str
     new: bool
     body_bytes: int
@@ -82,6 +96,13 @@ class Ingest:
         self.policy = PolicyCache(redis, keys, settings.ingest.policy_refresh_s)
         self.metrics = IngestMetrics()
         self.receipts = ReceiptReader(settings, redis, self.keys_cache)
+        self.body_limit = BodyLimit(settings, redis)
+        self.budget = UnverifiedBudget(
+            settings.ingest.unverified_bytes,
+            settings.ingest.unverified_bytes_per_client,
+            settings.ingest.budget_retry_after_s,
+        )
+        self.metrics.unverified_bytes.set_function(lambda: self.budget.in_flight)
 
     def refuse(self, request: web.Request, refusal: Refusal) -> web.Response:
         self.metrics.refusals.labels(refusal.reason).inc()
@@ -96,8 +117,8 @@ class Ingest:
             status=refusal.status,
             headers=refusal.headers,
         )
-        if refusal.status == 413:
-            response.force_close()  # the body is never read: the connection cannot be reused
+        if not request.content.is_eof():
+            response.force_close()  # the body is not read: the connection cannot be reused
         return response
 
     def check_encoding(self, request: web.Request) -> None:
@@ -112,11 +133,14 @@ class Ingest:
                 f"Content-Encoding {encoding[:64]!r} is not accepted: send the message as is",
             )
 
-    def check_length(self, request: web.Request) -> None:
-        limit = self.settings.ingest.max_body_bytes
+    async def check_length(self, request: web.Request) -> int:
+        """The body limit in force, once the declared length is within it (413 if not)."""
+        limit = await self.body_limit.get(time.monotonic())
+        self.metrics.body_limit_bytes.set(limit)
         length = request.content_length
         if length is not None and length > limit:
             raise Refusal(413, "too_large", f"body of {length} bytes > limit {limit}; not read")
+        return limit
 
     async def accept(self, request: web.Request) -> Accepted:
         """Every check, then the idempotent XADD; what was accepted, or a Refusal.
@@ -131,16 +155,12 @@ class Ingest:
                 f"Content-Type must be {CONTENT_TYPE}, got {request.content_type!r}",
             )
         self.check_encoding(request)
-        self.check_length(request)
+        limit = await self.check_length(request)
         proof = request_proof(request)
         key = await device_key(self.keys_cache, proof)
         self.limiter.check(proof.client_id, time.monotonic(), take=False)
-        body = await _read(request)
+        body = await self.read_verified(request, proof, key, limit)
         window_ms = self.settings.auth.window_ms
-        try:  # by this clock first: most late signatures are refused without a write
-            verify(proof, key, body, int(time.time() * 1000), window_ms)
-        except AuthError as exc:
-            raise Refusal(401, exc.reason.value, exc.detail) from None
         self.limiter.check(proof.client_id, time.monotonic(), take=True)
         try:
             update = decode_update(body, self.settings.wire.max_message_bytes)
@@ -150,8 +170,10 @@ class Ingest:
             raise Refusal(status, exc.reason.value, exc.detail) from None
         except AuthError as exc:
             raise Refusal(403, exc.reason.value, exc.detail) from None
+        update_id = update.update_id
+        del update  # its weights are a copy of the body's: not held while Redis takes the body
         try:
-            ingested = await self.store.add(proof.client_id, update.update_id, body, proof)
+            ingested = await self.store.add(proof.client_id, update_id, body, proof)
         except UpdateIdReused as exc:
             raise Refusal(409, "update_id_reused", str(exc)) from None
         except SignedOutsideWindow as exc:
@@ -171,7 +193,28 @@ class Ingest:
                 "the update store is full; retry later",
                 {"Retry-After": str(self.settings.ingest.paused_retry_after_s)},
             ) from None
-        return Accepted(update, ingested.entry_id, ingested.new, len(body))
+        return Accepted(update_id, ingested.entry_id, ingested.new, len(body))
+
+    async def read_verified(
+        self, request: web.Request, proof: Proof, key: bytes, limit: int
+    ) -> bytes:
+        """The body, once its MAC and signing time hold.
+
+        It reserves its declared length (or the limit, if chunked) in the budget of unverified
+        bytes before a byte is read, and gives it back once its MAC is known. Each chunk is fed
+        to the MAC as it arrives and kept only until then: a forged body is dropped when it
+        ends, never joined, decoded or stored.
+        """
+        reserved = limit if request.content_length is None else request.content_length
+        with self.budget.hold(proof.client_id, reserved, limit):
+            state = signer(key, proof.client_id, proof.signed_at_ms)
+            chunks = await _read(request, state, limit, self.metrics)
+            now_ms = int(time.time() * 1000)
+            try:  # by this clock first: most late signatures are refused without a write
+                check_mac(proof, state.digest(), now_ms, self.settings.auth.window_ms)
+            except AuthError as exc:
+                raise Refusal(401, exc.reason.value, exc.detail) from None
+        return b"".join(chunks)
 
     async def check_not_paused(self) -> None:
         """The `pause-ingest` switch: come back later (nothing is read, nothing is lost)."""
@@ -206,19 +249,29 @@ def outside_window(proof: Proof, key: bytes, body: bytes, entry_id: str, window_
     return Refusal(401, "signature_expired", f"signed outside the window at entry {entry_id}")
 
 
-async def _read(request: web.Request) -> bytes:
-    """The body, capped by the app's client_max_size while it streams in (chunked uploads).
+async def _read(
+    request: web.Request, state: hmac.HMAC, limit: int, metrics: IngestMetrics
+) -> list[bytes]:
+    """The body's chunks as they arrived, each fed to `state` (the MAC); 413 once more than
+    `limit` bytes came (a chunked upload declares no length), the rest never read.
 
     A device that goes away mid-body (it timed out, its network dropped) is a refusal like any
     other, counted as `connection_lost` and logged in one line, not a traceback at ERROR: nothing
     was added, and nobody is left to hear the answer.
     """
+    chunks: list[bytes] = []
+    size = 0
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise Refusal(413, "too_large", exc.text or "body over the limit") from None
+        while chunk := await request.content.readany():
+            metrics.read_bytes.inc(len(chunk))
+            size += len(chunk)
+            if size > limit:
+                raise Refusal(413, "too_large", f"body over the limit {limit}; the rest not read")
+            state.update(chunk)
+            chunks.append(chunk)
     except ConnectionResetError as exc:
         raise Refusal(400, "connection_lost", f"the body was cut off: {exc}") from None
+    return chunks
 
 
 INGEST = web.AppKey("ingest", Ingest)
@@ -227,12 +280,13 @@ INGEST = web.AppKey("ingest", Ingest)
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     """The ingest app; `lingering_time=0`: a refused body is not drained, the connection closes;
     `auto_decompress=False`: aiohttp never inflates a body (a compressed one is refused, 415)."""
+    ingest = Ingest(settings, redis)
     app = web.Application(
         middlewares=[json_errors],
-        client_max_size=settings.ingest.max_body_bytes,
+        client_max_size=ingest.body_limit.ceiling,  # a backstop: bodies are read in chunks
         handler_args={"lingering_time": 0, "auto_decompress": False},
     )
-    ingest = app[INGEST] = Ingest(settings, redis)
+    app[INGEST] = ingest
     app[REGISTRY] = ingest.metrics.registry
 
     async def post_update(request: web.Request) -> web.Response:
@@ -245,7 +299,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         return web.json_response(
             {
                 "status": "accepted",
-                "update_id": accepted.update.update_id,
+                "update_id": accepted.update_id,
                 "entry_id": accepted.entry_id,
                 "retry": not accepted.new,
             },
@@ -258,7 +312,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         try:
             await ingest.check_not_paused()
             ingest.check_encoding(request)
-            ingest.check_length(request)
+            await ingest.check_length(request)
         except Refusal as refusal:
             return ingest.refuse(request, refusal)
         if request.headers.get("Expect", "").lower() != "100-continue":

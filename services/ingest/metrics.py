@@ -1,9 +1,9 @@
-"""Prometheus metrics of the ingest service: what was accepted, every refusal by reason, and the
-receipts read."""
+"""Prometheus metrics of the ingest service: what was accepted, every refusal by reason, the
+receipts read, and the bodies read before their signature was checked."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _SIZE_BUCKETS = (1e3, 1e4, 1e5, 1e6, 4e6, 16e6, 64e6)
 
@@ -35,5 +35,22 @@ class IngestMetrics:
             "fedasync_ingest_body_bytes",
             "Size of accepted update bodies",
             buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.unverified_bytes = Gauge(
+            "fedasync_ingest_unverified_bytes",
+            "Bytes reserved by bodies being read whose signature is not yet checked "
+            "(FEDASYNC_INGEST__UNVERIFIED_BYTES bounds it)",
+            registry=r,
+        )
+        self.read_bytes = Counter(
+            "fedasync_ingest_read_bytes",
+            "Bytes of update bodies read, before their signature was checked (accepted or not)",
+            registry=r,
+        )
+        self.body_limit_bytes = Gauge(
+            "fedasync_ingest_body_limit_bytes",
+            "The body limit in force: FEDASYNC_INGEST__MAX_BODY_BYTES, or the largest update of "
+            "the run's model",
             registry=r,
         )

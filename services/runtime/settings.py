@@ -590,8 +590,28 @@ class IngestSettings(Section):
 
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8084, ge=0, le=65535, description="port; 0 picks a free one")
-    max_body_bytes: int = Field(
-        DEFAULT_MAX_MESSAGE_BYTES, ge=1024, description="larger bodies are refused unread (413)"
+    max_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="larger bodies are refused unread (413); unset: the largest valid update of "
+        "the run's model, from the layout of its newest committed version (before the first "
+        "commit: FEDASYNC_WIRE__MAX_MESSAGE_BYTES)",
+    )
+    unverified_bytes: int = Field(
+        8 * 2**20,
+        ge=1024,
+        description="bytes of bodies being read whose signature is not yet checked, all devices "
+        "together; a body beyond gets 503 unverified_budget with Retry-After (one body is "
+        "always let in when none is being read)",
+    )
+    unverified_bytes_per_client: int | None = Field(
+        None,
+        ge=1024,
+        description="the same for the bodies claiming one client id; unset: the body limit "
+        "(one largest update at a time)",
+    )
+    budget_retry_after_s: int = Field(
+        1, ge=1, description="Retry-After of the 503 unverified_budget, seconds"
     )
     rate_per_s: float = Field(5.0, gt=0, description="updates per second per device, sustained")
     burst: int = Field(20, ge=1, description="updates a device may send at once")

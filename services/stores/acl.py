@@ -228,7 +228,10 @@ def users(prefix: str) -> tuple[User, ...]:
             (
                 Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates)),
                 Grant(("get", "set"), keys=(k.ingested("*"),)),
-                Grant(("get",), read=(k.policy,)),
+                # the policy (pause-ingest); and for the body limit the newest version and the
+                # layout at the head of its model (GETRANGE, services/ingest/body_limit.py)
+                Grant(("get",), read=(k.policy, k.version)),
+                Grant(("getrange",), read=(models,)),
                 # its script deletes the entry it just added when signed outside the window
                 Grant(("xadd", "xdel"), write=(k.updates,)),
                 device_keys,
