@@ -4,7 +4,9 @@ Every call of the device client (download, long-poll, publish, receipt) goes thr
 they all retry the same way: connection errors, timeouts, `429` and `5xx`, after the longer of the
 backoff and the answer's Retry-After, with the request rebuilt each time (a signature is made
 afresh, over the same bytes). The ingest service's `503 ingest_paused` is the operators' decision
-to have devices come back later: it is waited out as long as it lasts and uses up no attempt.
+to have devices come back later: it is waited out as long as it lasts and uses up no attempt, as
+are Redis full (`503 redis_out_of_memory`) and ingest's budget of unverified bytes spent by other
+uploads (`503 unverified_budget`: a flood of forged bodies must not make a genuine device give up).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ T = TypeVar("T")
 INGEST_PAUSED = "ingest_paused"
 #: the ingest service's reason while Redis is full: waited out the same way, no attempt used up
 REDIS_FULL = "redis_out_of_memory"
+#: the ingest service's reason while other uploads hold its budget of unverified bytes
+UNVERIFIED_BUDGET = "unverified_budget"
+#: the 503 reasons waited out without using up an attempt: none says this device or its update
+#: is at fault, and each ends without the device doing anything
+WAITED_OUT = frozenset({INGEST_PAUSED, REDIS_FULL, UNVERIFIED_BUDGET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,7 @@ class Transport:
                 if answer.status >= 300:
                     wait = max(wait, retry_after_s(answer.headers.get("Retry-After")))
                 problem = f"{answer.status} {answer.reason}"
-                if answer.status == 503 and answer.reason in (INGEST_PAUSED, REDIS_FULL):
+                if answer.status == 503 and answer.reason in WAITED_OUT:
                     log.info("%s; trying again in %.0f s", answer.reason, wait)
                     await self.pause(wait)
                     continue

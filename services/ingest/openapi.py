@@ -78,7 +78,13 @@ def spec() -> dict[str, Any]:
     refused = {
         "401": _json(_ERROR, "no valid signature, or an unknown or revoked device"),
         "429": _json(_ERROR, "too many requests from this device; Retry-After in seconds"),
-        "503": _json(_ERROR, "Redis unavailable (or ingest paused, for a POST); Retry-After"),
+        "503": _json(
+            _ERROR,
+            (
+                "Redis unavailable or full; for a POST also ingest paused or its budget of unverified"
+                " bytes spent (unverified_budget); Retry-After"
+            ),
+        ),
     }
     return {
         "openapi": "3.1.0",

@@ -17,6 +17,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
+from fedasync.client import DeviceClient, RetryPolicy
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.ingest.app import INGEST, create_app
 from fedasync.services.ingest.protocol import (
@@ -276,3 +277,42 @@ async def test_an_explicit_body_limit_overrides_the_models(
         assert sample(client, "fedasync_ingest_body_limit_bytes") == explicit
     finally:
         await client.close()
+
+
+async def test_a_device_client_waits_out_a_spent_budget_without_using_up_its_attempts(
+    budgeted: TestClient[Any, Any],
+    keys: dict[str, bytes],
+    settings: Settings,
+    redis: aioredis.Redis,
+) -> None:
+    """Forged bodies holding the budget must not make a genuine device give up: the client
+    (allowed no retry at all) waits each `503 unverified_budget` out and is taken once the
+    forged body is gone."""
+    reader, writer = await connect(budgeted)
+    writer.write(forged_head("dev-b", length=4000) + bytes(1000))
+    await writer.drain()
+    await until("the held body's reservation", lambda: in_flight(budgeted) == 4000)
+
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 3:  # three refusals waited out: the forged body goes away
+            writer.close()
+            await until("the reservation given back", lambda: in_flight(budgeted) == 0)
+
+    device = DeviceClient(
+        "http://127.0.0.1:1",
+        "dev-a",
+        key=keys["dev-a"],
+        ingest_url=f"http://127.0.0.1:{budgeted.server.port}",
+        retry=RetryPolicy(attempts=0),
+        sleep=sleep,
+    )
+    async with device:
+        published = await device.publish(np.ones(800, np.float32), 0, 10, update_id="a-big")
+    assert published.update_id == "a-big"
+    assert refusals(budgeted, "unverified_budget") == 3.0  # the fault happened, three times
+    assert waits == [float(RETRY_AFTER_S)] * 3  # each after the service's Retry-After
+    assert int(await redis.xlen(Keys(settings.redis.key_prefix).updates)) == 1
+    del reader
