@@ -1,5 +1,5 @@
-"""`fedasync simulate` and `fedasync advise`, registered on the main command
-by services/commands/cli.py.
+"""`fedasync simulate` and `fedasync advise`, whose arguments services/commands/cli.py adds
+when one of them is the command typed.
 
 Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input.
 """
@@ -25,11 +25,8 @@ from fedasync.sim.trace import TraceError, read_durations
 _INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, TaskError)
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the `simulate` and `advise` subcommands."""
-    simulate = commands.add_parser(
-        "simulate", help="run FedAsync, FedBuff and FedAvg on a simulated fleet"
-    )
+def add_simulate(simulate: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync simulate` (its name and help: the command's table)."""
     _source_arguments(simulate)
     simulate.add_argument(
         "--out", type=Path, help="output folder (default runs/NAME-seedSEED, runs/NAME-seeds)"
@@ -53,9 +50,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     simulate.set_defaults(handler=_simulate)
 
-    advise_cmd = commands.add_parser(
-        "advise", help="recommend tau_max from a fleet's latencies and the update rate"
-    )
+
+def add_advise(advise_cmd: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync advise`."""
     _source_arguments(advise_cmd)
     advise_cmd.add_argument(
         "--trace", type=Path, help="CSV device,duration_s: use these latencies instead"
