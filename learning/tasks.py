@@ -22,7 +22,7 @@ from fedasync.learning.digits import DigitsMLP
 from fedasync.learning.linear import LinearRegression
 from fedasync.learning.synthetic import SyntheticClassification
 from fedasync.learning.task import Task, TrainParams
-from fedasync.shared.layout import Layout
+from fedasync.shared.layout import Layout, LayoutError
 
 #: the built-in tasks, by the names configs and settings use
 TASKS: dict[str, Callable[..., Task]] = {
@@ -185,7 +185,7 @@ def _build(name: str, factory: Callable[..., Any], params: Mapping[str, Any]) ->
     try:
         task = factory(**params)
     except (TypeError, ValueError) as exc:
-        if params:
+        if params and not isinstance(exc, LayoutError):  # weights it cannot carry: not params
             raise TaskParamsError(
                 f"task {name!r}: params {dict(params)} refused: {_reason(exc)}"
             ) from exc

@@ -16,6 +16,7 @@ from pathlib import Path
 from fedasync.learning.partition import PartitionError
 from fedasync.learning.tasks import TaskError
 from fedasync.shared.fleet import ReplayedLatency, RunLatency
+from fedasync.shared.per_class import describe_lagging, lagging_classes
 from fedasync.sim.advisor import Advice, Laws, advise, estimated_rate
 from fedasync.sim.config import ConfigError, SimConfig, load_config
 from fedasync.sim.presets import PRESETS, SUMMARIES, UnknownPresetError, preset_text
@@ -115,6 +116,9 @@ def _simulate(args: argparse.Namespace) -> int:
             f"{result['updates']['applied']} applied, {result['updates']['dropped']} dropped, "
             f"ended by {result['ended_by']}"
         )
+        lagging = describe_lagging(lagging_classes(result["final"]["per_class"]))
+        if lagging:
+            print(f"{'':>22}  {lagging}")
     print(f"wrote {out}/summary.json" + ("" if args.no_plots else f" and {out}/report.md"))
     return 0
 

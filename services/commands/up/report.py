@@ -22,6 +22,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations, ledger
 from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.keys import Keys
+from fedasync.shared.per_class import describe_lagging, lagging_classes
 
 
 async def write_run_folder(
@@ -101,6 +102,9 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     if final.get("per_class"):
         per_class = "  ".join(f"{c}: {v:.2f}" for c, v in final["per_class"].items())
         table.add_row("per class", per_class)
+    lagging = describe_lagging(lagging_classes(final.get("per_class") or {}))
+    if lagging:
+        table.add_row("[yellow]class not learned[/yellow]", escape(lagging))
     dropped = summary.get("reasons", {}).get("dropped", {})
     why = f" ({', '.join(f'{n} {r}' for r, n in sorted(dropped.items()))})" if dropped else ""
     table.add_row(

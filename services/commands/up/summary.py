@@ -12,6 +12,7 @@ from typing import Any
 
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.shared.acceptance import acceptance_rows, count_acceptance
+from fedasync.shared.per_class import lagging_classes
 from fedasync.shared.stats import AppliedRate, stats
 
 
@@ -64,6 +65,7 @@ def summarize(
             "accuracy": final.accuracy,
             "loss": final.loss,
             "per_class": final.per_class,
+            "lagging_classes": [c.to_dict() for c in lagging_classes(final.per_class)],
         },
         "evaluations": len(curve),
         "clients": acceptance_rows(count_acceptance(records)),
