@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 #: the dtypes a parameter or carried buffer may have: each is exact in the float32 vector
 CARRIED = ("torch.float32", "torch.float16", "torch.bfloat16")
 
+
 class UnsupportedTensorError(LayoutError):
     """A tensor the flat float32 vector cannot carry exactly; `tensor` is its state_dict name."""
 

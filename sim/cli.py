@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedasync.learning.partition import PartitionError
+from fedasync.learning.task_failure import TaskCodeError, keep_details
 from fedasync.learning.tasks import TaskError
 from fedasync.shared.fleet import ReplayedLatency, RunLatency
 from fedasync.shared.per_class import describe_lagging, lagging_classes
@@ -78,6 +79,10 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             return run(args)
         except _INPUT_ERRORS as exc:
             print(f"fedasync: {exc}", file=sys.stderr)
+            return 2
+        except TaskCodeError as exc:  # the task's own code: one line, its traceback in a file
+            kept = keep_details(exc)
+            print(f"fedasync: {exc} (its traceback: {kept})", file=sys.stderr)
             return 2
 
     return handler

@@ -166,7 +166,7 @@ def test_regression_with_the_default_loss_or_an_optimizer_of_the_tasks_choice(
     assert scores.r2 > 0.99
 
 
-DOUBLE_TASK = '''
+DOUBLE_TASK = """
 from torch import nn
 from tests.learning.torch_models import QuadrantTask
 
@@ -178,7 +178,7 @@ class Double(QuadrantTask):
 
     def model(self) -> nn.Module:
         return super().model().double()
-'''
+"""
 
 
 def test_a_float64_model_is_named_by_its_dtype_not_as_refused_params(

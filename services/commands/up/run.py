@@ -36,6 +36,7 @@ from fedasync.services.commands.up.plan import (
     worker_specs,
 )
 from fedasync.services.commands.up.report import print_summary, write_run_folder
+from fedasync.services.runtime.entry import EXIT_SETTINGS
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
 from fedasync.services.runtime.settings import ENV_PREFIX, Settings
@@ -79,10 +80,11 @@ class Monitor:
             name = child.spec.name
             if name in self._reported:
                 continue
-            problem = (
-                f"{name} crashed with exit code {child.process.returncode}; "
-                f"see {child.log_path}:\n{child.log_tail(8)}"
-            )
+            code = child.process.returncode
+            # exit code 2 says it in its last line (bad settings, a task's code that failed),
+            # the traceback above it in the log; any other death shows the log's tail
+            tail = child.log_tail(1 if code == EXIT_SETTINGS else 8)
+            problem = f"{name} crashed with exit code {code}; see {child.log_path}:\n{tail}"
             self._reported.add(name)
             self.problems.append(problem)
             noted.append(name)
