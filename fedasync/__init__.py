@@ -26,13 +26,45 @@ Code running on a device (docs/device-client.md; imports no torch):
 
 from __future__ import annotations
 
-from fedasync.client import DeviceClient, SyncDeviceClient
-from fedasync.learning.dataset import Dataset
-from fedasync.learning.evaluation import Evaluation
-from fedasync.learning.task import Task, TrainParams
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fedasync.shared import __version__
-from fedasync.shared.layout import Layout
-from fedasync.torch import TorchTask  # a Task from a torch model; imports torch only when used
+
+if TYPE_CHECKING:
+    from fedasync.client import DeviceClient, SyncDeviceClient
+    from fedasync.learning.dataset import Dataset
+    from fedasync.learning.evaluation import Evaluation
+    from fedasync.learning.task import Task, TrainParams
+    from fedasync.shared.layout import Layout
+    from fedasync.torch import TorchTask
+
+#: where each public name lives: imported on first use (PEP 562), so that `import fedasync`, and
+#: every `fedasync` command through it, does not pay for numpy, aiohttp and redis before it has
+#: read its arguments (`fedasync --help` imports none of them)
+_PUBLIC = {
+    "DeviceClient": "fedasync.client",
+    "SyncDeviceClient": "fedasync.client",
+    "Dataset": "fedasync.learning.dataset",
+    "Evaluation": "fedasync.learning.evaluation",
+    "Task": "fedasync.learning.task",
+    "TrainParams": "fedasync.learning.task",
+    "Layout": "fedasync.shared.layout",
+    "TorchTask": "fedasync.torch",  # imports torch only when used
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'fedasync' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
 
 __all__ = [
     "Dataset",  # a labelled sample set

@@ -22,7 +22,8 @@ from fedasync.learning.digits import DigitsMLP
 from fedasync.learning.linear import LinearRegression
 from fedasync.learning.synthetic import SyntheticClassification
 from fedasync.learning.task import Task, TrainParams
-from fedasync.shared.layout import Layout
+from fedasync.learning.task_failure import reason
+from fedasync.shared.layout import Layout, LayoutError
 
 #: the built-in tasks, by the names configs and settings use
 TASKS: dict[str, Callable[..., Task]] = {
@@ -105,17 +106,11 @@ def task_data(name: str, task: Task, rng: np.random.Generator) -> tuple[Dataset,
     try:
         return task.dataset(rng)
     except Exception as exc:  # the user's code: any failure is reported, none escapes
-        raise TaskBuildError(f"task {name!r}: making its data failed: {_reason(exc)}") from exc
+        raise TaskBuildError(f"task {name!r}: making its data failed: {reason(exc)}") from exc
 
 
 def _dotted(text: str) -> bool:
     return all(part.isidentifier() for part in text.split("."))
-
-
-def _reason(exc: BaseException) -> str:
-    """An exception as one line: its type and its message with the whitespace collapsed."""
-    message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _import(name: str) -> Callable[..., Task]:
@@ -131,11 +126,11 @@ def _import(name: str) -> Callable[..., Task]:
                 "folder on PYTHONPATH)"
             ) from exc
         raise TaskImportError(
-            f"task {name!r}: importing {module_name} failed: {_reason(exc)}"
+            f"task {name!r}: importing {module_name} failed: {reason(exc)}"
         ) from exc
     except Exception as exc:  # the user's module: any failure is reported, none escapes
         raise TaskImportError(
-            f"task {name!r}: importing {module_name} failed: {_reason(exc)}"
+            f"task {name!r}: importing {module_name} failed: {reason(exc)}"
         ) from exc
     for part in attribute.split("."):
         try:
@@ -185,13 +180,13 @@ def _build(name: str, factory: Callable[..., Any], params: Mapping[str, Any]) ->
     try:
         task = factory(**params)
     except (TypeError, ValueError) as exc:
-        if params:
+        if params and not isinstance(exc, LayoutError):  # weights it cannot carry: not params
             raise TaskParamsError(
-                f"task {name!r}: params {dict(params)} refused: {_reason(exc)}"
+                f"task {name!r}: params {dict(params)} refused: {reason(exc)}"
             ) from exc
-        raise TaskBuildError(f"task {name!r}: building it failed: {_reason(exc)}") from exc
+        raise TaskBuildError(f"task {name!r}: building it failed: {reason(exc)}") from exc
     except Exception as exc:  # the user's code: any failure is reported, none escapes
-        raise TaskBuildError(f"task {name!r}: building it failed: {_reason(exc)}") from exc
+        raise TaskBuildError(f"task {name!r}: building it failed: {reason(exc)}") from exc
     except SystemExit as exc:  # e.g. a script's main(), whose argparse found no arguments
         raise NotATaskError(
             f"task {name!r}: calling it exited (SystemExit {exc.code}): it looks like a "

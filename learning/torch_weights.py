@@ -30,6 +30,9 @@ from fedasync.shared.layout import Layout, LayoutError
 if TYPE_CHECKING:
     import torch
 
+#: the dtypes a parameter or carried buffer may have: each is exact in the float32 vector
+CARRIED = ("torch.float32", "torch.float16", "torch.bfloat16")
+
 
 class UnsupportedTensorError(LayoutError):
     """A tensor the flat float32 vector cannot carry exactly; `tensor` is its state_dict name."""
@@ -62,12 +65,14 @@ def carried(module: torch.nn.Module, *, buffers: bool) -> list[tuple[str, torch.
         is_param = isinstance(value, torch.nn.Parameter)
         if not is_param and not (buffers and value.is_floating_point()):
             continue  # a buffer left out by choice, or a counter (never carried)
-        if value.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        dtype = str(value.dtype)
+        if dtype not in CARRIED:
             kind = "parameter" if is_param else "buffer"
             raise UnsupportedTensorError(
                 name,
-                f"{kind} of dtype {value.dtype} cannot travel as float32 exactly; "
-                "convert the module (e.g. module.float()) or keep it out of the state dict",
+                f"{kind} of dtype {dtype} cannot travel as float32 exactly (accepted: "
+                f"{', '.join(CARRIED)}); convert the module (e.g. module.float()) or keep it "
+                "out of the state dict",
             )
         if id(value) in seen:
             continue  # tied: the same tensor under a second name

@@ -25,12 +25,19 @@ class Switch:
     change: Callable[[Policy], dict[str, Any]]
 
 
+#: decimal places a switch's result keeps: 0.6 + 0.3 is 0.8999999999999999 in binary, which
+#: the policy would then carry and every view (status, history, dashboard, `up`) would show
+DECIMALS = 10
+
+
 def _raise_gamma(policy: Policy) -> dict[str, Any]:
-    return {"gamma": min(policy.gamma + GAMMA_STEP, POLICY_RANGES["gamma"].high)}
+    raised = round(policy.gamma + GAMMA_STEP, DECIMALS)
+    return {"gamma": min(raised, POLICY_RANGES["gamma"].high)}
 
 
 def _lower_alpha(policy: Policy) -> dict[str, Any]:
-    return {"alpha0": max(policy.alpha0 * ALPHA_FACTOR, POLICY_RANGES["alpha0"].low)}
+    lowered = round(policy.alpha0 * ALPHA_FACTOR, DECIMALS)
+    return {"alpha0": max(lowered, POLICY_RANGES["alpha0"].low)}
 
 
 def _freshest_only(policy: Policy) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""`fedasync simulate` and `fedasync advise`, registered on the main command
-by services/commands/cli.py.
+"""`fedasync simulate` and `fedasync advise`, whose arguments services/commands/cli.py adds
+when one of them is the command typed.
 
 Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input.
 """
@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedasync.learning.partition import PartitionError
+from fedasync.learning.task_failure import TaskCodeError, keep_details
 from fedasync.learning.tasks import TaskError
 from fedasync.shared.fleet import ReplayedLatency, RunLatency
+from fedasync.shared.per_class import describe_lagging, lagging_classes
 from fedasync.sim.advisor import Advice, Laws, advise, estimated_rate
 from fedasync.sim.config import ConfigError, SimConfig, load_config
 from fedasync.sim.presets import PRESETS, SUMMARIES, UnknownPresetError, preset_text
@@ -25,11 +27,8 @@ from fedasync.sim.trace import TraceError, read_durations
 _INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, TaskError)
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the `simulate` and `advise` subcommands."""
-    simulate = commands.add_parser(
-        "simulate", help="run FedAsync, FedBuff and FedAvg on a simulated fleet"
-    )
+def add_simulate(simulate: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync simulate` (its name and help: the command's table)."""
     _source_arguments(simulate)
     simulate.add_argument(
         "--out", type=Path, help="output folder (default runs/NAME-seedSEED, runs/NAME-seeds)"
@@ -53,9 +52,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     simulate.set_defaults(handler=_simulate)
 
-    advise_cmd = commands.add_parser(
-        "advise", help="recommend tau_max from a fleet's latencies and the update rate"
-    )
+
+def add_advise(advise_cmd: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync advise`."""
     _source_arguments(advise_cmd)
     advise_cmd.add_argument(
         "--trace", type=Path, help="CSV device,duration_s: use these latencies instead"
@@ -80,6 +79,10 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             return run(args)
         except _INPUT_ERRORS as exc:
             print(f"fedasync: {exc}", file=sys.stderr)
+            return 2
+        except TaskCodeError as exc:  # the task's own code: one line, its traceback in a file
+            kept = keep_details(exc)
+            print(f"fedasync: {exc} (its traceback: {kept})", file=sys.stderr)
             return 2
 
     return handler
@@ -118,6 +121,9 @@ def _simulate(args: argparse.Namespace) -> int:
             f"{result['updates']['applied']} applied, {result['updates']['dropped']} dropped, "
             f"ended by {result['ended_by']}"
         )
+        lagging = describe_lagging(lagging_classes(result["final"]["per_class"]))
+        if lagging:
+            print(f"{'':>22}  {lagging}")
     print(f"wrote {out}/summary.json" + ("" if args.no_plots else f" and {out}/report.md"))
     return 0
 

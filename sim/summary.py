@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fedasync.shared.per_class import lagging_classes
 from fedasync.shared.stats import stats
 from fedasync.sim.recorder import Recorder
 from fedasync.sim.result import RunResult
@@ -87,6 +88,7 @@ def algorithm_summary(
             "loss": final.loss,
             "score": final.score,
             "per_class": {str(k): v for k, v in sorted(final.per_class.items())},
+            "lagging_classes": [c.to_dict() for c in lagging_classes(final.per_class)],
         },
         "best": {
             "score": best.score,

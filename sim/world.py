@@ -17,6 +17,7 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.task import Task, TrainParams
+from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import get_task, task_data
 from fedasync.shared import fleet as profiles
 from fedasync.shared.fleet import (
@@ -165,7 +166,8 @@ def make_availability(
 
 def build_world(config: cfg.SimConfig) -> World:
     """Load the task's data, split it over the fleet, and draw the initial model."""
-    task = get_task(config.task.name, **config.task.params)
+    # its train and evaluate fail in one line naming the user's frame (learning/task_failure.py)
+    task = guarded(get_task(config.task.name, **config.task.params), config.task.name)
     base = Path(config.base_dir)
     durations = windows = None
     if isinstance(config.fleet.latency, cfg.TraceLatency):

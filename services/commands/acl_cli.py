@@ -12,14 +12,12 @@ import argparse
 import os
 import secrets
 import sys
-from typing import Any
 
 from fedasync.services.runtime.settings import load_settings
 
 
-def register(commands: Any) -> None:
-    """Add the `acl` subcommand to the `fedasync` parser."""
-    acl = commands.add_parser("acl", help="print the Redis ACL file (least-privilege users)")
+def add_arguments(acl: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync acl`."""
     acl.add_argument("--prefix", help="key prefix (default: FEDASYNC_REDIS__KEY_PREFIX)")
     acl.add_argument(
         "--sentinel",

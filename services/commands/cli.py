@@ -7,46 +7,41 @@ settings in its own handler, never at import time.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from fedasync.services.commands.acl_cli import register as register_acl
-from fedasync.services.commands.chaos.cli import register as register_chaos
-from fedasync.services.commands.devices_cli import register as register_devices
-from fedasync.services.commands.flags import add_flags, given, policy_flags
-from fedasync.services.commands.migrate_cli import register as register_migrate
 from fedasync.services.commands.parser import CommandParser
-from fedasync.services.commands.redis_target import CommandError
-from fedasync.services.commands.up.options import add_arguments as add_up_arguments
-from fedasync.services.runtime.settings import (
-    ENV_PREFIX,
-    RedisSettings,
-    SettingsError,
-    load_settings,
-    settings_reference,
-)
 from fedasync.shared import __version__
-from fedasync.shared.params import ParamError
-from fedasync.shared.policy import Policy
-from fedasync.shared.policy_schema import reference_table
-from fedasync.shared.staleness import Decay
-from fedasync.sim.cli import register as register_simulator
+
+if TYPE_CHECKING:
+    from fedasync.services.commands.flags import Flag
+    from fedasync.services.runtime.settings import RedisSettings
 
 #: the policy fields that change α or whether an update is dropped (and the mode, for its preset)
-ALPHA_FLAGS = policy_flags(("mode", "alpha0", "gamma", "lam", "hinge_a", "hinge_b", "tau_max"))
+ALPHA_FIELDS = ("mode", "alpha0", "gamma", "lam", "hinge_a", "hinge_b", "tau_max")
+
+
+def _alpha_flags() -> tuple[Flag, ...]:
+    from fedasync.services.commands.flags import policy_flags
+
+    return policy_flags(ALPHA_FIELDS)
 
 
 def _alpha_table(args: argparse.Namespace) -> int:
     """α for every rule at each τ, so a practitioner sees what a policy does before using it."""
-    base = given(args, ALPHA_FLAGS).load().policy.to_policy()
+    from fedasync.services.commands.flags import given
+    from fedasync.shared.policy import Policy
+    from fedasync.shared.staleness import Decay
+
+    base = given(args, _alpha_flags()).load().policy.to_policy()
     policies = {d: Policy.from_dict(base.to_dict() | {"decay": d}) for d in Decay}
     tau_max = policies[Decay.CONSTANT].tau_max
     last = args.max_tau if args.max_tau is not None else tau_max + 2
@@ -63,6 +58,9 @@ def _alpha_table(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> int:
+    from fedasync.services.runtime.settings import load_settings, settings_reference
+    from fedasync.shared.policy_schema import reference_table
+
     if args.docs == "policy":
         print(reference_table(), end="")
         return 0
@@ -113,7 +111,10 @@ VERIFY_NOT_CHECKED = 3
 
 def _ledger(args: argparse.Namespace) -> int:
     """Export or verify the ledger of the configured Redis, or of a `fedasync up` run folder."""
+    import asyncio
+
     from fedasync.services.commands.redis_target import configured, saved_run
+    from fedasync.services.runtime.settings import ENV_PREFIX, load_settings
 
     settings = load_settings()
     command = f"ledger {args.ledger_command}"
@@ -158,6 +159,7 @@ async def _ledger_job(
     archive_dir: Path | None = None,
     claim_check_dir: Path | None = None,
 ) -> int:
+    from fedasync.services.commands.errors import CommandError
     from fedasync.services.commands.redis_target import redis_where, talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores import ledger
@@ -212,24 +214,16 @@ def _up(args: argparse.Namespace) -> int:
     return run_up(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fedasync",
-        allow_abbrev=False,
-        description="Asynchronous federated learning: staleness-weighted, one update at a time.",
-    )
-    parser.add_argument("--version", action="version", version=f"fedasync {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
-    )
+def _add_alpha(alpha: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.flags import add_flags
 
-    alpha = commands.add_parser("alpha", help="show alpha for each staleness rule and tau")
     alpha.add_argument("--t", type=int, default=0, help="server version, for the progress rule")
     alpha.add_argument("--max-tau", type=int, default=None, help="last tau shown")
-    add_flags(alpha, ALPHA_FLAGS)
+    add_flags(alpha, _alpha_flags())
     alpha.set_defaults(handler=_alpha_table)
 
-    settings = commands.add_parser("settings", help="print the validated settings as JSON")
+
+def _add_settings(settings: argparse.ArgumentParser) -> None:
     settings.add_argument(
         "--docs",
         nargs="?",
@@ -240,17 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings.set_defaults(handler=_settings)
 
-    for name, text in (
-        ("aggregator", "run the aggregator (the single consumer of the updates stream)"),
-        ("snapshot", "run the snapshot service (models over HTTP)"),
-        ("worker", "run one device worker"),
-        ("control", "run the control service (policy changes, status)"),
-        ("ingest", "run the ingest service (authenticated HTTP entry of updates)"),
-        ("evaluator", "run the evaluator (scores each new version on the test set)"),
-    ):
-        commands.add_parser(name, help=text).set_defaults(handler=_service(name))
 
-    ledger = commands.add_parser("ledger", help="export or verify the decision ledger")
+def _add_service(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(parser: argparse.ArgumentParser) -> None:
+        parser.set_defaults(handler=_service(name))
+
+    return add
+
+
+def _add_ledger(ledger: argparse.ArgumentParser) -> None:
     ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
     export = ledger_commands.add_parser("export", help="write the ledger as JSON lines")
     export.add_argument("--out", type=Path, help="file to write (default: standard output)")
@@ -273,21 +265,144 @@ def build_parser() -> argparse.ArgumentParser:
         )
     ledger.set_defaults(handler=_ledger)
 
-    up = commands.add_parser(
-        "up",
-        help="run the whole system on this machine: Redis, services, a fleet; then a report",
-        description="Start a private Redis (unless FEDASYNC_REDIS__URL is set), the aggregator, "
-        "snapshot, control and evaluator services and a fleet of device workers; train to the "
-        "budget with a live view; write a run folder (summary.json, ledger, curve, plots).",
-    )
-    add_up_arguments(up)
+
+def _add_up(up: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.up.options import add_arguments
+
+    add_arguments(up)
     up.set_defaults(handler=_up)
 
-    register_simulator(commands)
-    register_devices(commands)
-    register_chaos(commands)
-    register_acl(commands)
-    register_migrate(commands)
+
+def _add_simulate(parser: argparse.ArgumentParser) -> None:
+    from fedasync.sim.cli import add_simulate
+
+    add_simulate(parser)
+
+
+def _add_advise(parser: argparse.ArgumentParser) -> None:
+    from fedasync.sim.cli import add_advise
+
+    add_advise(parser)
+
+
+def _add_devices(parser: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.devices_cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _add_chaos(parser: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.chaos.cli import add_command
+
+    add_command(parser)
+
+
+def _add_acl(parser: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.acl_cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _add_migrate(parser: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.migrate_cli import add_arguments
+
+    add_arguments(parser)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A subcommand: its name and one-line help, which `fedasync --help` lists without importing
+    anything of it, and what adds its arguments and handler, run only for the command typed
+    (each imports its settings, the simulator or the services: about 2 s of CPU for all)."""
+
+    name: str
+    help: str
+    add: Callable[[argparse.ArgumentParser], None]
+    description: str | None = None
+
+
+COMMANDS = (
+    Command("alpha", "show alpha for each staleness rule and tau", _add_alpha),
+    Command("settings", "print the validated settings as JSON", _add_settings),
+    *(
+        Command(name, text, _add_service(name))
+        for name, text in (
+            ("aggregator", "run the aggregator (the single consumer of the updates stream)"),
+            ("snapshot", "run the snapshot service (models over HTTP)"),
+            ("worker", "run one device worker"),
+            ("control", "run the control service (policy changes, status)"),
+            ("ingest", "run the ingest service (authenticated HTTP entry of updates)"),
+            ("evaluator", "run the evaluator (scores each new version on the test set)"),
+        )
+    ),
+    Command("ledger", "export or verify the decision ledger", _add_ledger),
+    Command(
+        "up",
+        "run the whole system on this machine: Redis, services, a fleet; then a report",
+        _add_up,
+        "Start a private Redis (unless FEDASYNC_REDIS__URL is set), the aggregator, snapshot, "
+        "control and evaluator services and a fleet of device workers; train to the budget "
+        "with a live view; write a run folder (summary.json, ledger, curve, plots).",
+    ),
+    Command(
+        "simulate",
+        "run FedAsync, FedBuff and FedAvg on a simulated fleet",
+        _add_simulate,
+    ),
+    Command(
+        "advise",
+        "recommend tau_max from a fleet's latencies and the update rate",
+        _add_advise,
+    ),
+    Command(
+        "devices",
+        "add, revoke or list device keys",
+        _add_devices,
+    ),
+    Command(
+        "chaos",
+        "inject faults into real services and check that no update is lost",
+        _add_chaos,
+    ),
+    Command(
+        "acl",
+        "print the Redis ACL file (least-privilege users)",
+        _add_acl,
+    ),
+    Command(
+        "migrate",
+        "convert data an earlier fedasync release wrote to Redis (run once, as admin)",
+        _add_migrate,
+        "Convert data an earlier fedasync release wrote to Redis into today's format: the "
+        "policy log (a stream before, a list now). Safe to run again.",
+    ),
+)
+
+
+def _command_typed(argv: Sequence[str]) -> str | None:
+    """The subcommand in `argv`: its first word that is not an option (the top-level parser
+    has only --help and --version, which take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, given the `argv` it will parse, one in which only the
+    command typed has its arguments (the others are listed, which is all `--help` and a typo
+    need), so that reading the arguments costs a fraction of what running the command does."""
+    parser = argparse.ArgumentParser(
+        prog="fedasync",
+        allow_abbrev=False,
+        description="Asynchronous federated learning: staleness-weighted, one update at a time.",
+    )
+    parser.add_argument("--version", action="version", version=f"fedasync {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
+    typed = None if argv is None else _command_typed(argv)
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help, description=command.description)
+        if argv is None or command.name == typed:
+            command.add(sub)
     return parser
 
 
@@ -297,18 +412,37 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(words).parse_args(words)
     try:
         return int(args.handler(args))
-    except (SettingsError, ParamError) as exc:
-        print(f"fedasync: {exc}", file=sys.stderr)
-        return 2
-    except CommandError as exc:  # what is missing or failed, in one line
-        print(f"fedasync {exc}", file=sys.stderr)
-        return exc.exit_code
     except BrokenPipeError:  # `fedasync ledger export | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return EXIT_BROKEN_PIPE
+    except Exception as exc:
+        code = _said_in_one_line(exc)
+        if code is None:
+            raise
+        return code
+
+
+def _said_in_one_line(exc: Exception) -> int | None:
+    """Print an error a command reports in one line, and its exit code; None for any other.
+
+    The settings' module is imported here, not before parsing: a handler that raised its error
+    has imported it already, and `--help` or a typo needs none of it.
+    """
+    from fedasync.services.commands.errors import CommandError
+    from fedasync.services.runtime.settings import SettingsError
+    from fedasync.shared.params import ParamError
+
+    if isinstance(exc, SettingsError | ParamError):
+        print(f"fedasync: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, CommandError):  # what is missing or failed, in one line
+        print(f"fedasync {exc}", file=sys.stderr)
+        return exc.exit_code
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

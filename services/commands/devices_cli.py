@@ -11,15 +11,13 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
 
 from fedasync.services.runtime.settings import load_settings
 from fedasync.shared.device_auth import AuthError, check_client_id
 
 
-def register(commands: Any) -> None:
-    """Add the `devices` subcommand to the `fedasync` parser."""
-    devices = commands.add_parser("devices", help="add, revoke or list device keys")
+def add_arguments(devices: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync devices`."""
     actions = devices.add_subparsers(dest="devices_command", required=True)
     add = actions.add_parser("add", help="create a key for a device and print it once")
     add.add_argument("client_id", help="the device's client id")

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
 from fedasync.services.runtime.settings import load_settings
 
 
-def register(commands: Any) -> None:
-    """Add the `migrate` subcommand to the `fedasync` parser."""
-    migrate = commands.add_parser(
-        "migrate",
-        help="convert data an earlier fedasync release wrote to Redis (run once, as admin)",
-        description="Convert data an earlier fedasync release wrote to Redis into today's "
-        "format: the policy log (a stream before, a list now). Safe to run again.",
-    )
+def add_arguments(migrate: argparse.ArgumentParser) -> None:
+    """The handler of `fedasync migrate` (its help and description: the command's table)."""
     migrate.set_defaults(handler=_migrate)
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.exceptions import RedisError
 
+from fedasync.services.commands.errors import CommandError
 from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
 from fedasync.services.runtime.settings import RedisSettings
 
@@ -31,14 +32,6 @@ RUN_REDIS_DIR = "redis"
 RUN_SUMMARY = "summary.json"
 #: seconds a saved Redis may take to replay its append-only file
 REPLAY_TIMEOUT_S = 120.0
-
-
-class CommandError(Exception):
-    """A command cannot do what was asked; the message says why and what to do instead."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def configured(settings: RedisSettings, command: str, alternative: str = "") -> RedisSettings:

@@ -23,6 +23,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from fedasync.learning.task import Task
+from fedasync.learning.task_failure import TaskCodeError, guarded
 from fedasync.learning.tasks import task_data
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.runtime.http_errors import json_errors
@@ -67,9 +68,11 @@ class Follower:
         self.redis = redis
         self.keys = Keys(settings.redis.key_prefix)
         self.metrics = metrics
-        self.task: Task = settings.task.build()
+        task = settings.task.build()
         data = stream(settings.task.seed, Stream.DATA)
-        _, self.test = task_data(settings.task.name, self.task, data)
+        _, self.test = task_data(settings.task.name, task, data)
+        # its evaluate fails in one line naming the user's frame, which ends the evaluator
+        self.task: Task = guarded(task, settings.task.name)
         #: the newest version scored and recorded
         self.evaluated: int | None = None
         #: the newest version fetched, scored or passed over: the next fetch asks for a newer one
@@ -109,8 +112,10 @@ class Follower:
                 log.warning(
                     "cannot read or record evaluations (%s); retrying in %.1f s", exc, backoff
                 )
-            except SettingsError:
-                raise  # another task than the run's: the service ends (exit code 2)
+            except (SettingsError, TaskCodeError):
+                # another task than the run's, or its evaluate fails: it would fail on every
+                # version, so the service ends (exit code 2, one line, the traceback logged)
+                raise
             except Exception:
                 # a bug, not a bad model: keep the evaluator alive, loudly, at the backoff's pace
                 self.metrics.failures.labels("error").inc()

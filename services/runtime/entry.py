@@ -2,7 +2,9 @@
 
 Exit codes: 0 stopped cleanly, 1 Redis unreachable for longer than the retries last (one log
 line; a supervisor's restart may help), 2 invalid settings (one line on stderr, nothing
-started), 3 a fatal condition the service reports (e.g. an aggregator fenced off by a newer
+started) or a task whose own train or evaluate raised (one line on stderr naming the task, the
+method and the user's frame; the traceback in the log: learning/task_failure.py), 3 a fatal
+condition the service reports (e.g. an aggregator fenced off by a newer
 one), 4 a refusal to run on data that contradicts itself (an aggregator that found Redis moved
 back in time):
 restarting will not help, an operator must look first (docs/operations.md). A service that
@@ -25,6 +27,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fedasync.learning.task_failure import TaskCodeError
 from fedasync.learning.tasks import TaskError
 from fedasync.services.runtime.http_service import CannotListen
 from fedasync.services.runtime.logs import configure
@@ -85,6 +88,10 @@ def run_service(
             result = runner.run(start(settings))
     except CannotListen as exc:
         print(f"{prefix}: {cannot_listen(exc, listens_on)}", file=sys.stderr)
+        return EXIT_SETTINGS
+    except TaskCodeError as exc:  # the task's train or evaluate raised: its code to fix
+        log.error("the task's code failed; its traceback:\n%s", exc.details.rstrip())
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
     except (TaskError, SettingsError) as exc:  # found once running: the task's own code failed
         # making its data (its params to fix), or a task other than the run's

@@ -14,6 +14,7 @@ import signal
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any
 
+from fedasync.learning.task_failure import TaskCodeError
 from fedasync.services.runtime.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -73,14 +74,15 @@ class Background:
         self.task: asyncio.Task[None] | None = None
         self._stopping = False
 
-    def refusal(self) -> SettingsError | None:
-        """The settings error the task ended with: the loop found it must not run (a task other
-        than the run's), which ends the whole service with exit code 2, not only its /readyz."""
+    def refusal(self) -> SettingsError | TaskCodeError | None:
+        """The error the task ended with when the loop found it must not run (a task other than
+        the run's) or cannot (the task's own code fails, as it would again after a restart):
+        it ends the whole service with exit code 2 and one line, not only its /readyz."""
         task = self.task
         if task is None or not task.done() or task.cancelled():
             return None
         exc = task.exception()
-        return exc if isinstance(exc, SettingsError) else None
+        return exc if isinstance(exc, SettingsError | TaskCodeError) else None
 
     def start(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         self.task = asyncio.create_task(work, name=name)

@@ -13,6 +13,7 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.task import Task, TrainParams
+from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import task_data
 from fedasync.services.runtime.settings import TaskSettings, WorkerSettings
 from fedasync.shared import fleet
@@ -79,6 +80,7 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
         lr=worker.lr or suggested.lr,
         batch_size=worker.batch_size or suggested.batch_size,
     )
+    task = guarded(task, task_settings.name)  # its train fails in one line, naming the frame
     return Device(task, train_data.subset(shares[worker.device_index]), latency, params)
 
 

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from fedasync.learning.task_failure import TaskCodeError
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app
@@ -230,3 +231,26 @@ async def test_readyz_is_503_once_the_follower_has_died(
         assert (await client.get("/livez")).status == 200  # alive, but not doing its work
     # and shutting down says so in the log as well
     assert "task follow-versions failed" in caplog.text
+
+
+async def test_a_task_whose_evaluate_fails_ends_the_evaluator_with_one_line(
+    system: Settings, redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the follower died with a traceback and the evaluator stayed up, never ready,
+    until `fedasync up` gave up on it 60 s later with the log's tail."""
+
+    def evaluate(self: object, weights: np.ndarray, data: object) -> None:
+        raise ZeroDivisionError("division by zero")  # the user's own line
+
+    monkeypatch.setattr(type(get_task("linear")), "evaluate", evaluate)
+    stopping = asyncio.Event()
+    with pytest.raises(TaskCodeError) as raised:  # it ends on its own: nobody sets `stopping`
+        await asyncio.wait_for(
+            run_evaluator(system, redis=redis, handle_signals=False, stopping=stopping), 60
+        )
+    line = evaluate.__code__.co_firstlineno + 1
+    assert str(raised.value) == (
+        f"task 'linear': its evaluate failed at {__file__}:{line} (in evaluate): "
+        "ZeroDivisionError: division by zero"
+    )
+    assert "raise ZeroDivisionError" in raised.value.details

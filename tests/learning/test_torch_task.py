@@ -164,3 +164,36 @@ def test_regression_with_the_default_loss_or_an_optimizer_of_the_tasks_choice(
     assert scores.accuracy is None
     assert scores.r2 is not None
     assert scores.r2 > 0.99
+
+
+DOUBLE_TASK = """
+from torch import nn
+from tests.learning.torch_models import QuadrantTask
+
+
+class Double(QuadrantTask):
+    def __init__(self, width: int = 4) -> None:
+        self.width = width
+        super().__init__()
+
+    def model(self) -> nn.Module:
+        return super().model().double()
+"""
+
+
+def test_a_float64_model_is_named_by_its_dtype_not_as_refused_params(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedasync.learning.tasks import TaskBuildError, get_task
+
+    (tmp_path / "double_task.py").write_text(DOUBLE_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(TaskBuildError) as info:  # not TaskParamsError: width is fine
+            get_task("double_task:Double", width=4)
+    finally:
+        sys.modules.pop("double_task", None)
+    message = str(info.value)
+    assert "params" not in message
+    assert "dtype torch.float64" in message
+    assert "accepted: torch.float32, torch.float16, torch.bfloat16" in message

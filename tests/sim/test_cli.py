@@ -1,20 +1,17 @@
-"""`fedasync simulate` and `advise`, via a parser built as services/commands/cli.py builds it."""
+"""`fedasync simulate` and `advise`, via the parser of services/commands/cli.py."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from fedasync.sim.cli import register
+from fedasync.services.commands.cli import build_parser
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedasync")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return int(args.handler(args))
 
 

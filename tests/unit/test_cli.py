@@ -238,3 +238,53 @@ def test_a_reader_that_went_away_is_no_traceback_and_not_a_meaningful_exit_code(
         os.close(write_end)
     assert result.returncode == 141
     assert "Traceback" not in result.stderr
+
+
+#: what reading the arguments of `fedasync` may not import: each costs a share of the ~2 s of CPU
+#: that running a command takes, which `--help` or a typo never needs
+HEAVY = ("numpy", "torch", "redis", "aiohttp", "pydantic", "asyncio", "rich", "matplotlib")
+#: the arguments of `up` and `simulate` come from the settings' and the simulator config's
+#: pydantic models (the policy flags from the core's schema), which import numpy through the
+#: task names: still none of the services' network libraries, nor torch
+SETTINGS_ONLY = ("torch", "redis", "aiohttp", "rich", "matplotlib")
+
+
+def modules_imported_by(argv: list[str]) -> set[str]:
+    """The heavy modules a fresh interpreter has imported once `fedasync ARGV` parsed its
+    arguments (and exited, as `--help` and a typo do)."""
+    code = (
+        "import sys\n"
+        "from fedasync.services.commands.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        f"print('IMPORTED', *sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True
+    )
+    line = next(line for line in result.stderr.splitlines() if line.startswith("IMPORTED"))
+    return set(line.split()[1:])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"], ["frobnicate"], ["ledger", "--help"], ["aggregator", "--help"]],
+)
+def test_help_and_a_typo_import_no_heavy_library(argv: list[str]) -> None:
+    assert modules_imported_by(argv) == set()
+
+
+@pytest.mark.parametrize("argv", [["up", "--help"], ["simulate", "--help"], ["up", "--devcies"]])
+def test_a_commands_help_imports_its_settings_and_no_service_library(argv: list[str]) -> None:
+    imported = modules_imported_by(argv)
+    assert "pydantic" in imported  # the flags are built from the settings, as they should be
+    assert imported.isdisjoint(SETTINGS_ONLY)
+
+
+def test_every_command_is_listed_and_only_the_one_typed_is_built() -> None:
+    full = build_parser()
+    lean = build_parser(["ledger", "export"])
+    for parser in (full, lean):
+        commands = next(a for a in parser._actions if a.dest == "command")
+        assert set(commands.choices) >= {"up", "simulate", "advise", "devices", "chaos", "acl"}
+    assert lean.parse_args(["ledger", "export"]).ledger_command == "export"
+    assert full.parse_args(["simulate", "--preset", "iid-longtail"]).preset == "iid-longtail"

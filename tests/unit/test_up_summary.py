@@ -8,8 +8,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from fedasync.services.commands.up.report import describe_fairness, print_summary
+from fedasync.services.commands.up.report import (
+    describe_fairness,
+    nothing_applied,
+    print_summary,
+    refusals,
+)
 from fedasync.services.commands.up.summary import fairness, summarize
+from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.evaluations import EvaluationRecord
 
 
@@ -105,3 +111,76 @@ def test_every_client_under_the_fairness_rate_is_alerted_or_says_why_not() -> No
     )
     off = fairness(clients, [], min_rate=0.1, decisions=20, enabled=False)
     assert {c["why"] for c in off["below_rate_not_alerted"]} == {"the fairness rule is disabled"}
+
+
+def run_summary(ledger: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+    curve = kwargs.pop("curve", [])
+    return summarize(ledger, curve, started_at=0.0, wall_seconds=60.0, **kwargs)
+
+
+def shown_summary(summary: dict[str, Any]) -> str:
+    console = Console(record=True, width=400)
+    print_summary(console, summary, Path("runs/x"))
+    return console.export_text()
+
+
+def test_rejections_and_dead_letters_are_shown_with_their_reasons() -> None:
+    ledger = [decision(1.0, "applied", "a", 0, version=1)] + [
+        decision(2.0, "rejected", "b", 0, version=1, reason="shape_mismatch") for _ in range(3)
+    ]
+    dead = {"shape_mismatch": 3, "malformed": 2}  # every refusal is a dead letter
+    summary = run_summary(ledger, ended_by="max_updates", dead_letters=5, dead_letter_reasons=dead)
+    assert summary["dead_letter_reasons"] == {"malformed": 2, "shape_mismatch": 3}
+    shown = shown_summary(summary)
+    assert "3 rejected (3 shape_mismatch)" in shown
+    assert "5 dead letters (3 shape_mismatch, 2 malformed)" in shown
+    assert refusals(summary) == (
+        "3 rejected (3 shape_mismatch), 2 refused before a decision (2 malformed)"
+    )
+
+
+def test_a_run_that_applied_nothing_says_why_and_what_to_do(tmp_path: Path) -> None:
+    settings = load_settings(budget={"max_seconds": 20.0})
+    early = run_summary([], ended_by="max_seconds", dead_letters=0)
+    said = nothing_applied(early, settings, tmp_path)
+    assert said is not None
+    assert said.startswith("the budget of 20 s ran out before any device's first update")
+    assert "--max-seconds" in said
+    refused = run_summary(
+        [decision(2.0, "rejected", "b", 0, reason="non_finite")],
+        ended_by="max_updates",
+        dead_letters=1,
+        dead_letter_reasons={"non_finite": 1},
+    )
+    assert nothing_applied(refused, settings, tmp_path) == (
+        "no update was applied: 1 rejected (1 non_finite) (summary.json, the ledger)"
+    )
+    assert nothing_applied(run_summary([decision(1.0, "applied", "a", 0)],
+                                       ended_by="max_updates", dead_letters=0),
+                           settings, tmp_path) is None  # fmt: skip
+
+
+def test_tau_is_shown_for_applied_updates_and_for_all_decided_labelled() -> None:
+    ledger = [
+        decision(1.0, "applied", "a", 1, version=1),
+        decision(2.0, "applied", "a", 2, version=2),
+        decision(3.0, "dropped", "slow", 40, version=2, reason="stale"),
+    ]
+    summary = run_summary(ledger, ended_by="max_updates", dead_letters=0)
+    assert summary["tau_applied"]["max"] == 2
+    assert summary["tau"]["max"] == 40
+    shown = shown_summary(summary)
+    assert "τ of applied, p50 / p95 / max  │ 2 / 2 / 2" in shown
+    assert "τ of all decided (dropped too) │ 2 / 36 / 40" in shown
+
+
+def test_a_class_the_model_has_not_learned_is_flagged_in_one_line() -> None:
+    per_class = {"0": 0.9, "1": 0.95, "2": 0.0}
+    curve = [EvaluationRecord(2, 2.0, 2.1, 0.6, 0.62, 50, 0.62, per_class)]
+    ledger = [decision(1.0, "applied", "a", 0, version=1)]
+    summary = run_summary(ledger, ended_by="max_updates", dead_letters=0, curve=curve)
+    assert summary["final"]["lagging_classes"] == [
+        {"class": "2", "accuracy": 0.0, "others_median": 0.925}
+    ]
+    [row] = [line for line in shown_summary(summary).splitlines() if "not learned" in line]
+    assert "class 2 at 0.00 (the others' median 0.93): the model has not learned it" in row

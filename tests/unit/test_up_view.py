@@ -56,3 +56,16 @@ def test_once_decisions_come_the_figures_show_the_summary_s_rate() -> None:
     assert "starting" not in line
     assert "applied/s 12.3" in line  # shared/stats.py AppliedRate, as in the summary
     assert "decided/s (last 30 s) 0.8" in line
+
+
+def test_the_plain_line_shows_a_pause_and_the_switches_as_the_live_view_does() -> None:
+    running = status(25, version=20, switches_on=["raise-gamma"])
+    policy = {"paused": True, "ingest_paused": False}
+    line = view.line(running, 40.0, 10, 10, policy)
+    assert line.endswith("  on: aggregation paused, raise-gamma")
+    assert view.line(status(25, version=20), 40.0, 10, 10, {"paused": False}).count(" on: ") == 0
+    drawn = shown(view.render(running, [], 40.0, [], 10, 10, policy))
+    [row] = [text for text in drawn.splitlines() if "switched on" in text]
+    assert row.split() == ["switched", "on", "aggregation", "paused,", "raise-gamma"]
+    alert = {"id": "1-0", "rule": "fairness", "message": "device-3 under 10%"}
+    assert view.alert_line(alert) == "alert [fairness] device-3 under 10%"

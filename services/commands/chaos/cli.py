@@ -81,11 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the `chaos` subcommand to the `fedasync` parser."""
-    chaos = commands.add_parser(
-        "chaos", help="inject faults into real services and check that no update is lost"
-    )
+def add_command(chaos: argparse.ArgumentParser) -> None:
+    """The arguments and handler of `fedasync chaos`."""
     add_arguments(chaos)
     chaos.set_defaults(handler=handle)
 

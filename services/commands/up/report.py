@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ from rich.table import Table
 from fedasync.services.commands.up import plots
 from fedasync.services.commands.up.summary import fairness, summarize
 from fedasync.services.commands.up.view import num
-from fedasync.services.runtime.redis_conn import connect, get_bytes
+from fedasync.services.runtime.redis_conn import as_text, connect, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations, ledger
 from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.keys import Keys
+from fedasync.shared.per_class import describe_lagging, lagging_classes
 
 
 async def write_run_folder(
@@ -32,7 +34,7 @@ async def write_run_folder(
     try:
         records = [r async for r in ledger.records(redis, keys)]
         curve = await evaluations.all_records(redis, keys)
-        dead_letters = int(await redis.xlen(keys.deadletter))
+        dead: Any = await redis.xrange(keys.deadletter)
         started = await get_bytes(redis, keys.started)
         raised: Any = await redis.xrange(keys.alerts)
     finally:
@@ -44,14 +46,16 @@ async def write_run_folder(
         records,
         curve,
         ended_by=ended_by,
-        dead_letters=dead_letters,
+        dead_letters=len(dead),
         started_at=started_at,
         wall_seconds=wall_seconds,
+        dead_letter_reasons=Counter(as_text(fields.get(b"reason", b"?")) for _, fields in dead),
     )
     summary |= extra
     summary["problems"] = list(summary.get("problems", []))
-    if summary["updates"]["applied"] == 0 and ended_by != "interrupted":
-        summary["problems"].append("no update was applied (see the dead letters and the logs)")
+    nothing = nothing_applied(summary, settings, out)
+    if nothing is not None and ended_by != "interrupted":
+        summary["problems"].append(nothing)
     summary["alerts"] = [alert_record(entry_id, fields) for entry_id, fields in raised]
     control = settings.control
     summary["fairness"] = fairness(
@@ -73,6 +77,45 @@ async def write_run_folder(
     summary["plots"] = [name for name in images if name is not None]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
+
+
+def nothing_applied(summary: dict[str, Any], settings: Settings, out: Path) -> str | None:
+    """Why a run applied no update, in the words of what to do about it; None if it applied
+    some. A budget that ran out before any device's first update is not a fault in the logs."""
+    updates = summary["updates"]
+    if updates["applied"] > 0:
+        return None
+    if updates["decided"] == 0 and updates["dead_letters"] == 0:
+        if summary["ended_by"] == "max_seconds":
+            return (
+                f"the budget of {settings.budget.max_seconds:g} s ran out before any device's "
+                "first update was decided: each device loads its data, fetches version 0 and "
+                "trains once first (about half a minute with the defaults), so nothing is in the "
+                "logs to look for; give a longer --max-seconds (FEDASYNC_BUDGET__MAX_SECONDS)"
+            )
+        return f"no device's update reached the aggregator: see the workers' logs in {out / 'logs'}"
+    refused = refusals(summary)
+    return f"no update was applied: {refused or 'every one was dropped'} (summary.json, the ledger)"
+
+
+def refusals(summary: dict[str, Any]) -> str:
+    """Every refusal by reason: the core's rejections (the ledger's) and what was refused before
+    the core decided (the dead letters beyond those), e.g. `921 rejected (921 shape_mismatch)`."""
+    rejected = summary.get("reasons", {}).get("rejected", {})
+    dead = dict(summary.get("dead_letter_reasons", {}))
+    for reason, count in rejected.items():  # the core's rejections are dead letters too
+        dead[reason] = dead.get(reason, 0) - count
+    before = {reason: count for reason, count in dead.items() if count > 0}
+    parts = []
+    if rejected:
+        parts.append(f"{sum(rejected.values())} rejected ({_by_reason(rejected)})")
+    if before:
+        parts.append(f"{sum(before.values())} refused before a decision ({_by_reason(before)})")
+    return ", ".join(parts)
+
+
+def _by_reason(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda c: -c[1]))
 
 
 def _write_curve(curve: list[evaluations.EvaluationRecord], path: Path) -> None:
@@ -101,23 +144,34 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     if final.get("per_class"):
         per_class = "  ".join(f"{c}: {v:.2f}" for c, v in final["per_class"].items())
         table.add_row("per class", per_class)
+    lagging = describe_lagging(lagging_classes(final.get("per_class") or {}))
+    if lagging and updates["applied"] > 0:  # the initial model's classes say nothing
+        table.add_row("[yellow]class not learned[/yellow]", escape(lagging))
     dropped = summary.get("reasons", {}).get("dropped", {})
     why = f" ({', '.join(f'{n} {r}' for r, n in sorted(dropped.items()))})" if dropped else ""
+    rejected = summary.get("reasons", {}).get("rejected", {})
+    rejected_why = f" ({_by_reason(rejected)})" if rejected else ""
+    dead = summary.get("dead_letter_reasons", {})
+    dead_why = f" ({_by_reason(dead)})" if dead else ""
     table.add_row(
         "updates",
         f"{updates['applied']} applied, {updates['dropped']} dropped{why}, "
-        f"{updates['rejected']} rejected, {updates['duplicate']} duplicates, "
-        f"{updates['dead_letters']} dead letters",
+        f"{updates['rejected']} rejected{rejected_why}, {updates['duplicate']} duplicates, "
+        f"{updates['dead_letters']} dead letters{dead_why}",
     )
     table.add_row(
         "applied per second",
         f"{num(summary['applied_per_second'], 1)} (from the first applied update to the last)",
     )
-    tau, alpha = summary["tau"], summary["alpha"]
-    table.add_row(
-        "τ p50 / p95 / max",
-        f"{num(tau['p50'], 0)} / {num(tau['p95'], 0)} / {num(tau['max'], 0)}",
-    )
+    alpha = summary["alpha"]
+    for label, tau in (
+        ("τ of applied, p50 / p95 / max", summary.get("tau_applied")),
+        ("τ of all decided (dropped too)", summary["tau"]),
+    ):
+        if tau is not None:
+            table.add_row(
+                label, f"{num(tau['p50'], 0)} / {num(tau['p95'], 0)} / {num(tau['max'], 0)}"
+            )
     table.add_row("α p50 / p95", f"{num(alpha['p50'], 3)} / {num(alpha['p95'], 3)}")
     worst = summary["clients"][:5]
     table.add_row(

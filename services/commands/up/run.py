@@ -36,6 +36,7 @@ from fedasync.services.commands.up.plan import (
     worker_specs,
 )
 from fedasync.services.commands.up.report import print_summary, write_run_folder
+from fedasync.services.runtime.entry import EXIT_SETTINGS
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
 from fedasync.services.runtime.settings import ENV_PREFIX, Settings
@@ -66,6 +67,11 @@ class Monitor:
         #: when every worker was first seen stopped while training was not done
         self._workers_gone_at: float | None = None
         self.alerts: list[dict[str, Any]] = []
+        #: the policy in force (its pause fields), read again when its version changes
+        self.policy: dict[str, Any] | None = None
+        self._policy_version: int | None = None
+        #: alerts already printed by the plain view
+        self._printed_alerts: set[str] = set()
 
     def workers_running(self) -> int:
         """Device processes started and not exited (start-up shows how many there are)."""
@@ -79,14 +85,21 @@ class Monitor:
             name = child.spec.name
             if name in self._reported:
                 continue
-            problem = (
-                f"{name} crashed with exit code {child.process.returncode}; "
-                f"see {child.log_path}:\n{child.log_tail(8)}"
-            )
+            code = child.process.returncode
+            # exit code 2 says it in its last line (bad settings, a task's code that failed),
+            # the traceback above it in the log; any other death shows the log's tail
+            tail = child.log_tail(1 if code == EXIT_SETTINGS else 8)
+            problem = f"{name} crashed with exit code {code}; see {child.log_path}:\n{tail}"
             self._reported.add(name)
             self.problems.append(problem)
             noted.append(name)
         return noted
+
+    def new_alerts(self) -> list[dict[str, Any]]:
+        """The alerts not printed yet, oldest first (the plain view prints each once)."""
+        fresh = [a for a in reversed(self.alerts) if str(a.get("id")) not in self._printed_alerts]
+        self._printed_alerts.update(str(a.get("id")) for a in fresh)
+        return fresh
 
     def _get(self, path: str) -> Any:
         request = urllib.request.Request(self.base + path, headers=self.headers)
@@ -100,6 +113,11 @@ class Monitor:
         """One look at the run; the reason training ended once it has (and was evaluated)."""
         self.status = self._get("/v1/status") or self.status
         self.alerts = self._get("/v1/alerts?count=3") or self.alerts
+        version = (self.status or {}).get("policy_version")
+        if version is not None and version != self._policy_version:
+            read = self._get("/v1/policy")
+            if read is not None:
+                self.policy, self._policy_version = read.get("policy"), version
         crashed = self.report_crashes()
         if any(name in SERVICES for name in crashed):
             raise ChildFailed(self.problems[-1])
@@ -156,6 +174,7 @@ def _watch(
                         monitor.problems,
                         monitor.workers_running(),
                         len(monitor.workers),
+                        monitor.policy,
                     )
                 )
                 if reason is not None:
@@ -166,10 +185,16 @@ def _watch(
         elapsed = time.monotonic() - started
         if monitor.status is not None and (reason or elapsed - last_line >= PLAIN_EVERY_S):
             shown = view.line(
-                monitor.status, elapsed, monitor.workers_running(), len(monitor.workers)
+                monitor.status,
+                elapsed,
+                monitor.workers_running(),
+                len(monitor.workers),
+                monitor.policy,
             )
             console.print(shown, highlight=False, soft_wrap=True)
             last_line = elapsed
+        for alert in monitor.new_alerts():  # each once, as it comes
+            console.print(escape(view.alert_line(alert)), highlight=False, soft_wrap=True)
         if reason is not None:
             return reason
         interrupts.sleep(REFRESH_S)

@@ -7,11 +7,12 @@ authority (every decision, in commit order); the curve says how good the model g
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.shared.acceptance import acceptance_rows, count_acceptance
+from fedasync.shared.per_class import lagging_classes
 from fedasync.shared.stats import AppliedRate, stats
 
 
@@ -23,7 +24,10 @@ def summarize(
     dead_letters: int,
     started_at: float | None,
     wall_seconds: float,
+    dead_letter_reasons: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
+    """`dead_letter_reasons`: the dead-letter stream's entries counted by reason (every refusal
+    is one; the core's rejections are in the ledger too, with the same reasons)."""
     outcomes = Counter(r["outcome"] for r in records)
     reasons: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for r in records:
@@ -31,6 +35,7 @@ def summarize(
             reasons[r["outcome"]][str(r["reason"])] += 1
     applied = [r for r in records if r["outcome"] == "applied"]
     taus = [float(r["tau"]) for r in records if r.get("tau") is not None]
+    taus_applied = [float(r["tau"]) for r in applied if r.get("tau") is not None]
     alphas = [float(r["alpha"]) for r in applied if r.get("alpha") is not None]
     training_s = None
     if applied and started_at is not None:
@@ -52,9 +57,11 @@ def summarize(
             "dead_letters": dead_letters,
         },
         "reasons": {outcome: dict(counts) for outcome, counts in sorted(reasons.items())},
+        "dead_letter_reasons": dict(sorted((dead_letter_reasons or {}).items())),
         "training_seconds": training_s,
         "applied_per_second": rate.per_second,
-        "tau": stats(taus),
+        "tau": stats(taus),  # every decision with a τ: dropped ones too
+        "tau_applied": stats(taus_applied),
         "alpha": stats(alphas),
         "final": None
         if final is None
@@ -64,6 +71,7 @@ def summarize(
             "accuracy": final.accuracy,
             "loss": final.loss,
             "per_class": final.per_class,
+            "lagging_classes": [c.to_dict() for c in lagging_classes(final.per_class)],
         },
         "evaluations": len(curve),
         "clients": acceptance_rows(count_acceptance(records)),

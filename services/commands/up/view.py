@@ -74,11 +74,36 @@ def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def line(status: dict[str, Any], elapsed: float, devices_running: int = 0, devices: int = 0) -> str:
+def switched_on(status: dict[str, Any], policy: dict[str, Any] | None = None) -> list[str]:
+    """What an operator (or a rule) turned on: a pause of aggregation or of ingest (policy
+    fields) and the switches, so that neither view hides why nothing is being applied."""
+    shown = []
+    if (policy or {}).get("paused"):
+        shown.append("aggregation paused")
+    if (policy or {}).get("ingest_paused"):
+        shown.append("ingest paused")
+    return shown + list(status.get("switches_on") or [])
+
+
+def line(
+    status: dict[str, Any],
+    elapsed: float,
+    devices_running: int = 0,
+    devices: int = 0,
+    policy: dict[str, Any] | None = None,
+) -> str:
+    """The plain progress line (`--no-live`): the live view's figures and what is switched on."""
+    on = switched_on(status, policy)
+    suffix = f"  on: {', '.join(on)}" if on else ""
     if starting(status):
-        return f"[{elapsed:5.0f} s] " + waiting_for(status, devices_running, devices)
+        return f"[{elapsed:5.0f} s] " + waiting_for(status, devices_running, devices) + suffix
     parts = [f"{name} {value}" for name, value in figures(status)]
-    return f"[{elapsed:5.0f} s] " + "  ".join(parts)
+    return f"[{elapsed:5.0f} s] " + "  ".join(parts) + suffix
+
+
+def alert_line(alert: dict[str, Any]) -> str:
+    """An alert as both views show it."""
+    return f"alert [{alert.get('rule')}] {alert.get('message')}"
 
 
 def render(
@@ -88,6 +113,7 @@ def render(
     problems: list[str],
     devices_running: int = 0,
     devices: int = 0,
+    policy: dict[str, Any] | None = None,
 ) -> Group:
     table = Table(show_header=False, box=None, padding=(0, 2))
     if status is None:
@@ -98,15 +124,15 @@ def render(
     else:
         for name, value in figures(status):
             table.add_row(name, Text(value, style="bold"))
-        switches = status.get("switches_on") or []
-        table.add_row("switches on", Text(", ".join(switches) or "none", style="yellow"))
+        on = switched_on(status, policy)
+        table.add_row("switched on", Text(", ".join(on) or "none", style="yellow"))
         if status.get("stream_length") is not None:
             table.add_row(
                 "lag", f"{status.get('lag', 0)} entries, {status.get('pending', 0)} pending"
             )
     parts: list[Any] = [Text(f"fedasync up · {elapsed:.0f} s", style="bold cyan"), table]
     for alert in alerts[:3]:
-        parts.append(Text(f"alert [{alert.get('rule')}] {alert.get('message')}", style="red"))
+        parts.append(Text(alert_line(alert), style="red"))
     for problem in problems:
         parts.append(Text(problem, style="bold red"))
     return Group(*parts)
