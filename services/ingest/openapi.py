@@ -81,8 +81,8 @@ def spec() -> dict[str, Any]:
         "503": _json(
             _ERROR,
             (
-                "Redis unavailable or full; for a POST also ingest paused or its budget of unverified"
-                " bytes spent (unverified_budget); Retry-After"
+                "Redis unavailable or full; for a POST also ingest paused or its budget of"
+                " unverified bytes spent (unverified_budget); Retry-After"
             ),
         ),
     }
