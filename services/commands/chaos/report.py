@@ -325,8 +325,9 @@ def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
 
     out = [
         "| durable mode | fault | faults | acknowledged (run) | lost | decided twice (run) "
-        "| versions moved back | next commit after the fault, s (median / max) | checks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| versions moved back | promotion, s (median / max) "
+        "| next commit after the fault, s (median / max) | checks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         for how, name in (("kill", "kill -9 of the primary"), ("pause", "pause, then resume")):
@@ -341,6 +342,7 @@ def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
                 sum(f.get("lost", 0) for f in rows),
                 s["duplicated"] + s["entries_decided_twice"],
                 sum(f["moved_back"] for f in rows),
+                spread([f["promoted_s"] for f in rows]),
                 spread([f.get("first_commit_s") for f in rows]),
                 "pass" if s["ok"] else "FAIL",
             ]
