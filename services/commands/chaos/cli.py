@@ -72,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compose.add_argument(
         "--durable-replicas",
         type=int,
-        default=1,
-        help="with --ha: FEDASYNC_REDIS__DURABLE_REPLICAS (default 1; 0: durable mode off)",
+        default=None,
+        help="with --ha: FEDASYNC_REDIS__DURABLE_REPLICAS (default: unset, as shipped: on with "
+        "the Sentinels; 0: durable mode off)",
     )
     compose.add_argument(
         "--keep",
