@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
-from fedasync.services.runtime.redis_conn import connect, retrying
+from fedasync.services.runtime.redis_conn import FailoverError, connect, retrying
 from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.acl import (
@@ -245,6 +245,36 @@ async def test_a_command_in_flight_on_a_paused_primary_fails_once_the_sentinels_
     finally:
         await client.aclose()
         await asyncio.to_thread(group.wait_settled, SETTLED_WITHIN_S)
+
+
+@pytest.mark.asyncio
+async def test_a_new_connection_to_a_server_that_is_no_primary_is_refused_as_a_failover(
+    group: ReplicatedRedis,
+) -> None:
+    """The role check on every new connection: the Sentinels' answer can be a moment old (the
+    server they named has been demoted since). A read there would answer, from a replica, with
+    whatever it holds; the connection asks the server's role first (HELLO) and refuses it as a
+    failover, transient, so the retry asks the Sentinels again. The stale answer is made by
+    handing the pool a replica's address instead of the Sentinels' reply."""
+    settings = as_user(group, "snapshot")
+    client = connect(settings.redis)
+    primary = group.primary_port()
+    replica = next(
+        group.address(s)
+        for s in group.servers
+        if s.process is not None and group.address(s) != primary
+    )
+    assert group.replication(replica)["role"] == "slave"  # a replica, answering
+
+    async def named_a_moment_ago() -> tuple[str, int]:
+        return "127.0.0.1", replica
+
+    client.connection_pool.get_master_address = named_a_moment_ago  # type: ignore[method-assign]
+    try:
+        with pytest.raises(FailoverError, match="not as the primary"):
+            await client.get(KEYS.version)
+    finally:
+        await client.aclose()
 
 
 def _text(value: Any) -> str:
