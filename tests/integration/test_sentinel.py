@@ -226,7 +226,9 @@ async def test_a_command_in_flight_on_a_paused_primary_fails_once_the_sentinels_
         await asyncio.to_thread(wait_subscribed, group)
         group.pause(frozen)
         paused_at = time.monotonic()
-        in_flight = asyncio.create_task(client.xadd(KEYS.updates, {"m": b"in flight"}))
+        in_flight: asyncio.Future[Any] = asyncio.ensure_future(
+            client.xadd(KEYS.updates, {"m": b"in flight"})
+        )
         new, _ = await asyncio.to_thread(group.wait_promoted, old, PROMOTED_WITHIN_S)
         # the fault happened: frozen past down-after, and a replica promoted meanwhile
         assert time.monotonic() - paused_at > group.topology.down_after_ms / 1000
@@ -269,7 +271,8 @@ async def test_a_new_connection_to_a_server_that_is_no_primary_is_refused_as_a_f
     async def named_a_moment_ago() -> tuple[str, int]:
         return "127.0.0.1", replica
 
-    client.connection_pool.get_master_address = named_a_moment_ago  # type: ignore[method-assign]
+    pool: Any = client.connection_pool  # a WatchedSentinelPool
+    pool.get_master_address = named_a_moment_ago
     try:
         with pytest.raises(FailoverError, match="not as the primary"):
             await client.get(KEYS.version)
