@@ -4,7 +4,9 @@ For the failover test and `fedasync chaos --profile failover`: each server and e
 its own `redis-server` process with its own directory and free port (servers through
 `RedisServer`, AOF fsynced at every write as everywhere else), so a kill -9 of the primary is what
 it would be on a host of its own: the Sentinels notice, agree, promote the replica with the most
-data, repoint the others, and turn the old primary into a replica once it is started again.
+data, repoint the others, and turn the old primary into a replica once it is started again. A
+SIGSTOP (`pause`) is a host frozen instead (a VM paused, a stall, a partition): its connections
+stay open, and after `resume` it takes itself for the primary until the Sentinels demote it.
 
 Each server can be given an address in front of it (`fronts`: a port that forwards to it, such as
 the chaos harness's replica links, services/commands/chaos/links.py): the others, Sentinels and
