@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind, Profile, build_schedule
+from fedasync.services.commands.chaos.schedule import (
+    PROFILES,
+    REPLICATED_ONLY,
+    FaultKind,
+    Profile,
+    build_schedule,
+)
 from fedasync.services.stores.exactly_once import Decided, check
 
 
@@ -122,7 +128,7 @@ def test_the_failover_profile_kills_and_pauses_the_primary_four_times_each() -> 
     assert failover.replica_lag_ms > 0
     assert failover.durable_replicas == 0  # `fedasync chaos` runs it off, on and as shipped
     assert not any(
-        kind in (FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY)
+        kind in REPLICATED_ONLY
         for name, profile in PROFILES.items()
         if name != "failover"
         for kind, n in profile.faults

@@ -48,7 +48,7 @@ import redis
 
 from fedasync.services.commands.chaos.proxy import Stall, StallMode
 from fedasync.services.commands.chaos.restarts import RestartCheck, compare, read_marks
-from fedasync.services.commands.chaos.schedule import Fault, FaultKind
+from fedasync.services.commands.chaos.schedule import REPLICATED_ONLY, Fault, FaultKind
 from fedasync.services.commands.chaos.slow_clients import SlowClients
 from fedasync.services.commands.chaos.system import (
     AGGREGATOR,
@@ -214,7 +214,7 @@ class Injector:
         if fault.kind is FaultKind.SECOND_AGGREGATOR:
             self._second_aggregator(fault, now)
             return
-        if fault.kind in (FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY):
+        if fault.kind in REPLICATED_ONLY:
             self._failover(fault, now)
             return
         if fault.kind is FaultKind.SLOW_CLIENTS:

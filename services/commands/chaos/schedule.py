@@ -37,6 +37,9 @@ class FaultKind(StrEnum):
     PAUSE_PRIMARY = "pause_primary"
 
 
+#: the losses of a replicated Redis's primary: only a replicated profile has a replica to promote
+REPLICATED_ONLY = frozenset({FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY})
+
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
 #: happens within moments (services/commands/chaos/proxy.py names them)
 STALLED_COMMANDS = ("XREADGROUP", "EVALSHA", "GET", "XPENDING", "EXISTS", "XINFO GROUPS", "XLEN")
