@@ -28,7 +28,7 @@ from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.commands.cli import build_parser
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.ingest.metrics import IngestMetrics
-from fedasync.services.runtime.redis_sentinel import sentinel_conf
+from fedasync.services.runtime.redis_sentinel import SHIPPED_MIN_REPLICAS_MAX_LAG_S, sentinel_conf
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
 from fedasync.services.snapshot.app import SnapshotMetrics
 from fedasync.services.stores.acl import (
@@ -813,7 +813,8 @@ def test_a_task_of_ones_own_can_be_built_into_both_images() -> None:
 
 
 # ------------------------------------------------------------- Redis under Sentinel (`ha`)
-HA = {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
+REPLICAS = ("redis-replica", "redis-replica-2")
+HA = {*REPLICAS, "sentinel-1", "sentinel-2", "sentinel-3"}
 SENTINELS = sorted(name for name in HA if name.startswith("sentinel-"))
 SENTINEL_TEMPLATE = ROOT / "docker" / "redis" / "sentinel.conf"
 SENTINEL_USERS = ROOT / "docker" / "redis" / "sentinel-users.acl"
@@ -840,30 +841,62 @@ def test_the_ha_profile_adds_a_replica_and_three_sentinels_that_nothing_else_nee
         assert not published(name), f"{name}: nothing of Redis faces the host"
 
 
-def test_the_replica_is_the_primary_s_server_following_it() -> None:
-    primary, replica = argv(SERVICES["redis"]), argv(SERVICES["redis-replica"])
+@pytest.mark.parametrize("name", REPLICAS)
+def test_each_replica_is_the_primary_s_server_following_it(name: str) -> None:
+    """Two replicas: with min-replicas-to-write 1, the loss of one does not stop writes."""
+    primary, replica = argv(SERVICES["redis"]), argv(SERVICES[name])
     assert replica[: len(primary)] == primary  # ACL file, AOF, limits, replication user
     assert replica[len(primary) :] == [
         "--replicaof",
         "redis",
         "6379",
         "--replica-announce-ip",
-        "redis-replica",
+        name,
     ]
     command = " ".join(SERVICES["redis"]["command"])
-    # either may be the primary: each logs in to the other as `replica`, and durable mode's
-    # min-replicas-to-write follows the services' FEDASYNC_REDIS__DURABLE_REPLICAS
+    # either may be the primary: each logs in to the other as `replica`
     assert "--masteruser replica --masterauth ${REDIS_PASSWORD_REPLICA}" in command
-    assert "--min-replicas-to-write ${FEDASYNC_REDIS__DURABLE_REPLICAS:-0}" in command
-    assert environment("redis-replica") == environment("redis")
-    assert bind_mounts("redis-replica") == bind_mounts("redis")
-    assert "redis-replica-data:/data" in SERVICES["redis-replica"]["volumes"]
+    assert environment(name) == environment("redis")
+    assert bind_mounts(name) == bind_mounts("redis")
+    assert f"{name}-data:/data" in SERVICES[name]["volumes"]
+
+
+def test_durable_mode_is_on_by_default_once_the_sentinels_are_set() -> None:
+    """The services' durable mode is left to its default (on with Sentinels) unless set, and
+    the servers' min-replicas-to-write follows it: the services' value, else 1 with the
+    Sentinels, else none (the entrypoint reads an empty value as 0)."""
+    assert environment("aggregator")["FEDASYNC_REDIS__DURABLE_REPLICAS"] == (
+        "${FEDASYNC_REDIS__DURABLE_REPLICAS:-}"
+    )
+    assert environment("redis")["REDIS_MIN_REPLICAS_TO_WRITE"] == (
+        "${FEDASYNC_REDIS__DURABLE_REPLICAS:-${FEDASYNC_REDIS__SENTINELS:+1}}"
+    )
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+@pytest.mark.parametrize(
+    ("value", "added"),
+    [
+        ("", ""),
+        ("0", ""),
+        ("1", " --min-replicas-to-write 1 --min-replicas-max-lag 4"),
+        ("2", " --min-replicas-to-write 2 --min-replicas-max-lag 4"),
+    ],
+)
+def test_redis_entrypoint_adds_min_replicas_to_write_with_a_lag_below_down_after(
+    tmp_path: Path, value: str, added: str
+) -> None:
+    env = {u.password_variable: f"{u.name}-password-0123456789" for u in all_users("fedasync")}
+    result = render_acl(tmp_path, env | {"REDIS_MIN_REPLICAS_TO_WRITE": value})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"started: redis-server --aclfile {tmp_path / 'users.acl'}{added}\n"
+    assert SHIPPED_MIN_REPLICAS_MAX_LAG_S == 4 < COMPOSE_SENTINEL["down_after_ms"] / 1000
 
 
 def test_every_password_the_acl_file_names_reaches_the_redis_containers() -> None:
     named = set(re.findall(r"\$\{(REDIS_PASSWORD_\w+)\}", ACL_TEMPLATE.read_text()))
     assert {"REDIS_PASSWORD_REPLICA", "REDIS_PASSWORD_SENTINEL"} <= named
-    for name in ("redis", "redis-replica"):
+    for name in ("redis", *REPLICAS):
         env = environment(name)
         for variable in named:
             assert env[variable].startswith("${" + variable + ":?"), (name, variable)
@@ -901,13 +934,15 @@ def test_the_services_ask_the_sentinels_only_when_the_shell_names_them() -> None
     assert shared["FEDASYNC_REDIS__SENTINELS"] == "${FEDASYNC_REDIS__SENTINELS:-}"
     assert shared["FEDASYNC_REDIS__SENTINEL_USERNAME"] == "discovery"
     assert shared["FEDASYNC_REDIS__SENTINEL_PASSWORD"] == "${REDIS_PASSWORD_DISCOVERY:-}"
-    assert shared["FEDASYNC_REDIS__DURABLE_REPLICAS"] == "${FEDASYNC_REDIS__DURABLE_REPLICAS:-0}"
+    # unset in the shell: the default, on with the Sentinels (test_durable_mode_is_on_by_default)
+    assert shared["FEDASYNC_REDIS__DURABLE_REPLICAS"] == "${FEDASYNC_REDIS__DURABLE_REPLICAS:-}"
     # the value the file's header tells to export names the three Sentinels
     [documented] = re.findall(r"FEDASYNC_REDIS__SENTINELS=(\S+)", COMPOSE_TEXT)
     settings = RedisSettings(sentinels=documented)
     assert sorted(host for host, _ in settings.sentinel_list) == SENTINELS
     assert {port for _, port in settings.sentinel_list} == {26379}
     assert RedisSettings(sentinels="").sentinels is None  # unset in the shell: no Sentinel
+    assert RedisSettings(sentinels=documented, durable_replicas="").durability.replicas == 1
 
 
 def run_sentinel_entrypoint(

@@ -52,4 +52,17 @@ if [ "$(id -u)" = 0 ] && id redis >/dev/null 2>&1; then
     chown redis:redis "$target.tmp" # the image's entrypoint drops to the redis user
 fi
 mv "$target.tmp" "$target"
+
+# Durable mode on the server (docker-compose.yml sets REDIS_MIN_REPLICAS_TO_WRITE: the services'
+# FEDASYNC_REDIS__DURABLE_REPLICAS, or 1 when Sentinels are configured): take a write only while
+# that many replicas acknowledged the replication stream within the last 4 s, below Sentinel's
+# down-after (5 s), so that a primary cut off from its replicas, or paused and resumed after
+# they moved on, refuses writes (NOREPLICAS) instead of acknowledging what the new primary
+# lacks. Empty or 0: none (a lone server). The figure 4 is SHIPPED_MIN_REPLICAS_MAX_LAG_S in
+# services/runtime/redis_sentinel.py, which the chaos harness runs the same way.
+min_replicas=${REDIS_MIN_REPLICAS_TO_WRITE:-0}
+case $min_replicas in '' | *[!0-9]*) fail "REDIS_MIN_REPLICAS_TO_WRITE: a number, not $min_replicas" ;; esac
+if [ "${1-}" = redis-server ] && [ "$min_replicas" -gt 0 ]; then
+    set -- "$@" --min-replicas-to-write "$min_replicas" --min-replicas-max-lag 4
+fi
 exec docker-entrypoint.sh "$@"

@@ -432,7 +432,7 @@ class Aggregator:
     async def _xreadgroup(self, start: str, count: int, block: int | None) -> Any:
         cfg = self.settings.aggregator
 
-        durable = self.settings.redis.durable_replicas > 0
+        durable = self.settings.redis.durability.replicas > 0
 
         async def xreadgroup(client: aioredis.Redis) -> Any:
             reply = await client.xreadgroup(

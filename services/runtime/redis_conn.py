@@ -14,8 +14,12 @@ follows it across a failover (redis-py's Sentinel pool). What a failover does to
 is classified here, once: besides a lost connection, the replies a server gives while it is being
 demoted, promoted or cut off from its replicas (`FAILOVER_CODES`) become `FailoverError`, a
 connection error, so every caller's `except TRANSIENT` and `retrying` treat them as transient and
-the next attempt goes to whichever server is the primary by then. Durable mode
-(`FEDASYNC_REDIS__DURABLE_REPLICAS`) is `replicated`: the write and a WAIT on one connection.
+the next attempt goes to whichever server is the primary by then. The client also hears of a
+failover from the Sentinels themselves (`+switch-master`) and closes its connections to the
+replaced primary at once, and checks that each new connection reaches a primary
+(services/runtime/primary_watch.py): a primary that froze and comes back after the failover
+finds nobody still writing to it. Durable mode (`FEDASYNC_REDIS__DURABLE_REPLICAS`; by default
+on with Sentinels) is `replicated`: the write and a WAIT on one connection.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fedasync.services.runtime.primary_watch import PrimaryWatch, hello_role
 from fedasync.services.runtime.settings import Durability, RedisSettings
 
 log = logging.getLogger(__name__)
@@ -124,7 +129,32 @@ class FailoverAwareUnixConnection(_FailoverAware, UnixDomainSocketConnection):
 
 
 class FailoverAwareSentinelConnection(_FailoverAware, SentinelManagedConnection):
-    pass
+    """A connection to the primary the Sentinels name, which it checks is one (`is_primary`):
+    a server demoted since they named it is refused as a failover, and asked about again."""
+
+    async def connect_to(self, address: Any) -> None:
+        await super().connect_to(address)  # type: ignore[no-untyped-call]
+        await self.send_command("HELLO", "2")
+        role = hello_role(await self.read_response())
+        if role != "master":
+            await self.disconnect()
+            raise FailoverError(
+                f"{self.host}:{self.port} answers as {role}, not as the primary the Sentinels "
+                "named: asking them again"
+            )
+
+
+class WatchedSentinelPool(SentinelConnectionPool):
+    """The pool of the primary's connections, closing those to a primary the Sentinels
+    replaced as soon as they announce it (services/runtime/primary_watch.py)."""
+
+    def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        self.watch = PrimaryWatch(self)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.watch.ensure_started()
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 _FAILOVER_AWARE: dict[type[AbstractConnection], type[AbstractConnection]] = {
@@ -144,8 +174,10 @@ class SentinelRedis(aioredis.Redis):
             if close_connection_pool is None
             else close_connection_pool
         )
-        await super().aclose(close_connection_pool)
         pool = self.connection_pool
+        if owns and isinstance(pool, WatchedSentinelPool):
+            await pool.watch.aclose()
+        await super().aclose(close_connection_pool)
         if owns and isinstance(pool, SentinelConnectionPool):
             await pool.sentinel_manager.aclose()
 
@@ -191,6 +223,7 @@ def _primary_of_sentinels(settings: RedisSettings, common: dict[str, Any]) -> ai
     primary: aioredis.Redis = sentinel.master_for(
         settings.master_name,
         redis_class=SentinelRedis,
+        connection_pool_class=WatchedSentinelPool,
         connection_class=FailoverAwareSentinelConnection,
         username=unquote(target.username) if target and target.username else None,
         password=unquote(target.password) if target and target.password else None,

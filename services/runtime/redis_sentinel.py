@@ -4,7 +4,9 @@ For the failover test and `fedasync chaos --profile failover`: each server and e
 its own `redis-server` process with its own directory and free port (servers through
 `RedisServer`, AOF fsynced at every write as everywhere else), so a kill -9 of the primary is what
 it would be on a host of its own: the Sentinels notice, agree, promote the replica with the most
-data, repoint the others, and turn the old primary into a replica once it is started again.
+data, repoint the others, and turn the old primary into a replica once it is started again. A
+SIGSTOP (`pause`) is a host frozen instead (a VM paused, a stall, a partition): its connections
+stay open, and after `resume` it takes itself for the primary until the Sentinels demote it.
 
 Each server can be given an address in front of it (`fronts`: a port that forwards to it, such as
 the chaos harness's replica links, services/commands/chaos/links.py): the others, Sentinels and
@@ -19,6 +21,7 @@ server loads the generated file (services/stores/acl.py): replicas log in to the
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +49,14 @@ from fedasync.services.stores.acl import (
 
 #: how often the group polls while it waits for Sentinel to act, seconds
 POLL_S = 0.05
+#: what the shipped HA configuration (compose's `ha` profile, docker/redis/entrypoint.sh) sets on
+#: every server: a primary takes a write only while one of its (two) replicas has acknowledged
+#: the replication stream within the last `SHIPPED_MIN_REPLICAS_MAX_LAG_S` seconds. Below
+#: Sentinel's down-after (5 s), so a primary cut off from its replicas (partitioned, or paused
+#: and resumed after its replicas moved on) refuses writes on its own before or as soon as the
+#: Sentinels replace it; with two replicas, losing one still leaves writes possible
+SHIPPED_MIN_REPLICAS_TO_WRITE = 1
+SHIPPED_MIN_REPLICAS_MAX_LAG_S = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +76,11 @@ class Topology:
     #: bounds each failover's steps; after one, no new failover of the same primary starts for
     #: twice this long (Sentinel's own rule), ms
     failover_timeout_ms: int = 3000
-    #: the servers' `min-replicas-to-write`: 0 (Redis's default), or durable mode's N
+    #: the servers' `min-replicas-to-write`: as shipped (`SHIPPED_MIN_REPLICAS_TO_WRITE`), or
+    #: 0 (Redis's default: a primary cut off from every replica goes on taking writes)
     min_replicas_to_write: int = 0
+    #: the servers' `min-replicas-max-lag`, seconds: a replica silent longer does not count
+    min_replicas_max_lag_s: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +256,7 @@ class ReplicatedRedis:
             args += ["--masteruser", REPLICA_USER, "--masterauth", self.auth.replica_password]
         if self.topology.min_replicas_to_write:
             args += ["--min-replicas-to-write", str(self.topology.min_replicas_to_write)]
+            args += ["--min-replicas-max-lag", str(self.topology.min_replicas_max_lag_s)]
         if server.port in self.fronts:
             args += ["--replica-announce-port", str(self.fronts[server.port])]
         if primary is not None:
@@ -270,6 +285,18 @@ class ReplicatedRedis:
         """SIGKILL: the host is gone, with whatever it had not yet sent to its replicas."""
         server.kill()
 
+    def pause(self, server: RedisServer) -> None:
+        """SIGSTOP: the host frozen (a VM paused, a long stall, a partition): its sockets stay
+        open, and whatever clients send it waits in them until `resume`."""
+        if server.process is not None:
+            server.process.send_signal(signal.SIGSTOP)
+
+    def resume(self, server: RedisServer) -> None:
+        """SIGCONT a paused server: it goes on as it was, a primary in its own eyes until the
+        Sentinels tell it otherwise."""
+        if server.process is not None:
+            server.process.send_signal(signal.SIGCONT)
+
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
         """Start a killed server again, as a replica of the primary the Sentinels name now; as
         the primary if they still name it (it came back before they promoted anyone)."""
@@ -281,6 +308,7 @@ class ReplicatedRedis:
         for sentinel in self.sentinels:
             sentinel.stop()
         for server in self.servers:
+            self.resume(server)  # a stopped process would not act on SIGTERM
             server.stop()
 
     # ------------------------------------------------------------------------------ queries

@@ -154,6 +154,11 @@ class Durability:
     timeout_ms: int = 1000
 
 
+#: durable mode's replicas when Sentinels are configured and FEDASYNC_REDIS__DURABLE_REPLICAS
+#: is not set: one of the (shipped: two) replicas must hold each acknowledged write
+DEFAULT_DURABLE_REPLICAS = 1
+
+
 class RedisSettings(Section):
     """Where the broker is and how patiently to talk to it."""
 
@@ -181,11 +186,13 @@ class RedisSettings(Section):
     sentinel_password: SecretStr | None = Field(
         None, description="that user's password on the Sentinels"
     )
-    durable_replicas: int = Field(
-        0,
+    durable_replicas: int | None = Field(
+        None,
         ge=0,
         description="durable mode: acknowledge an update, announce a version, only once WAIT "
-        "says this many replicas have it; 0: off (docs/architecture.md, Past one machine)",
+        "says this many replicas have it; 0: off; unset: 1 with Sentinels (a paused or "
+        "partitioned primary that comes back must not have acknowledged anything its "
+        "replicas lack), 0 without (docs/operations.md, Redis under Sentinel)",
     )
     durable_timeout_ms: int = Field(
         1000, ge=1, description="how long one WAIT for the replicas may take, ms"
@@ -200,7 +207,7 @@ class RedisSettings(Section):
 
     @model_validator(mode="after")
     def _wait_returns_before_the_socket_gives_up(self) -> RedisSettings:
-        if self.durable_replicas and self.durable_timeout_ms >= self.socket_timeout_s * 1000:
+        if self.durability.replicas and self.durable_timeout_ms >= self.socket_timeout_s * 1000:
             raise ValueError(
                 f"durable_timeout_ms ({self.durable_timeout_ms}) must stay below "
                 f"socket_timeout_s ({self.socket_timeout_s} s): WAIT blocks that long"
@@ -209,7 +216,13 @@ class RedisSettings(Section):
 
     @property
     def durability(self) -> Durability:
-        return Durability(self.durable_replicas, self.durable_timeout_ms)
+        """Durable mode as set, or by default: on (one replica) exactly when Sentinels are
+        configured, since a replicated deployment that fails over otherwise loses what an
+        isolated primary acknowledged."""
+        replicas = self.durable_replicas
+        if replicas is None:
+            replicas = DEFAULT_DURABLE_REPLICAS if self.sentinels is not None else 0
+        return Durability(replicas, self.durable_timeout_ms)
 
     @property
     def configured(self) -> bool:

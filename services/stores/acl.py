@@ -292,6 +292,8 @@ SENTINEL_USER = "sentinel"
 DISCOVERY_USER = "discovery"
 #: the channel Sentinels announce themselves on, through every server and every Sentinel
 SENTINEL_HELLO = "__sentinel__:hello"
+#: the channel a Sentinel announces a failover on (services/runtime/primary_watch.py listens)
+SWITCH_MASTER = "+switch-master"
 
 
 def server_users() -> tuple[User, ...]:
@@ -339,7 +341,8 @@ def sentinel_users() -> tuple[User, ...]:
         ),
         User(
             DISCOVERY_USER,
-            "the services asking where the primary (and its replicas) are, and nothing else",
+            "the services asking where the primary (and its replicas) are, and hearing of a "
+            "failover (`+switch-master`), and nothing else",
             Grant(
                 (
                     "ping",
@@ -348,8 +351,11 @@ def sentinel_users() -> tuple[User, ...]:
                     "sentinel|get-master-addr-by-name",
                     "sentinel|slaves",
                     "sentinel|replicas",
+                    "subscribe",
+                    "unsubscribe",
                 )
             ),
+            channels=(SWITCH_MASTER,),
         ),
     )
 

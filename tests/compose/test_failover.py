@@ -1,15 +1,18 @@
-"""One Sentinel failover on the compose stack's `ha` profile, in durable mode: nothing lost.
+"""Two losses of the primary on the compose stack's `ha` profile, as shipped: nothing lost.
 
-The stack as docs/operations.md ("Redis under Sentinel") runs it: `--profile ha` (a replica and
-three Sentinels beside `redis`), every service following the primary through the Sentinels,
-`FEDASYNC_REDIS__DURABLE_REPLICAS=1`, three workers journalling their publishes. At version 20
-the primary's host is lost (its container frozen, so it answers nothing while its name still
-resolves; once the Sentinels promoted the replica, its main process gets SIGKILL by host pid and
-the engine restarts it, and the Sentinels make it a replica). Training must commit past the
-version before the loss on the new primary, ten commits more, and every service must pass its
-healthcheck again. Then the compose chaos run's accounting (services/commands/chaos/compose/
-failover.py): every acknowledged update decided once, none lost, versions contiguous, `ledger
-verify` OK.
+The stack as docs/operations.md ("Redis under Sentinel") runs it: `--profile ha` (two replicas
+and three Sentinels beside `redis`), every service following the primary through the Sentinels,
+durable mode left to its default (on with the Sentinels; the servers' min-replicas-to-write 1),
+three workers journalling their publishes. At version 20 the primary's host is lost (its
+container frozen, so it answers nothing while its name still resolves; once the Sentinels
+promoted a replica, its main process gets SIGKILL by host pid and the engine restarts it, and
+the Sentinels make it a replica). Training must commit past the version before the loss on the
+new primary, ten commits more, and every service must pass its healthcheck again. Then the new
+primary is paused past down-after and thawed once the Sentinels promoted another: it comes back
+a primary in its own eyes, the services' connections to it still open; training must go on on
+the next primary. Then the compose chaos run's accounting (services/commands/chaos/compose/
+failover.py): every acknowledged update decided once, none lost, versions contiguous, nothing
+moved back, `ledger verify` OK.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from typing import Any
 
 import pytest
 
-from fedasync.services.commands.chaos.compose.failover import REPLICA, Failover, describe_failover
+from fedasync.services.commands.chaos.compose.failover import (
+    REPLICAS,
+    Failover,
+    describe_failover,
+)
 from fedasync.services.commands.chaos.compose.run import describe
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from tests.compose.helpers import ROOT, Images
@@ -29,7 +36,7 @@ pytestmark = [pytest.mark.compose, pytest.mark.timeout(3600)]
 @pytest.fixture(scope="module")
 def summary(images: Images, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("compose-failover")
-    run = Failover(ROOT, out, durable_replicas=1, project="fedasync-failover-test", say=print)
+    run = Failover(ROOT, out, project="fedasync-failover-test", say=print)
     result = run.execute()
     print(describe(result))  # shown by pytest when an assertion fails
     print(describe_failover(result))
@@ -38,16 +45,31 @@ def summary(images: Images, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 
 def test_the_ha_profile_and_the_services_run_under_sentinel(summary: dict[str, Any]) -> None:
-    assert {REPLICA, "sentinel-1", "sentinel-2", "sentinel-3"} <= set(summary["services"])
-    assert summary["failover"]["durable_replicas"] == 1
+    assert {*REPLICAS, "sentinel-1", "sentinel-2", "sentinel-3"} <= set(summary["services"])
+    assert summary["failover"]["durable_replicas"] is None  # nothing set: the shipped default
 
 
 def test_the_sentinels_promote_the_replica(summary: dict[str, Any]) -> None:
     failover = summary["failover"]
     assert failover["primary_before"] == "redis"
     assert failover["promotion_s"] is not None, failover
-    assert failover["primary_after"] == REPLICA
+    assert failover["primary_after"] in REPLICAS
     assert failover["restarted_by_engine"], "a crash: the restart policy brings the process back"
+
+
+def test_a_paused_primary_is_replaced_and_training_goes_on_past_it(
+    summary: dict[str, Any],
+) -> None:
+    """The pause happened as meant (frozen past the Sentinels' down-after, 5 s, and another
+    server promoted meanwhile), and the next primary takes the training on."""
+    pause = summary["pause"]
+    assert pause["primary_before"] == summary["failover"]["primary_after"]
+    assert pause["promotion_s"] is not None, pause
+    assert pause["frozen_s"] > max(5.0, pause["promotion_s"])
+    assert pause["primary_after"] not in (None, pause["primary_before"])
+    assert pause["first_version_after"] > pause["version_before"]
+    assert pause["version_later"] >= pause["first_version_after"] + 10
+    assert pause["unhealthy"] == []
 
 
 def test_training_commits_past_the_failover_on_the_new_primary(summary: dict[str, Any]) -> None:
@@ -66,8 +88,8 @@ def test_every_service_is_healthy_again(summary: dict[str, Any]) -> None:
 def test_every_acknowledged_update_is_decided_once_and_none_is_lost(
     summary: dict[str, Any],
 ) -> None:
-    """Durable mode: an update counts as published only once a replica has it, so the promoted
-    replica holds every one."""
+    """Durable mode (the default): an update counts as published only once a replica has it,
+    so the promoted replica holds every one, after a kill or a pause alike."""
     assert summary["updates"]["published"] > 0
     assert summary["checks"]["stream drained"]
     assert summary["lost"] == 0, summary["examples"]["lost"]

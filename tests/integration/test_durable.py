@@ -10,6 +10,8 @@ the replica away.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -27,6 +29,11 @@ from fedasync.services.runtime.redis_conn import (
     NotReplicated,
     connect,
     replicated,
+    retrying,
+)
+from fedasync.services.runtime.redis_sentinel import (
+    SHIPPED_MIN_REPLICAS_MAX_LAG_S,
+    SHIPPED_MIN_REPLICAS_TO_WRITE,
 )
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Durability, RedisSettings
@@ -197,3 +204,61 @@ async def test_the_ingest_service_acknowledges_an_update_once_a_replica_holds_it
     held = await on_replica(pair, "XRANGE", KEYS.updates, again.entry_id, again.entry_id)
     assert isinstance(held, list)
     assert len(held) == 1
+
+
+async def test_as_shipped_a_primary_cut_off_from_its_replica_refuses_writes_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """The shipped server settings (`min-replicas-to-write 1`, `min-replicas-max-lag 4`,
+    docker/redis/entrypoint.sh): the replica frozen (SIGSTOP: its link stays open, it just
+    goes silent, as across a partition), the primary stops counting it once it has not
+    acknowledged for the max lag, and refuses writes with nobody telling it to, before the
+    Sentinels' down-after (5 s) could end. Reads still answer. The replica thawed, writes are
+    taken again."""
+    primary = RedisServer(tmp_path / "primary", extra_args=("--repl-diskless-sync-delay", "0"))
+    primary.start()
+    pair = Pair(primary, RedisServer(tmp_path / "replica"))
+    client = connect(RedisSettings(url=primary.url, socket_timeout_s=60.0))
+    try:
+        pair.start_replica()
+        await wait_linked(pair, client)
+        # as a shipped server starts (set once the replica is linked, so the link's first
+        # write is not refused while the replica connects)
+        await client.config_set("min-replicas-to-write", SHIPPED_MIN_REPLICAS_TO_WRITE)
+        await client.config_set("min-replicas-max-lag", SHIPPED_MIN_REPLICAS_MAX_LAG_S)
+        await client.xadd(KEYS.updates, {"m": b"taken"})  # a replica follows: taken
+        assert pair.replica.process is not None
+        pair.replica.process.send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        refused = await refused_within(client, deadline_s=60.0)
+        assert "NOREPLICAS" in str(refused)
+        # the fault as meant: the refusal came only once the replica was silent past the lag
+        assert time.monotonic() - frozen_at >= SHIPPED_MIN_REPLICAS_MAX_LAG_S - 1
+        assert await client.xlen(KEYS.updates) == 1  # reads answer; nothing more was taken
+        pair.replica.process.send_signal(signal.SIGCONT)
+        # taken again once the replica acknowledges (the refusals meanwhile are transient)
+        await retrying(
+            "probe",
+            lambda: replicated(
+                client, Durability(1, 45_000), lambda c: c.set("{durable}:probe", 2)
+            ),
+            RedisSettings(url=primary.url, reconnect_attempts=60),
+        )
+    finally:
+        if pair.replica.process is not None:
+            pair.replica.process.send_signal(signal.SIGCONT)
+        await client.aclose()
+        pair.replica.stop()
+        primary.stop()
+
+
+async def refused_within(client: aioredis.Redis, deadline_s: float) -> FailoverError:
+    """Write until the primary refuses (polling, with a deadline); the refusal."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            await client.set("{durable}:probe", 1)
+        except FailoverError as exc:
+            return exc
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the primary still takes writes after {deadline_s} s")

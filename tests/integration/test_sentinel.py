@@ -10,19 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
-from fedasync.services.runtime.redis_conn import connect, retrying
+from fedasync.services.runtime.redis_conn import FailoverError, connect, retrying
 from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
 from fedasync.services.runtime.settings import Settings, load_settings
-from fedasync.services.stores.acl import DISCOVERY_USER, all_users, sentinel_users
+from fedasync.services.stores.acl import (
+    DISCOVERY_USER,
+    SWITCH_MASTER,
+    all_users,
+    sentinel_users,
+)
 from fedasync.services.stores.alerts import STATE_MISMATCH
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records, verify
@@ -54,9 +61,10 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedRedis]
         replicated.stop()
 
 
-def as_user(group: ReplicatedRedis, user: str) -> Settings:
+def as_user(group: ReplicatedRedis, user: str, **redis_settings: Any) -> Settings:
     """A service's settings: the Sentinels to ask (as `discovery`), its own user on the
-    primary; the URL names no server."""
+    primary; the URL names no server. Durable mode as by default with Sentinels (on) unless
+    `redis_settings` say otherwise."""
     return load_settings(
         redis={
             "url": f"redis://{user}:{PASSWORDS[user]}@primary/0",
@@ -69,6 +77,7 @@ def as_user(group: ReplicatedRedis, user: str) -> Settings:
             # ride out a slow failover (an election retried, Sentinel's TILT mode on a stalled
             # machine) rather than give up after the default ten tries, about 13 s
             "reconnect_attempts": 60,
+            **redis_settings,
         },
         task={"name": "linear"},
         aggregator={"batch_ms": 20, "block_ms": 100, "port": None},
@@ -134,9 +143,10 @@ async def test_a_commit_lost_in_a_failover_stops_the_aggregator_and_a_restart_re
     state-mismatch alarm and stops (exit code 4); a restarted aggregator resumes from what the
     new primary holds, and `ledger verify` passes. The replicas are cut off by the ACL
     (`replica` switched off on the primary, their links dropped) so that they miss it for
-    certain."""
-    settings = as_user(group, "aggregator")
-    worker = connect(as_user(group, "worker").redis)
+    certain. Durable mode explicitly off: on (the default with Sentinels), u2 would not have
+    been acknowledged nor commit 2 announced."""
+    settings = as_user(group, "aggregator", durable_replicas=0)
+    worker = connect(as_user(group, "worker", durable_replicas=0).redis)
     stopping = asyncio.Event()
     first = asyncio.create_task(
         run_aggregator(
@@ -182,6 +192,96 @@ async def test_a_commit_lost_in_a_failover_stops_the_aggregator_and_a_restart_re
         await worker.aclose()
         await watcher.aclose()
         recover(group, old)
+
+
+def wait_subscribed(group: ReplicatedRedis, within_s: float = SETTLED_WITHIN_S) -> None:
+    """Until every Sentinel has a subscriber to `+switch-master` (the client's watch)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        # Sentinels have no PUBSUB command: their subscribed clients, by user
+        listed = [on(port, "CLIENT", "LIST", "TYPE", "pubsub") for port in group.sentinel_ports]
+        if all(f"user={DISCOVERY_USER}" in _text(text) for text in listed):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"no {SWITCH_MASTER} subscriber on every Sentinel in {within_s} s")
+
+
+@pytest.mark.asyncio
+async def test_a_command_in_flight_on_a_paused_primary_fails_once_the_sentinels_replace_it(
+    group: ReplicatedRedis,
+) -> None:
+    """SIGSTOP of the primary past the Sentinels' down-after: they promote a replica while the
+    old primary still holds the client's open connection, with an XADD waiting in it. Once they
+    announce the switch (`+switch-master`) the client closes that connection: the XADD fails as
+    a lost connection (transient) while the old primary is still frozen, not when it thaws and,
+    still a primary in its own eyes, would have taken and acknowledged it (to lose it at its
+    demotion). Its retry lands on the new primary. The socket timeout is far above the whole
+    wait, so only the switch can end the XADD."""
+    settings = as_user(group, "worker", socket_timeout_s=300.0)
+    client = connect(settings.redis)
+    old = group.primary_port()
+    frozen = group.server_on(old)
+    try:
+        await client.xadd(KEYS.updates, {"m": b"before"})
+        await asyncio.to_thread(wait_subscribed, group)
+        group.pause(frozen)
+        paused_at = time.monotonic()
+        in_flight: asyncio.Future[Any] = asyncio.ensure_future(
+            client.xadd(KEYS.updates, {"m": b"in flight"})
+        )
+        new, _ = await asyncio.to_thread(group.wait_promoted, old, PROMOTED_WITHIN_S)
+        # the fault happened: frozen past down-after, and a replica promoted meanwhile
+        assert time.monotonic() - paused_at > group.topology.down_after_ms / 1000
+        assert new != old
+        done, _ = await asyncio.wait({in_flight}, timeout=PROMOTED_WITHIN_S)
+        assert in_flight in done, "the XADD still waits on the frozen primary"
+        with pytest.raises(RedisConnectionError):
+            in_flight.result()
+    finally:
+        group.resume(frozen)
+    try:
+        after = await retrying(
+            "XADD", lambda: client.xadd(KEYS.updates, {"m": b"after"}), settings.redis
+        )
+        assert after in [row[0] for row in on(new, "XRANGE", KEYS.updates, "-", "+")]
+    finally:
+        await client.aclose()
+        await asyncio.to_thread(group.wait_settled, SETTLED_WITHIN_S)
+
+
+@pytest.mark.asyncio
+async def test_a_new_connection_to_a_server_that_is_no_primary_is_refused_as_a_failover(
+    group: ReplicatedRedis,
+) -> None:
+    """The role check on every new connection: the Sentinels' answer can be a moment old (the
+    server they named has been demoted since). A read there would answer, from a replica, with
+    whatever it holds; the connection asks the server's role first (HELLO) and refuses it as a
+    failover, transient, so the retry asks the Sentinels again. The stale answer is made by
+    handing the pool a replica's address instead of the Sentinels' reply."""
+    settings = as_user(group, "snapshot")
+    client = connect(settings.redis)
+    primary = group.primary_port()
+    replica = next(
+        group.address(s)
+        for s in group.servers
+        if s.process is not None and group.address(s) != primary
+    )
+    assert group.replication(replica)["role"] == "slave"  # a replica, answering
+
+    async def named_a_moment_ago() -> tuple[str, int]:
+        return "127.0.0.1", replica
+
+    pool: Any = client.connection_pool  # a WatchedSentinelPool
+    pool.get_master_address = named_a_moment_ago
+    try:
+        with pytest.raises(FailoverError, match="not as the primary"):
+            await client.get(KEYS.version)
+    finally:
+        await client.aclose()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def admin_url(port: int) -> str:

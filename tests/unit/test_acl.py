@@ -10,8 +10,10 @@ import pytest
 
 from fedasync.services.commands.cli import main
 from fedasync.services.stores.acl import (
+    DISCOVERY_USER,
     PASSWORD_RE,
     SENTINEL_HELLO,
+    SWITCH_MASTER,
     acl_file,
     all_users,
     sentinel_acl,
@@ -107,13 +109,17 @@ def test_cli_makes_new_passwords_for_an_env_file(capsys: pytest.CaptureFixture[s
     assert len(set(values)) == len(values)
 
 
-def test_replication_and_sentinel_users_name_no_key_and_only_the_hello_channel() -> None:
+def test_replication_and_sentinel_users_name_no_key_and_only_the_sentinels_channels() -> None:
+    """The hello channel for Redis's own processes, the failover announcement for the
+    services' `discovery`, nothing else."""
     for user in (*server_users(), *sentinel_users()):
         words = user.rules().split()
         assert words[0] == "resetchannels", user.name
         assert "-@all" in words, user.name
         assert not [w for w in words if "~" in w], user.name  # no key at all
-        assert [w[1:] for w in words if w.startswith("&")] in ([], [SENTINEL_HELLO]), user.name
+        channels = [w[1:] for w in words if w.startswith("&")]
+        wanted = [SWITCH_MASTER] if user.name == DISCOVERY_USER else [SENTINEL_HELLO]
+        assert channels in ([], wanted), user.name
 
 
 def test_a_replica_may_only_run_the_replication_handshake() -> None:
@@ -121,7 +127,7 @@ def test_a_replica_may_only_run_the_replication_handshake() -> None:
     assert replica.rules() == "resetchannels -@all +ping +replconf +psync"
 
 
-def test_the_services_may_only_ask_the_sentinels_where_the_primary_is() -> None:
+def test_the_services_may_only_ask_the_sentinels_where_the_primary_is_and_hear_a_switch() -> None:
     discovery = next(u for u in sentinel_users() if u.name == "discovery")
     allowed = {w[1:] for w in discovery.rules().split() if w.startswith("+")}
     assert allowed == {
@@ -131,7 +137,10 @@ def test_the_services_may_only_ask_the_sentinels_where_the_primary_is() -> None:
         "sentinel|get-master-addr-by-name",
         "sentinel|slaves",
         "sentinel|replicas",
+        "subscribe",
+        "unsubscribe",
     }
+    assert discovery.channels == (SWITCH_MASTER,)
     assert not any(c in allowed for c in ("sentinel|failover", "sentinel|set", "sentinel"))
 
 

@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind, Profile, build_schedule
+from fedasync.services.commands.chaos.schedule import (
+    PROFILES,
+    REPLICATED_ONLY,
+    FaultKind,
+    Profile,
+    build_schedule,
+)
 from fedasync.services.stores.exactly_once import Decided, check
 
 
@@ -114,14 +120,15 @@ def test_the_schedule_holds_the_profiles_faults_spaced_within_the_window(name: s
     assert all(profile.pause_ms[0] <= ms <= profile.pause_ms[1] for ms in pauses)
 
 
-def test_the_failover_profile_kills_the_primary_several_times_with_replicas_behind() -> None:
+def test_the_failover_profile_kills_and_pauses_the_primary_four_times_each() -> None:
+    """The acceptance's table: at least four of each loss of the primary per durable mode."""
     failover = PROFILES["failover"]
     assert failover.replicated
-    assert dict(failover.faults) == {FaultKind.FAILOVER: 4}
+    assert dict(failover.faults) == {FaultKind.FAILOVER: 4, FaultKind.PAUSE_PRIMARY: 4}
     assert failover.replica_lag_ms > 0
-    assert failover.durable_replicas == 0  # `fedasync chaos` runs it off, then on
+    assert failover.durable_replicas == 0  # `fedasync chaos` runs it off, on and as shipped
     assert not any(
-        kind is FaultKind.FAILOVER
+        kind in REPLICATED_ONLY
         for name, profile in PROFILES.items()
         if name != "failover"
         for kind, n in profile.faults

@@ -127,7 +127,7 @@ def test_the_failover_run_brings_up_the_ha_profile_under_sentinel(tmp_path: Path
 
     from fedasync.services.commands.chaos.compose.failover import (
         MASTER_NAME,
-        REPLICA,
+        REPLICAS,
         SENTINEL_ADDRESSES,
         Failover,
     )
@@ -138,7 +138,8 @@ def test_the_failover_run_brings_up_the_ha_profile_under_sentinel(tmp_path: Path
         name, port = address.split(":")
         assert compose[name]["profiles"] == ["ha"]
         assert port == "26379"
-    assert compose[REPLICA]["profiles"] == ["ha"]
+    for replica in REPLICAS:
+        assert compose[replica]["profiles"] == ["ha"]
     assert (
         f"export FEDASYNC_REDIS__SENTINELS={SENTINEL_ADDRESSES}"
         in (root / "docker-compose.yml").read_text()
@@ -152,3 +153,6 @@ def test_the_failover_run_brings_up_the_ha_profile_under_sentinel(tmp_path: Path
         assert env["FEDASYNC_REDIS__SENTINELS"] == SENTINEL_ADDRESSES
         assert env["FEDASYNC_REDIS__DURABLE_REPLICAS"] == str(durable)
         assert RedisSettings(sentinels=env["FEDASYNC_REDIS__SENTINELS"]).sentinel_list
+    # by default nothing is set: the shipped default, durable mode on with the Sentinels
+    env = Failover(tmp_path, tmp_path / "out").stack.env()
+    assert "FEDASYNC_REDIS__DURABLE_REPLICAS" not in env

@@ -6,12 +6,15 @@ The runs themselves (real servers, Sentinels, services) are tests/chaos/test_fai
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import pytest
 
 from fedasync.services.commands.chaos.faults import Failover
 from fedasync.services.commands.chaos.links import Link, _names_replication
-from fedasync.services.commands.chaos.report import failover_table, first_commits
+from fedasync.services.commands.chaos.report import attribute_lost, failover_table, first_commits
+from fedasync.services.commands.chaos.schedule import PROFILES, durable_label
 from fedasync.services.commands.chaos.waits import FAILOVER_S, RECOVERY_S, Interruption, measure
 
 
@@ -76,34 +79,64 @@ def test_the_first_commit_after_a_kill_is_the_first_ledger_entry_after_it() -> N
     assert [f["first_commit_s"] for f in failovers] == [3.5, 1.25, None]
 
 
-def summary(durable: int, lost: int, moved: int, promoted: list[float]) -> dict[str, object]:
+def summary(
+    durable: int | None, lost: list[int], moved: list[int], promoted: list[float]
+) -> dict[str, object]:
+    """A run whose losses of the primary are kills and pauses, alternately."""
+    hows = (["kill", "pause"] * len(promoted))[: len(promoted)]
     return {
         "durable_replicas": durable,
+        "durable_label": durable_label(
+            dataclasses.replace(PROFILES["failover"], durable_replicas=durable)
+        ),
         "failovers": [
-            {"promoted_s": p, "first_commit_s": p + 1.0, "moved_back": 0} for p in promoted
+            {"how": how, "promoted_s": p, "first_commit_s": p + 1.0, "moved_back": m, "lost": n}
+            for how, p, m, n in zip(hows, promoted, moved, lost, strict=True)
         ],
         "updates": {"published": 500},
-        "lost": lost,
+        "lost": sum(lost),
         "duplicated": 0,
         "entries_decided_twice": 0,
-        "versions_moved_back": moved,
-        "aggregator_refusals": 2 if moved else 0,
-        "snapshot_unfrozen": 1 if moved else 0,
+        "versions_moved_back": sum(moved),
+        "aggregator_refusals": 2 if any(moved) else 0,
+        "snapshot_unfrozen": 1 if any(moved) else 0,
         "ok": True,
     }
 
 
-def test_the_failover_table_puts_durable_off_and_on_side_by_side() -> None:
-    table = failover_table([summary(0, 3, 2, [6.0, 6.5, 7.0]), summary(1, 0, 0, [6.1, 6.2])])
-    lines = table.splitlines()
-    assert lines[0] == "| | durable off | durable on (WAIT 1) |"
-    assert "| kills of the primary (kill -9) | 3 | 2 |" in lines
-    assert "| acknowledged, then lost | 3 | 0 |" in lines
-    assert "| versions moved back | 2 | 0 |" in lines
-    assert "| promotion, s (median / max) | 6.50 / 7.00 | 6.20 / 6.20 |" in lines
-    assert "| first commit on the new primary, s (median / max) | 7.50 / 8.00 | 7.20 / 7.20 |" in (
-        lines
+def test_the_failover_table_has_a_row_per_durable_mode_and_loss_of_the_primary() -> None:
+    table = failover_table(
+        [
+            summary(0, [3, 200, 1, 100], [2, 300, 0, 100], [6.0, 6.5, 7.0, 6.6]),
+            summary(None, [0, 0], [0, 0], [6.1, 6.2]),
+        ]
     )
+    lines = table.splitlines()
+    assert lines[0].startswith("| durable mode | fault | faults | acknowledged (run) | lost |")
+    assert lines[2:] == [
+        "| durable off | kill -9 of the primary | 2 | 500 | 4 | 0 | 2 | 7.00 / 7.00 | 8.00 / 8.00 "
+        "| pass |",
+        "| durable off | pause, then resume | 2 | 500 | 300 | 0 | 400 | 6.60 / 6.60 "
+        "| 7.60 / 7.60 | pass |",
+        "| shipped default (durable on, WAIT 1, min-replicas 1) | kill -9 of the primary | 1 | 500 "
+        "| 0 | 0 | 0 | 6.10 / 6.10 | 7.10 / 7.10 | pass |",
+        "| shipped default (durable on, WAIT 1, min-replicas 1) | pause, then resume | 1 | 500 "
+        "| 0 | 0 | 0 | 6.20 / 6.20 | 7.20 / 7.20 | pass |",
+    ]
+
+
+def test_a_lost_update_belongs_to_the_last_loss_of_the_primary_that_began_just_after_it() -> None:
+    """A kill takes what was acknowledged just before it; a resumed primary what it took after
+    its resume; an update lost long before any fault is counted apart."""
+    failovers: list[dict[str, Any]] = [{"wall": 100.0}, {"wall": 200.0}]
+    unexplained = attribute_lost(failovers, [99.5, 101.0, 150.0, 199.0, 205.0, 50.0])
+    assert [f["lost"] for f in failovers] == [3, 2]
+    assert unexplained == 1
+
+
+def test_a_resumed_primary_moves_back_what_it_announced_after_its_resume() -> None:
+    paused = Failover(0.0, 1, how="pause", version_before=10, version_after=10, version_resumed=25)
+    assert paused.moved_back == 15
 
 
 def test_a_failover_excuses_waits_for_its_promotion_and_the_recovery_after() -> None:

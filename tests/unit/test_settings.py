@@ -166,3 +166,15 @@ def test_durable_mode_is_off_by_default_and_its_wait_ends_before_the_socket_give
         load_settings()
     monkeypatch.setenv("FEDASYNC_REDIS__DURABLE_REPLICAS", "0")  # off: no WAIT, no limit
     assert load_settings().redis.durability.replicas == 0
+
+
+def test_durable_mode_is_on_by_default_with_sentinels_and_off_without() -> None:
+    """A replicated deployment is durable unless told otherwise (docs/operations.md)."""
+    sentinels = {"sentinels": "s1:26379,s2:26379,s3:26379"}
+    assert load_settings(redis=sentinels).redis.durability.replicas == 1
+    assert (
+        load_settings(redis={**sentinels, "durable_replicas": "0"}).redis.durability.replicas == 0
+    )
+    assert load_settings(redis={**sentinels, "durable_replicas": ""}).redis.durability.replicas == 1
+    assert load_settings(redis={"url": "redis://h/0"}).redis.durability.replicas == 0
+    assert load_settings(redis={"durable_replicas": 2}).redis.durability.replicas == 2

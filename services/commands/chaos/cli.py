@@ -2,8 +2,9 @@
 `fedasync chaos --compose [--seed N | --ha [--durable-replicas N]] [--out DIR] [--build]
 [--keep]`; exit 1 if a check fails.
 
-A replicated profile (`failover`) runs twice, durable mode off and on, and ends with a table of
-the two side by side."""
+A replicated profile (`failover`) runs three times, durable mode off, on and as shipped (the
+default), and ends with a table of the three, kills and pauses of the primary on rows of their
+own."""
 
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compose.add_argument(
         "--durable-replicas",
         type=int,
-        default=1,
-        help="with --ha: FEDASYNC_REDIS__DURABLE_REPLICAS (default 1; 0: durable mode off)",
+        default=None,
+        help="with --ha: FEDASYNC_REDIS__DURABLE_REPLICAS (default: unset, as shipped: on with "
+        "the Sentinels; 0: durable mode off)",
     )
     compose.add_argument(
         "--keep",
@@ -134,7 +136,7 @@ def handle(args: argparse.Namespace) -> int:
     if profile.replicated:
         print(
             f"\nfailover, seed {args.seed}, replicas {profile.replica_lag_ms} ms behind their "
-            "primary: durable mode off and on\n"
+            "primary: durable mode off, on, and as shipped\n"
         )
         print(failover_table(summaries))
     return 0 if all(summary["ok"] for summary in summaries) else 1

@@ -13,7 +13,12 @@ Each Redis kill is checked (chaos/restarts.py): what Redis held just before the 
 writes paused, must be there just after the restart.
 
 A failover (replicated profiles) kills the primary of the moment with SIGKILL, without pausing
-anything first: what it had not yet sent to a replica is what a lost host takes with it. The
+anything first: what it had not yet sent to a replica is what a lost host takes with it. A
+pause of the primary (`pause_primary`) freezes it with SIGSTOP instead, past the Sentinels'
+down-after, until they have promoted a replica and a moment longer, then lets it go on with
+SIGCONT, as a VM paused, a long stall or a partition that heals would: the services' open
+connections to it are still there, and it is still a primary in its own eyes until the
+Sentinels demote it; the injector reads what it announces meanwhile. The
 injector reads the version announced on the old primary (what devices may have been offered) just
 before, and the version committed on the new one just after the Sentinels promote it
 (`Failover`): the shortfall is how many versions moved back. (In durable mode a commit still
@@ -43,7 +48,7 @@ import redis
 
 from fedasync.services.commands.chaos.proxy import Stall, StallMode
 from fedasync.services.commands.chaos.restarts import RestartCheck, compare, read_marks
-from fedasync.services.commands.chaos.schedule import Fault, FaultKind
+from fedasync.services.commands.chaos.schedule import REPLICATED_ONLY, Fault, FaultKind
 from fedasync.services.commands.chaos.slow_clients import SlowClients
 from fedasync.services.commands.chaos.system import (
     AGGREGATOR,
@@ -75,6 +80,8 @@ LISTENING_WITHIN_S = 15.0
 SNAPSHOT_WATCH_S = 1.0
 #: how often the injector looks for the first commit after a failover, seconds
 RECOVERY_POLL_S = 0.1
+#: how often a resumed primary's announced version is read until its demotion, seconds
+RESUMED_POLL_S = 0.05
 #: the /readyz status of a snapshot service that froze on Redis going back (snapshot/app.py)
 REGRESSED_STATUS = "version regressed"
 #: the pending-restart name of a killed server of a replicated Redis: this prefix and its port
@@ -83,10 +90,13 @@ SERVER = "redis:"
 
 @dataclass(slots=True)
 class Failover:
-    """One kill -9 of the primary: who was killed, who took over, and what moved back."""
+    """One loss of the primary (a kill -9, or a pause and a resume): who was lost, who took
+    over, and what moved back."""
 
     at: float
     old_port: int
+    #: "kill" (SIGKILL) or "pause" (SIGSTOP past the Sentinels' down-after, then SIGCONT)
+    how: str = "kill"
     #: wall clock of the kill, to find the first commit after it in the ledger
     wall: float = 0.0
     new_port: int | None = None
@@ -98,19 +108,29 @@ class Failover:
     version_after: int | None = None
     #: the commit sequence on the new primary just after its promotion
     seq_after: int | None = None
+    #: a pause: how long the primary stayed frozen, seconds (past down-after: the fault
+    #: happened), and the highest version it announced from its resume until it was demoted
+    #: (a primary that goes on as one after its resume serves versions the new one lacks)
+    frozen_s: float | None = None
+    version_resumed: int | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
     def moved_back(self) -> int:
-        """Versions the old primary had announced that the new one does not hold."""
+        """Versions the old primary had announced (before the fault or, paused, after its
+        resume) that the new one does not hold."""
         if self.version_before is None or self.version_after is None:
             return 0
-        return max(0, self.version_before - self.version_after)
+        announced = max(self.version_before, self.version_resumed or 0)
+        return max(0, announced - self.version_after)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "at": round(self.at, 3),
             "wall": self.wall,
+            "how": self.how,
+            "frozen_s": None if self.frozen_s is None else round(self.frozen_s, 3),
+            "version_resumed": self.version_resumed,
             "old_port": self.old_port,
             "new_port": self.new_port,
             "promoted_s": None if self.promoted_s is None else round(self.promoted_s, 3),
@@ -194,7 +214,7 @@ class Injector:
         if fault.kind is FaultKind.SECOND_AGGREGATOR:
             self._second_aggregator(fault, now)
             return
-        if fault.kind is FaultKind.FAILOVER:
+        if fault.kind in REPLICATED_ONLY:
             self._failover(fault, now)
             return
         if fault.kind is FaultKind.SLOW_CLIENTS:
@@ -280,7 +300,9 @@ class Injector:
                 self.events.append(Event(now, "skipped stall_redis", "never happened"))
 
     def _failover(self, fault: Fault, now: float) -> None:
-        """Kill -9 the primary once the group is whole and in sync; wait for the promotion."""
+        """Kill -9 (or pause) the primary once the group is whole and in sync; wait for the
+        promotion. A paused primary is resumed `fault.outage_s` after it, and watched until
+        the Sentinels demote it (`_resume`)."""
         group = self.system.group
         if group is None:
             self._skip(fault, now, "Redis is not replicated")
@@ -296,14 +318,19 @@ class Injector:
             return
         now = self.now()
         old = group.primary_port()
-        record = Failover(now, old)
+        pause = fault.kind is FaultKind.PAUSE_PRIMARY
+        record = Failover(now, old, how="pause" if pause else "kill")
         keys = self.system.keys
         try:
-            announced = group.read(old, keys.announced) or group.read(old, keys.version)
-            record.version_before = int(announced or 0)
+            record.version_before = self._announced(old)
         except (redis.RedisError, OSError) as exc:
             record.problems.append(f"no reading before the kill: {exc}")
-        group.kill(group.server_on(old))
+        server = group.server_on(old)
+        frozen_at = time.monotonic()
+        if pause:
+            group.pause(server)
+        else:
+            group.kill(server)
         record.wall = time.time()
         self.failovers.append(record)
         self._injected(fault, now)
@@ -315,20 +342,60 @@ class Injector:
             record.problems.append(f"no promotion seen: {exc}")
         finally:
             promoted = record.promoted_s if record.promoted_s is not None else PROMOTED_WITHIN_S
+            if pause:
+                time.sleep(fault.outage_s)  # frozen a while longer, then back as it was
+                group.resume(server)
+                record.frozen_s = time.monotonic() - frozen_at
+                promoted = record.frozen_s
             self.interruptions.append(Interruption.failover(record.wall, promoted))
-            # the killed server stays down its outage after the promotion (or the wait for it)
-            self.pending.append((self.now() + fault.outage_s, f"{SERVER}{old}"))
+            if not pause:
+                # the killed server stays down its outage after the promotion (or the wait)
+                self.pending.append((self.now() + fault.outage_s, f"{SERVER}{old}"))
+        if pause:
+            self._watch_resumed(record)
         if record.new_port is None:
             return
+        resumed = (
+            f", resumed after {record.frozen_s:.2f} s frozen, announcing up to version "
+            f"{record.version_resumed} until demoted"
+            if pause and record.frozen_s is not None
+            else ""
+        )
         self.events.append(
             Event(
                 self.now(),
                 "promoted",
                 f"127.0.0.1:{record.new_port} after {record.promoted_s:.2f} s; version "
-                f"{record.version_before} announced before the kill, {record.version_after} "
-                "committed on the new primary",
+                f"{record.version_before} announced before the {record.how}, "
+                f"{record.version_after} committed on the new primary{resumed}",
             )
         )
+
+    def _announced(self, port: int) -> int:
+        """The version a server announces (its committed one, if it announces none)."""
+        keys = self.system.keys
+        group = self.system.group
+        assert group is not None
+        return int(group.read(port, keys.announced) or group.read(port, keys.version) or 0)
+
+    def _watch_resumed(self, record: Failover) -> None:
+        """After a resume: read the old primary's announced version until the Sentinels have
+        made it a replica again, keeping the highest (what devices could be offered there)."""
+        group = self.system.group
+        assert group is not None
+        deadline = time.monotonic() + SETTLED_WITHIN_S
+        while time.monotonic() < deadline:
+            try:
+                role = group.replication(record.old_port).get("role")
+                announced = self._announced(record.old_port)
+            except (redis.RedisError, OSError) as exc:
+                record.problems.append(f"no reading after the resume: {exc}")
+                return
+            record.version_resumed = max(record.version_resumed or 0, announced)
+            if role != "master":
+                return
+            time.sleep(RESUMED_POLL_S)
+        record.problems.append(f"not demoted within {SETTLED_WITHIN_S} s of its resume")
 
     def wait_recovered(self) -> None:
         """Until the aggregator has committed on the primary promoted by the last failover, so
@@ -426,6 +493,7 @@ class Injector:
             FaultKind.STALL_REDIS: PROXY,
             FaultKind.SLOW_CLIENTS: SNAPSHOT,
             FaultKind.FAILOVER: SERVER + "primary",
+            FaultKind.PAUSE_PRIMARY: SERVER + "primary",
         }[fault.kind]
 
     # ----------------------------------------------------------------------------- recovery

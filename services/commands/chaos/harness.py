@@ -12,8 +12,8 @@ The phases, in order:
 4. compare the model the snapshot service serves with the committed one, stop the services,
    read the ledger, replay it (`ledger verify`) and count (services/stores/exactly_once.py).
 
-`run_failover` runs a replicated profile twice, durable mode off then on, for the table
-`fedasync chaos --profile failover` prints (report.py, `failover_table`).
+`run_failover` runs a replicated profile three times, durable mode off, on and as shipped, for
+the table `fedasync chaos --profile failover` prints (report.py, `failover_table`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,13 +124,16 @@ def run(
         malformed_journal_lines=journals.malformed,
         acl_refusals=acl_refusals,
         policy=dict(policy or {}),
+        acknowledged=journals.acknowledged,
     )
     write_summary(out, summary)
     return summary
 
 
-#: durable mode's replicas in the failover runs: one of the two must hold each write
+#: durable mode in the failover runs: off, on (one of the two replicas must hold each write),
+#: and the shipped default (None: nothing set, so on with Sentinels, servers as shipped)
 FAILOVER_DURABLE_REPLICAS = 1
+FAILOVER_VARIANTS: tuple[int | None, ...] = (0, FAILOVER_DURABLE_REPLICAS, None)
 
 
 def run_failover(
@@ -139,14 +142,16 @@ def run_failover(
     out: Path,
     say: Callable[[str], None] = print,
     policy: Mapping[str, str] | None = None,
+    variants: Sequence[int | None] = FAILOVER_VARIANTS,
 ) -> list[dict[str, Any]]:
-    """A replicated profile with durable mode off, then on (same seed, same schedule), each in
-    a folder of its own under `out`."""
+    """A replicated profile with durable mode off, on and as shipped (same seed, same
+    schedule; `variants` as `FAILOVER_VARIANTS` spells them), each in a folder of its own under
+    `out`."""
     runs = []
-    for replicas in (0, FAILOVER_DURABLE_REPLICAS):
+    for replicas in variants:
         variant = dataclasses.replace(profile, durable_replicas=replicas)
         say(f"chaos: profile {variant.label}")
-        name = "durable-on" if replicas else "durable-off"
+        name = {None: "shipped-default", 0: "durable-off"}.get(replicas, "durable-on")
         runs.append(run(variant, seed, out / name, say, policy))
     return runs
 

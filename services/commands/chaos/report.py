@@ -14,13 +14,15 @@ from typing import Any
 from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, Served
-from fedasync.services.commands.chaos.schedule import FaultKind, Profile
+from fedasync.services.commands.chaos.schedule import FaultKind, Profile, durable_label
 from fedasync.services.commands.chaos.waits import Waits, xadd_time
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.exactly_once import Verdict
 
 #: ids shown per failing category in summary.json (all of them are in the ledger export)
 EXAMPLES = 20
+#: what a service logs when it hears of a failover and drops the old primary
+SWITCH_HEARD = "the Sentinels switched the primary"
 
 
 def first_commits(failovers: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
@@ -32,6 +34,37 @@ def first_commits(failovers: list[dict[str, Any]], records: list[dict[str, Any]]
     for failover in failovers:
         after = [t for t in times if t >= failover["wall"]]
         failover["first_commit_s"] = round(after[0] - failover["wall"], 3) if after else None
+
+
+def switches_heard(logs: Path) -> int:
+    """Log lines of the services that heard `+switch-master` and dropped the old primary
+    (services/runtime/primary_watch.py)."""
+    count = 0
+    for path in sorted(logs.glob("*.log")):
+        with path.open(errors="replace") as lines:
+            count += sum(SWITCH_HEARD in line for line in lines)
+    return count
+
+
+#: a lost update belongs to the last loss of the primary that began at most this long after
+#: its XADD: a kill takes what was acknowledged just before it, a resumed primary what it took
+#: after its resume (chaos/faults.py), seconds
+LOSS_LEAD_S = 2.0
+
+
+def attribute_lost(failovers: list[dict[str, Any]], lost_added: Sequence[float]) -> int:
+    """Set each failover's `lost`: the lost updates (by their XADD times) it explains, the last
+    one that began no later than LOSS_LEAD_S after each; returns those none explains."""
+    for failover in failovers:
+        failover["lost"] = 0
+    unexplained = 0
+    for added in lost_added:
+        before = [f for f in failovers if f["wall"] <= added + LOSS_LEAD_S]
+        if before:
+            max(before, key=lambda f: f["wall"])["lost"] += 1
+        else:
+            unexplained += 1
+    return unexplained
 
 
 def build_summary(
@@ -50,6 +83,7 @@ def build_summary(
     malformed_journal_lines: int,
     acl_refusals: list[str] | None = None,
     policy: dict[str, str] | None = None,
+    acknowledged: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`acl_refusals`: what the ACL refused on every server and Sentinel (replicated); None:
     the audit's reading of the one server."""
@@ -60,9 +94,14 @@ def build_summary(
     refused = audit.refused if acl_refusals is None else acl_refusals
     failovers = [f.to_dict() for f in injector.failovers]
     first_commits(failovers, audit.records)
+    # `acknowledged`: update id → the entry id its XADD returned (the journals)
+    entries = acknowledged or {}
+    lost_unexplained = attribute_lost(
+        failovers, [xadd_time(entries[u]) for u in verdict.lost if u in entries]
+    )
     moved_back = sum(f["moved_back"] for f in failovers)
     # off, durable mode's guarantees are what the run measures, not what it checks
-    durable = not profile.replicated or profile.durable_replicas > 0
+    durable = not profile.replicated or profile.durable_replicas != 0
     checks = {
         "every fault kind injected": all(injector.injected[k] > 0 for k in scheduled),
         "stream drained": drained,
@@ -96,6 +135,9 @@ def build_summary(
         "label": profile.label,
         "replicated": profile.replicated,
         "durable_replicas": profile.durable_replicas,
+        "durable_label": durable_label(profile),
+        # the services' log lines saying they closed their connections to a replaced primary
+        "switches_heard": switches_heard(out / "logs"),
         "replica_lag_ms": profile.replica_lag_ms,
         "seed": seed,
         "acl": profile.acl,
@@ -124,6 +166,7 @@ def build_summary(
             "ledger_records": len(audit.records),
         },
         "lost": len(verdict.lost),
+        "lost_outside_failovers": lost_unexplained,
         "duplicated": len(verdict.duplicated),
         "unexpected": len(verdict.unexpected),
         "indeterminate": len(verdict.indeterminate),
@@ -253,11 +296,14 @@ def _failovers(summary: Mapping[str, Any]) -> list[str]:
         f"{summary['snapshot_unfrozen']}"
     ]
     for f in summary["failovers"]:
+        paused = f.get("how") == "pause"
+        lost = f"paused {_seconds(f.get('frozen_s'))}" if paused else "killed"
+        resumed = f", {f.get('version_resumed')} after its resume" if paused else ""
         lines.append(
-            f"  t={f['at']:7.2f} s: primary 127.0.0.1:{f['old_port']} killed, "
+            f"  t={f['at']:7.2f} s: primary 127.0.0.1:{f['old_port']} {lost}, "
             f"127.0.0.1:{f['new_port']} promoted after {_seconds(f['promoted_s'])}, first "
             f"commit there after {_seconds(f.get('first_commit_s'))}; version announced "
-            f"{f['version_before']} → committed {f['version_after']}"
+            f"{f['version_before']}{resumed} → committed {f['version_after']}"
             + ("; " + "; ".join(f["problems"]) if f["problems"] else "")
         )
     return lines
@@ -268,7 +314,8 @@ def _seconds(value: float | None) -> str:
 
 
 def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
-    """Durable mode off and on side by side: the figures of `fedasync chaos --profile failover`."""
+    """Durable mode off, on and as shipped, each loss of the primary (kill -9, pause and
+    resume) on its own row: the figures of `fedasync chaos --profile failover`."""
 
     def spread(values: list[float | None]) -> str:
         known = sorted(v for v in values if v is not None)
@@ -276,33 +323,37 @@ def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             return "?"
         return f"{known[len(known) // 2]:.2f} / {known[-1]:.2f}"
 
-    rows: list[tuple[str, Any]] = [
-        ("kills of the primary (kill -9)", lambda s: len(s["failovers"])),
-        ("updates acknowledged", lambda s: s["updates"]["published"]),
-        ("acknowledged, then lost", lambda s: s["lost"]),
-        ("decided twice", lambda s: s["duplicated"] + s["entries_decided_twice"]),
-        ("versions moved back", lambda s: s["versions_moved_back"]),
-        (
-            "promotion, s (median / max)",
-            lambda s: spread([f["promoted_s"] for f in s["failovers"]]),
-        ),
-        (
-            "first commit on the new primary, s (median / max)",
-            lambda s: spread([f.get("first_commit_s") for f in s["failovers"]]),
-        ),
-        ("aggregator refusals (exit 4)", lambda s: s["aggregator_refusals"]),
-        ("snapshot restarts after a freeze", lambda s: s["snapshot_unfrozen"]),
-        ("checks", lambda s: "pass" if s["ok"] else "FAIL"),
+    out = [
+        "| durable mode | fault | faults | acknowledged (run) | lost | decided twice (run) "
+        "| versions moved back | promotion, s (median / max) "
+        "| next commit after the fault, s (median / max) | checks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    heads = [_mode(s) for s in summaries]
-    out = ["| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
-    out += [
-        f"| {name} | " + " | ".join(str(row(s)) for s in summaries) + " |" for name, row in rows
-    ]
+    for s in summaries:
+        for how, name in (("kill", "kill -9 of the primary"), ("pause", "pause, then resume")):
+            rows = [f for f in s["failovers"] if f.get("how", "kill") == how]
+            if not rows:
+                continue
+            cells = [
+                _mode(s),
+                name,
+                len(rows),
+                s["updates"]["published"],
+                sum(f.get("lost", 0) for f in rows),
+                s["duplicated"] + s["entries_decided_twice"],
+                sum(f["moved_back"] for f in rows),
+                spread([f["promoted_s"] for f in rows]),
+                spread([f.get("first_commit_s") for f in rows]),
+                "pass" if s["ok"] else "FAIL",
+            ]
+            out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out)
 
 
 def _mode(summary: Mapping[str, Any]) -> str:
+    label = summary.get("durable_label")
+    if label:
+        return str(label)
     n = summary.get("durable_replicas", 0)
     return f"durable on (WAIT {n})" if n else "durable off"
 

@@ -31,7 +31,14 @@ class FaultKind(StrEnum):
     #: kill -9 the primary of a replicated Redis; Sentinel promotes a replica, the services
     #: follow it; the killed server starts again later, as a replica (replicated profiles only)
     FAILOVER = "failover"
+    #: SIGSTOP the primary of a replicated Redis past the Sentinels' down-after, until they
+    #: promote a replica and `outage_s` longer, then SIGCONT it: it comes back still a primary
+    #: in its own eyes, with the services' connections still open (replicated profiles only)
+    PAUSE_PRIMARY = "pause_primary"
 
+
+#: the losses of a replicated Redis's primary: only a replicated profile has a replica to promote
+REPLICATED_ONLY = frozenset({FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY})
 
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
 #: happens within moments (services/commands/chaos/proxy.py names them)
@@ -71,9 +78,10 @@ class Profile:
     acl: bool = True
     #: Redis as a primary, two replicas and three Sentinels (services/runtime/redis_sentinel.py)
     replicated: bool = False
-    #: durable mode: WAIT for this many replicas (0: off); also the servers'
-    #: `min-replicas-to-write`
-    durable_replicas: int = 0
+    #: durable mode: WAIT for this many replicas (0: off), also the servers'
+    #: `min-replicas-to-write`; None: the shipped default (no FEDASYNC_REDIS__DURABLE_REPLICAS,
+    #: so on with Sentinels; the servers as docker/redis/entrypoint.sh sets them)
+    durable_replicas: int | None = 0
     #: how far behind its primary a replica receives the replication stream, ms (chaos/links.py):
     #: replicas on other hosts; 0: all on this one, replication as fast as loopback
     replica_lag_ms: int = 0
@@ -83,8 +91,16 @@ class Profile:
         """The name, with the durable mode of a replicated profile."""
         if not self.replicated:
             return self.name
-        durable = f"on (WAIT {self.durable_replicas})" if self.durable_replicas else "off"
-        return f"{self.name}, replicas {self.replica_lag_ms} ms behind, durable {durable}"
+        return f"{self.name}, replicas {self.replica_lag_ms} ms behind, {durable_label(self)}"
+
+
+def durable_label(profile: Profile) -> str:
+    """How a replicated profile's durable mode is set, as the failover table heads it."""
+    if profile.durable_replicas is None:
+        return "shipped default (durable on, WAIT 1, min-replicas 1)"
+    if profile.durable_replicas:
+        return f"durable on (WAIT {profile.durable_replicas})"
+    return "durable off"
 
 
 PROFILES: dict[str, Profile] = {
@@ -140,19 +156,22 @@ PROFILES: dict[str, Profile] = {
             (FaultKind.SLOW_CLIENTS, 0),
         ),
     ),
-    # kill -9 of the primary under Sentinel, several times: run with durable mode off, then on
-    # (`fedasync chaos --profile failover`), the replicas 100 ms behind (other hosts across a
-    # slow link, or replicas under load; `--replica-lag-ms` changes it). A
-    # Sentinel starts no second failover of the same primary within twice its failover timeout
-    # (6 s): the gap leaves room for that, for the killed server's return and its resync
+    # kill -9 and pause-then-resume of the primary under Sentinel, four of each: run with
+    # durable mode off, on, and as shipped (`fedasync chaos --profile failover`), the replicas
+    # 100 ms behind (other hosts across a slow link, or replicas under load;
+    # `--replica-lag-ms` changes it). A Sentinel starts no second failover of the same primary
+    # within twice its failover timeout (6 s): the gap leaves room for that, for the lost
+    # server's return (a pause: down-after, the promotion, `outage_s`, the demotion) and its
+    # resync. A paused primary is resumed 0.5-1.5 s after the promotion: before the services'
+    # 10 s socket timeout ends the commands that wait in it, as on a deployment
     "failover": Profile(
         name="failover",
         workers=4,
         warmup_s=4.0,
-        window_s=50.0,
-        min_gap_s=12.0,
-        faults=((FaultKind.FAILOVER, 4),),
-        outage_s=(2.0, 3.0),
+        window_s=150.0,
+        min_gap_s=18.0,
+        faults=((FaultKind.FAILOVER, 4), (FaultKind.PAUSE_PRIMARY, 4)),
+        outage_s=(0.5, 1.5),
         replicated=True,
         replica_lag_ms=100,
     ),

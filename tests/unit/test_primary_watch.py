@@ -1,0 +1,26 @@
+"""Reading the Sentinels' failover announcement and a server's HELLO (primary_watch.py)."""
+
+from __future__ import annotations
+
+from fedasync.services.runtime.primary_watch import hello_role, switch_of
+
+
+def test_a_switch_of_our_primary_names_the_new_one() -> None:
+    assert switch_of(b"fedasync 10.0.0.1 6379 10.0.0.2 6380", "fedasync") == ("10.0.0.2", 6380)
+    assert switch_of("fedasync redis 6379 redis-replica-1 6379", "fedasync") == (
+        "redis-replica-1",
+        6379,
+    )
+
+
+def test_a_switch_of_another_primary_or_a_garbled_one_is_ignored() -> None:
+    assert switch_of(b"other 10.0.0.1 6379 10.0.0.2 6380", "fedasync") is None
+    assert switch_of(b"fedasync 10.0.0.1 6379", "fedasync") is None
+    assert switch_of(b"fedasync 10.0.0.1 6379 10.0.0.2 port", "fedasync") is None
+
+
+def test_the_role_of_a_hello_reply() -> None:
+    reply = [b"server", b"redis", b"proto", 2, b"role", b"replica", b"modules", []]
+    assert hello_role(reply) == "replica"
+    assert hello_role([b"role", b"master"]) == "master"
+    assert hello_role(b"OK") is None
