@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,17 +24,14 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.runtime.redis_server import RedisServer, server_version
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.acl import acl_file
 from fedasync.services.stores.backlog import correct_lag, read_backlog
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
+from tests.integration import test_acl
 from tests.integration.helpers import wait_for_ledger
 from tests.integration.test_acl import (
     KEYS,
     OBSERVER,
-    OBSERVER_LINE,
-    PASSWORDS,
-    PREFIX,
     TOKEN,
     client_of,
     publish_updates,
@@ -89,22 +83,14 @@ def assert_drifted(group: dict[str, Any], binary: str) -> None:
     assert group["lag"] > 0, f"Redis's lag did not drift: {group}"
 
 
-@pytest_asyncio.fixture
-async def server(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    """A fresh redis-server (AOF, appendfsync always) under the generated ACL file."""
-    path = tmp_path / "users.acl"
-    path.write_text(acl_file(PREFIX, PASSWORDS) + OBSERVER_LINE)
-    redis_server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(path)))
-    redis_server.start()
-    try:
-        yield redis_server
-    finally:
-        redis_server.stop()
+#: a fresh redis-server per test (AOF, appendfsync always) under the generated ACL file
+acl_server = test_acl.acl_server
 
 
 async def test_a_group_that_read_everything_has_lag_0_after_a_rewrite_and_a_kill_9(
-    server: RedisServer,
+    acl_server: RedisServer,
 ) -> None:
+    server = acl_server
     keys = KEYS
     observer = client_of(server, OBSERVER)
     for i in range(10):
@@ -194,8 +180,9 @@ async def status_of(control: TestClient) -> dict[str, Any]:
 
 
 async def test_the_lag_at_rest_is_0_after_redis_and_aggregator_restarts_under_load(
-    server: RedisServer,
+    acl_server: RedisServer,
 ) -> None:
+    server = acl_server
     aggregator_settings = settings_as(server, "aggregator")
     control_settings = settings_as(server, "control", control={"token": TOKEN})
     published = 0
