@@ -59,7 +59,7 @@ from fedasync.services.runtime.redis_conn import (
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import REDIS_OOM, STATE_MISMATCH, try_add_alert
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
-from fedasync.services.stores.backlog import read_backlog, trim_decided
+from fedasync.services.stores.backlog import correct_lag, read_backlog, trim_decided
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys, update_digest
@@ -355,6 +355,8 @@ class Aggregator:
                 self._inflight_acks = frozenset(batch.acks)
             elif burst and not self._reread_pending:
                 break
+            else:  # at rest the figures must come back to 0 too, not stay at the last commit's
+                await self._stream_gauges()
         await self._finish_commit()
 
     # ------------------------------------------------------------------------------ claims
@@ -665,6 +667,13 @@ class Aggregator:
         if now - self._gauges_at < 1.0:
             return
         self._gauges_at = now
+        drift = await best_effort("lag correction", lambda: correct_lag(self.redis, self.keys))
+        if drift:
+            log.warning(
+                "Redis reported a lag of %d with every entry read (its entries-read counter "
+                "drifts across restarts and failovers on Redis 7.0): corrected",
+                drift,
+            )
         backlog = await best_effort("stream gauges", lambda: read_backlog(self.redis, self.keys))
         if backlog is None:
             return

@@ -115,6 +115,9 @@ def users(prefix: str) -> tuple[User, ...]:
                     "exists",
                     "xlen",
                     "xinfo|groups",
+                    # ... and the lag correction script (stores/backlog.py) it runs
+                    "xinfo|stream",
+                    "xgroup|setid",
                     # the commit script (EVALSHA, SCRIPT LOAD if not cached) and what it runs
                     "evalsha",
                     "script|load",

@@ -1,4 +1,13 @@
-"""How far behind the aggregator is: entries delivered but uncommitted, and entries unread."""
+"""How far behind the aggregator is: entries delivered but uncommitted, and entries unread.
+
+Redis 7 keeps the lag as two counters, the stream's `entries-added` and the group's
+`entries-read`, and Redis 7.0 does not log the second one: its AOF and its replicas get each
+XREADGROUP as an XCLAIM ... LASTID, which moves the group's last-delivered-id and leaves
+`entries-read` where the last AOF rewrite (or full resync) put it. After a restart or a failover
+`XINFO GROUPS` then reports every entry read since then as lag, for ever, though the group has
+read the stream to its end (issue 25: lag 71 at rest, pending 0). `correct_lag` puts the
+counter right whenever the aggregator has read everything; `read_backlog` then reads a true lag.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +25,34 @@ from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 LAG_COUNT_CAP = 10_000
 #: entries per XRANGE while counting
 LAG_COUNT_PAGE = 1_000
+
+#: KEYS[1] the updates stream, ARGV[1] the group. When the group's last-delivered-id is the
+#: stream's last generated id, nothing was ever added after it: the group has read all
+#: `entries-added` entries, whatever `entries-read` says. Then (only then) that counter is set
+#: to `entries-added`, atomically with the check, the group's position set to where it is. Returns
+#: the lag Redis reported before (0: nothing to correct; Redis 6.2 has no counter, no `lag`).
+CORRECT_LAG_SCRIPT = """
+local function field(flat, name)
+  for i = 1, #flat, 2 do
+    if flat[i] == name then return flat[i + 1] end
+  end
+  return nil
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  if field(group, 'name') == ARGV[1] then
+    local lag = field(group, 'lag')
+    if not lag or lag == 0 then return 0 end
+    local delivered = field(group, 'last-delivered-id')
+    local stream = redis.call('XINFO', 'STREAM', KEYS[1])
+    if field(stream, 'last-generated-id') ~= delivered then return 0 end
+    redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], delivered,
+               'ENTRIESREAD', field(stream, 'entries-added'))
+    return lag
+  end
+end
+return 0
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +88,19 @@ async def read_backlog(redis: aioredis.Redis, keys: Keys) -> Backlog:
             else:
                 lag = await count_after(redis, keys.updates, as_text(group["last-delivered-id"]))
     return Backlog(int(await redis.xlen(keys.updates)), pending, lag)
+
+
+async def correct_lag(redis: aioredis.Redis, keys: Keys) -> int:
+    """Set Redis's `entries-read` of the aggregator's group right if the group has read the
+    stream to its end yet Redis reports a lag; returns the lag Redis reported (0: nothing to
+    correct, Redis 6.2, or entries still to read: a drifted counter is then corrected once the
+    group has read them, as counting them would read their payloads).
+
+    Run by the aggregator, the group's one reader, which may run XINFO STREAM and XGROUP SETID
+    (stores/acl.py); the control user, which may not read payloads, then reads a true figure.
+    """
+    script = redis.register_script(CORRECT_LAG_SCRIPT)
+    return int(await script(keys=[keys.updates], args=[AGGREGATOR_GROUP]))
 
 
 async def count_after(

@@ -63,6 +63,8 @@ DEVICE = "dev-0"
 #: prefix); PING is redis-py's health check on each new connection
 START = (
     "EVALSHA commit-seq",
+    # the lag correction (stores/backlog.py), with the gauges
+    "EVALSHA updates",
     "EXISTS started-at",
     "EXISTS updates",
     "GET commit-seq",
@@ -96,6 +98,7 @@ START_WRITES = tuple(
 #: what it sends while it runs: reads, device keys, policy, claims, commits, gauges
 LOOP = (
     "EVALSHA commit-seq",
+    "EVALSHA updates",
     "EXISTS updates",
     "GET aggregator-epoch",
     "GET policy",
