@@ -44,7 +44,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +84,18 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def config_for(setup: str, optimizer: str, seed: int) -> Any:
+#: --smoke: the setup shrunk to a few seconds (CI runs every bench this way, tests/test_benches.py):
+#: ten devices, four server steps, a smaller MLP; it checks that the bench runs, not what it finds
+SMOKE: dict[str, Any] = {
+    "task": {"name": "digits", "params": {"hidden": 8}},
+    "fleet": {"devices": 10},
+    "budget": {"max_updates": 4 * K},
+}
+
+
+def config_for(setup: str, optimizer: str, seed: int, *, smoke: bool = False) -> Any:
     """The simulator config of one run: FedBuff only, with the arm's server."""
-    from fedasync.sim.config import build
+    from fedasync.sim.config import build, merge
     from fedasync.sim.presets import preset_data
 
     if setup.startswith("issue"):
@@ -99,7 +107,7 @@ def config_for(setup: str, optimizer: str, seed: int) -> Any:
         data["algorithms"] = [a for a in data["algorithms"] if a["kind"] == "fedbuff"]
     data["algorithms"][0].update(ARMS[optimizer]["ours"])
     data["seed"] = seed
-    return build(data)
+    return build(merge(data, SMOKE) if smoke else data)
 
 
 def describe(recorder: Any, weights_score: float, result: Any, seconds: float) -> dict[str, Any]:
@@ -116,10 +124,10 @@ def describe(recorder: Any, weights_score: float, result: Any, seconds: float) -
     }
 
 
-def run_ours(setup: str, optimizer: str, seed: int) -> dict[str, Any]:
+def run_ours(setup: str, optimizer: str, seed: int, smoke: bool = False) -> dict[str, Any]:
     from fedasync.sim.runner import simulate
 
-    config = config_for(setup, optimizer, seed)
+    config = config_for(setup, optimizer, seed, smoke=smoke)
     started = time.perf_counter()
     simulation = simulate(config)
     result = simulation.results[0]
@@ -232,12 +240,23 @@ class FlsimServer:
         return int(self.aggregator.global_seqnum)
 
     def weights_view(self) -> np.ndarray:
-        values: np.ndarray = self.global_model.module.w.detach().numpy().copy()
-        return values
+        """The model of the current version, read-only, as `AggregationState.weights_view`:
+        the simulator hands it to every device that starts now (its base model), so it is
+        kept per version for `apply` to form the delta against."""
+        version = self.version
+        if version not in self.models:
+            values: np.ndarray = self.global_model.module.w.detach().numpy().copy()
+            values.flags.writeable = False
+            self.models[version] = values
+        return self.models[version]
 
     def snapshot(self) -> Any:
-        weights = self.models.setdefault(self.version, self.weights_view())
-        return self._snapshot_of(self.version, weights.copy(), self.layout)
+        return self._snapshot_of(self.version, self.weights_view().copy(), self.layout)
+
+    def drops_unread(self, base_version: int, policy: Any) -> bool:
+        """As `AggregationState.drops_unread`: True when `apply` will drop the update for
+        staleness without reading its weights (so the simulator need not train it)."""
+        return bool(self.aggregator.model_staleness(model_seqnum=base_version) > self.max_staleness)
 
     def apply(self, update: Any, policy: Any) -> Any:
         """One client's result through FLSim, as AsyncTrainer.train_and_update_global_model."""
@@ -257,7 +276,7 @@ class FlsimServer:
                 Outcome.DROPPED, version=self.version, reason=DropReason.STALE, **common
             )
         weight = self.weight.weight(num_examples=update.num_samples, staleness=staleness)
-        before = self.models[update.base_version]
+        before = self.models[update.base_version]  # kept when a device started from it
         delta = self._model_of(before - update.weights)  # FLSim's delta: before − after
         final = self._model_of(update.weights)
         self.aggregator.zero_grad()
@@ -273,13 +292,15 @@ class FlsimServer:
         )
 
 
-def run_flsim(setup: str, optimizer: str, seed: int, avg_staleness: int = 0) -> dict[str, Any]:
+def run_flsim(
+    setup: str, optimizer: str, seed: int, avg_staleness: int = 0, smoke: bool = False
+) -> dict[str, Any]:
     _allow_instance_defaults()
     from fedasync.sim.asynchronous import AsyncRun
     from fedasync.sim.runner import fleet_advice
     from fedasync.sim.world import build_world
 
-    config = config_for(setup, optimizer, seed)
+    config = config_for(setup, optimizer, seed, smoke=smoke)
     world = build_world(config)
     algorithm = config.algorithms[0]
     advised = fleet_advice(world, buffer_size=algorithm.buffer_size).recommended_tau_max
@@ -346,17 +367,23 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="flsim: normalise its staleness weight to 1 at this τ (FLSim's default is 1: √2·w)",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few seconds per run: see SMOKE (CI's check)"
+    )
     args = parser.parse_args(argv)
     if args.side == "table":
         print(table(args.folder_or_none or args.out))
         return 0
-    runner: Callable[[str, str, int], dict[str, Any]] = run_ours
     label = args.label
+
+    def runner(setup: str, optimizer: str, seed: int) -> dict[str, Any]:
+        return run_ours(setup, optimizer, seed, args.smoke)
+
     if args.side == "flsim":
         label = "flsim" if not args.avg_staleness else f"flsim-avg{args.avg_staleness}"
 
         def runner(setup: str, optimizer: str, seed: int) -> dict[str, Any]:
-            return run_flsim(setup, optimizer, seed, args.avg_staleness)
+            return run_flsim(setup, optimizer, seed, args.avg_staleness, args.smoke)
 
     args.out.mkdir(parents=True, exist_ok=True)
     for optimizer in args.optimizer:
