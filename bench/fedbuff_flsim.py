@@ -85,11 +85,13 @@ ARMS: dict[str, dict[str, Any]] = {
 
 
 #: --smoke: the setup shrunk to a few seconds (CI runs every bench this way, tests/test_benches.py):
-#: ten devices, four server steps, a smaller MLP; it checks that the bench runs, not what it finds
+#: ten devices, two server steps, a smaller MLP, one epoch; it checks that the bench runs, not
+#: what it finds
 SMOKE: dict[str, Any] = {
     "task": {"name": "digits", "params": {"hidden": 8}},
+    "training": {"epochs": 1, "batch_size": 32},
     "fleet": {"devices": 10},
-    "budget": {"max_updates": 4 * K},
+    "budget": {"max_updates": 2 * K},
 }
 
 

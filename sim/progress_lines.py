@@ -39,7 +39,7 @@ def line_progress(
         def advance(sim_s: float, applied: int) -> None:
             nonlocal printed, last
             share = sim_s / total_s
-            steps = int(share / step)
+            steps = int(share / step + 1e-9)  # 0.3 / 0.1 is 2.9999999999999996
             now = clock()
             if steps <= printed and now - last < every_s:
                 return
