@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -317,6 +318,179 @@ def run_flsim(
     return describe(result.recorder, score, result, time.perf_counter() - started)
 
 
+# ------------------------------------------------------------------- FLSim on its own (alone)
+#: FLSim's own simulator, its `AsyncTrainer`: devices start training at Poisson times
+#: (`training_rate` per unit of time) and train for a duration drawn per example
+#: (`PerExampleGaussianDuration`: mean per example × examples, sd); so about
+#: rate × mean duration devices train at once. `alone` runs it with these values of that
+#: concurrency, on the same data split, initial model, local training and server as above.
+CONCURRENCY = (10, 100)
+
+
+def run_flsim_alone(seed: int, concurrency: int, smoke: bool = False) -> dict[str, Any]:
+    """FLSim's AsyncTrainer on its own: its event generator and arrivals, not our fleet.
+
+    Same digits split over 100 IID clients, the same initial weights, FLSim's local SGD at the
+    same lr, batch size and epochs, FedBuff K = 10 with 1/√(1 + τ), 3,000 trainings (30 of its
+    epochs over the 100 users). Evaluated on the same 359 test images after every 100
+    trainings; both the last and the best evaluation are reported (its trainer returns the best).
+    """
+    _allow_instance_defaults()
+    import torch
+    from flsim.clients.base_client import ClientConfig
+    from flsim.common.timeout_simulator import NeverTimeOutSimulatorConfig
+    from flsim.data.data_provider import FLDataProviderFromList
+    from flsim.interfaces.model import IFLModel
+    from flsim.metrics_reporter.tensorboard_metrics_reporter import FLMetricsReporter
+    from flsim.optimizers.async_aggregators import FedAvgWithLRFedBuffAggregatorConfig
+    from flsim.optimizers.local_optimizers import LocalOptimizerSGDConfig
+    from flsim.trainers.async_trainer import AsyncTrainer, AsyncTrainerConfig
+    from flsim.utils.async_trainer.async_example_weights import EqualExampleWeightConfig
+    from flsim.utils.async_trainer.async_staleness_weights import (
+        PolynomialStalenessWeightConfig,
+    )
+    from flsim.utils.async_trainer.async_user_selector import AsyncUserSelectorType
+    from flsim.utils.async_trainer.async_weights import AsyncWeightConfig
+    from flsim.utils.async_trainer.training_event_generator import (
+        AsyncTrainingEventGeneratorConfig,
+        PoissonAsyncTrainingStartTimeDistrConfig,
+    )
+    from flsim.utils.simple_batch_metrics import FLBatchMetrics
+    from flsim.utils.timing.training_duration_distribution import (
+        PerExampleGaussianDurationDistributionConfig,
+    )
+    from omegaconf import OmegaConf
+
+    from fedasync.learning.digits_net import MLP
+    from fedasync.learning.torch_weights import load_vector
+    from fedasync.sim.world import build_world
+
+    config = config_for("issue", "sgd", seed, smoke=smoke)
+    world = build_world(config)
+    random.seed(seed)  # FLSim draws start times, durations and users from the global streams
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)  # as our simulator's local training runs (learning/torch_task.py)
+    params = world.training
+    hidden = config.task.params.get("hidden", 32)
+    net = MLP(world.train.X.shape[1], hidden, world.task.num_classes)
+    load_vector(net, world.init_weights, buffers=False)
+
+    def batches(X: np.ndarray, y: np.ndarray) -> list[dict[str, Any]]:
+        size = params.batch_size
+        return [
+            {
+                "features": torch.from_numpy(X[i : i + size]),
+                "labels": torch.from_numpy(y[i : i + size]),
+            }
+            for i in range(0, len(y), size)
+        ]
+
+    class Model(IFLModel):  # type: ignore[misc]  # FLSim's model interface (untyped)
+        def __init__(self, module: torch.nn.Module) -> None:
+            self.module = module
+
+        def fl_forward(self, batch: Any) -> Any:
+            output = self.module(batch["features"])
+            labels = batch["labels"].long()
+            loss = torch.nn.functional.cross_entropy(output, labels)
+            return FLBatchMetrics(
+                loss=loss,
+                num_examples=len(labels),
+                predictions=output.detach(),
+                targets=labels,
+                model_inputs=[],
+            )
+
+        def fl_create_training_batch(self, **kwargs: Any) -> Any:
+            return kwargs["batch"]
+
+        def fl_get_module(self) -> torch.nn.Module:
+            return self.module
+
+        def fl_cuda(self) -> None:
+            pass
+
+        def get_eval_metrics(self, batch: Any) -> Any:
+            with torch.no_grad():
+                return self.fl_forward(batch)
+
+        def get_num_examples(self, batch: Any) -> int:
+            return len(batch["labels"])
+
+    scores: list[float] = []
+
+    class Reporter(FLMetricsReporter):  # type: ignore[misc]
+        def compute_scores(self) -> dict[str, Any]:
+            correct = sum(
+                int((p.argmax(1) == t).sum())
+                for p, t in zip(self.predictions_list, self.targets_list, strict=True)
+            )
+            total = sum(len(t) for t in self.targets_list)
+            return {"accuracy": correct / total}
+
+        def create_eval_metrics(self, scores_: dict[str, Any], total_loss: float, **kw: Any) -> Any:
+            return scores_
+
+        def compare_metrics(self, eval_metrics: Any, best_metrics: Any) -> bool:
+            scores.append(eval_metrics["accuracy"])
+            return best_metrics is None or eval_metrics["accuracy"] > best_metrics["accuracy"]
+
+    users = [
+        batches(world.device_data[i].X, world.device_data[i].y) for i in range(world.num_devices)
+    ]
+    test = batches(world.test.X, world.test.y)
+    model = Model(net)
+    provider = FLDataProviderFromList(users, [test], [test], model)
+    examples = statistics.mean(len(world.device_data[i]) for i in range(world.num_devices))
+    mean_per_example = concurrency / examples  # rate 1 per unit: about `concurrency` at once
+    epochs = config.budget.max_updates // world.num_devices
+    trainer = AsyncTrainer(
+        model=model,
+        cuda_enabled=False,
+        **OmegaConf.structured(
+            AsyncTrainerConfig(
+                aggregator=FedAvgWithLRFedBuffAggregatorConfig(lr=1.0 / K, buffer_size=K),
+                client=ClientConfig(
+                    epochs=params.epochs, optimizer=LocalOptimizerSGDConfig(lr=params.lr)
+                ),
+                epochs=epochs,
+                training_event_generator=AsyncTrainingEventGeneratorConfig(
+                    training_start_time_distribution=PoissonAsyncTrainingStartTimeDistrConfig(
+                        training_rate=1.0
+                    ),
+                    duration_distribution_generator=PerExampleGaussianDurationDistributionConfig(
+                        training_duration_mean=mean_per_example,
+                        training_duration_sd=mean_per_example / 4,
+                    ),
+                ),
+                async_user_selector_type=AsyncUserSelectorType.RANDOM,
+                async_weight=AsyncWeightConfig(
+                    staleness_weight=PolynomialStalenessWeightConfig(exponent=0.5, avg_staleness=0),
+                    example_weight=EqualExampleWeightConfig(),
+                ),
+                timeout_simulator=NeverTimeOutSimulatorConfig(),
+                do_eval=True,
+                eval_epoch_frequency=1.0,
+            )
+        ),
+    )
+    started = time.perf_counter()
+    trainer.train(provider, Reporter([]), num_total_users=world.num_devices)
+    return {
+        "final_accuracy": scores[-1],
+        "best_accuracy": max(scores),
+        "applied": epochs * world.num_devices,
+        "dropped": 0,
+        "versions": int(trainer.aggregator.global_seqnum),
+        "median_tau": None,
+        "p95_tau": None,
+        "tau_max": None,
+        "concurrency": concurrency,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
 # ---------------------------------------------------------------------------------- table
 def table(folder: Path) -> str:
     rows: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
@@ -329,7 +503,7 @@ def table(folder: Path) -> str:
         "| median τ | p95 τ | τ_max | versions |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    order = {"before": 0, "after": 1, "flsim": 2, "flsim-avg1": 3}
+    order = {"before": 0, "after": 1, "flsim": 2, "flsim-avg1": 3, "alone-c10": 5, "alone-c100": 6}
     for key in sorted(
         rows, key=lambda k: (SETUPS.index(k[0]), OPTIMIZERS.index(k[1]), order.get(k[3], 4))
     ):
@@ -339,6 +513,12 @@ def table(folder: Path) -> str:
         name = f"ours, {key[3]}"
         if key[2] == "flsim":
             name = "FLSim 0.1.0" + (" (its default weight √2/√(1+τ))" if "avg" in key[3] else "")
+        if key[2] == "alone":
+            best = statistics.mean(r["best_accuracy"] for r in runs)
+            name = (
+                f"FLSim 0.1.0 alone: its AsyncTrainer, Poisson starts, ~{runs[0]['concurrency']} "
+                f"at once (best evaluation {best:.3f})"
+            )
         lines.append(
             f"| {key[0]} | {key[1]} | {name} | {len(runs)} | "
             f"{statistics.mean(scores):.3f} ± {sd:.3f} | "
@@ -356,7 +536,7 @@ def _mean(runs: list[dict[str, Any]], key: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("side", choices=("ours", "flsim", "table"))
+    parser.add_argument("side", choices=("ours", "flsim", "alone", "table"))
     parser.add_argument("folder_or_none", nargs="?", type=Path, help="table: the runs' folder")
     parser.add_argument("--setup", choices=SETUPS, default="issue")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, nargs="+", default=["sgd"])
@@ -368,6 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="flsim: normalise its staleness weight to 1 at this τ (FLSim's default is 1: √2·w)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=list(CONCURRENCY),
+        help="alone: devices FLSim's own simulator keeps training at once (rate × duration)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="a few seconds per run: see SMOKE (CI's check)"
@@ -388,6 +575,16 @@ def main(argv: list[str] | None = None) -> int:
             return run_flsim(setup, optimizer, seed, args.avg_staleness, args.smoke)
 
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.side == "alone":
+        for concurrency in args.concurrency:
+            for seed in args.seeds:
+                run = run_flsim_alone(seed, concurrency, args.smoke)
+                run |= {"setup": "issue", "optimizer": "sgd", "side": "alone", "seed": seed}
+                run |= {"label": f"alone-c{concurrency}"}
+                path = args.out / f"issue-sgd-alone-c{concurrency}-seed{seed}.json"
+                path.write_text(json.dumps(run, indent=1) + "\n")
+                print(json.dumps(run), flush=True)
+        return 0
     for optimizer in args.optimizer:
         for seed in args.seeds:
             run = runner(args.setup, optimizer, seed)
