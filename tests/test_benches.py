@@ -140,6 +140,11 @@ def test_flsim_side_runs_on_flsim(tmp_path: Path) -> None:
     rows = [line.split(" | ")[4:] for line in table.splitlines() if "| issue | sgd |" in line]
     assert len(rows) == 2, table
     assert rows[0] == rows[1], table  # both servers, the same figures
+    alone = ["alone", "--smoke", "--seeds", "0", "--concurrency", "10", "--out", str(tmp_path)]
+    done = _run(python, "fedbuff_flsim.py", alone)  # FLSim's own trainer and arrivals
+    assert done.returncode == 0, done.stderr
+    table = _run(sys.executable, "fedbuff_flsim.py", ["table", str(tmp_path)]).stdout
+    assert "FLSim 0.1.0 alone: its AsyncTrainer, Poisson starts, ~10 at once" in table
 
 
 def _attributes_read(path: Path, owner: str) -> set[str]:

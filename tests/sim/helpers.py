@@ -6,6 +6,20 @@ from typing import Any
 
 from fedasync.sim.config import SimConfig, build, merge
 
+
+def run_cli(argv: list[str]) -> int:
+    """`fedasync ARGV` for `simulate` and `advise`, via a parser built as services/commands/cli.py
+    builds it; the handler's exit code."""
+    import argparse
+
+    from fedasync.sim.cli import register
+
+    parser = argparse.ArgumentParser(prog="fedasync")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
 LINEAR: dict[str, Any] = {
     "name": "tiny",
     "task": {"name": "linear", "params": {"samples": 800}},

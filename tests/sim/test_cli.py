@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from fedasync.sim.cli import register
+from tests.sim.helpers import run_cli
 
-
-def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedasync")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.handler(args))
+run = run_cli
 
 
 def test_simulate_writes_summary_and_curves(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
 import pytest
 
-from fedasync.sim.cli import register
 from fedasync.sim.progress_lines import line_progress
+from tests.sim.helpers import run_cli
 
 
 class Clock:
@@ -48,11 +47,8 @@ def test_simulate_prints_progress_lines_when_stderr_is_not_a_terminal(
         '[task]\nname = "linear"\nparams = {samples = 400}\n[fleet]\ndevices = 4\n'
         '[budget]\nmax_updates = 100000\nmax_seconds = 600\n[[algorithms]]\nkind = "fedasync"\n'
     )
-    parser = argparse.ArgumentParser(prog="fedasync")
-    register(parser.add_subparsers(dest="command", required=True))
     argv = ["simulate", "--config", str(toml), "--out", str(tmp_path / "o"), "--no-plots"]
-    args = parser.parse_args(argv)
-    assert args.handler(args) == 0
+    assert run_cli(argv) == 0
     progress = [line for line in capsys.readouterr().err.splitlines() if "simulated min" in line]
     # a line at the first decision past each tenth of the 10 simulated minutes (more only if
     # 30 s of wall time pass between two, which a loaded machine may make happen)

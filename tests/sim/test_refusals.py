@@ -8,7 +8,6 @@ budget. Now each refuses with the core's reason and detail (shared/validation.py
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,11 @@ from fedasync.learning.task import Dataset, Task
 from fedasync.learning.tasks import get_task
 from fedasync.shared.decision import Decision, Outcome
 from fedasync.sim.asynchronous import run_async
-from fedasync.sim.cli import register
 from fedasync.sim.result import RunResult
 from fedasync.sim.stall import STALL_REFUSALS, Stall
 from fedasync.sim.synchronous import run_sync
 from fedasync.sim.world import World, build_world
-from tests.sim.helpers import config
+from tests.sim.helpers import config, run_cli
 
 ALGORITHMS = [
     {"kind": "fedavg", "clients_per_round": 3},
@@ -159,11 +157,8 @@ def test_simulate_ends_a_stalled_run_with_one_line_per_algorithm_and_exit_1(
         '[budget]\nmax_seconds = 21600\n[[algorithms]]\nkind = "fedasync"\n'
         '[[algorithms]]\nkind = "fedavg"\nclients_per_round = 3\n'
     )
-    parser = argparse.ArgumentParser(prog="fedasync")
-    register(parser.add_subparsers(dest="command", required=True))
     argv = ["simulate", "--config", str(toml), "--out", str(tmp_path / "o"), "--no-plots"]
-    args = parser.parse_args(argv)
-    assert args.handler(args) == 1
+    assert run_cli(argv) == 1
     err = capsys.readouterr().err
     stalls = [line for line in err.splitlines() if "none applied since" in line]
     assert [line.split(" stopped at ")[0] for line in stalls] == [
