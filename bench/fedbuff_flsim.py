@@ -35,6 +35,15 @@ Then (docs/experiments.md, section 6):
 
 `ours --label before`, run with the code of an earlier commit first on PYTHONPATH, gives the
 "before" rows. Each run writes one JSON file; `table` prints mean ± sd over seeds per row.
+
+`alone` is FLSim on its own instead: its `AsyncTrainer` with its own event generator (Poisson
+starts, durations per example), not our fleet, on the same data split, initial model and server
+(`run_flsim_alone`), to compare what each simulator gives by itself:
+
+    /tmp/flsim-venv/bin/python bench/fedbuff_flsim.py alone --concurrency 100 10
+
+`--smoke` shrinks any side to seconds (`SMOKE`): tests/test_benches.py runs `ours --smoke` in CI,
+and `flsim` and `alone` where FEDASYNC_FLSIM_PYTHON names FLSim's virtualenv.
 """
 
 from __future__ import annotations
