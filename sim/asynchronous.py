@@ -154,7 +154,7 @@ class AsyncRun:
         self.state = AggregationState(world.init_weights.copy(), world.task.layout)
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
-        #: decisions in a row that applied nothing: the run ends when there are too many
+        #: refusals since the last applied update: too many end the run (sim/stall.py)
         self.stall = Stall()
         self.queue: EventQueue[Event] = EventQueue()
         self.waiting: deque[int] = deque()

@@ -58,7 +58,7 @@ class SyncRun:
         self.progress = progress
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
-        #: results in a row that were refused: the run ends when there are too many
+        #: refusals since the last applied result: too many end the run (sim/stall.py)
         self.stall = Stall()
         self.queue: EventQueue[Event] = EventQueue()
         self.rng = stream(world.seed, Stream.SERVER)

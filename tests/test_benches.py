@@ -59,7 +59,7 @@ SMOKE: dict[str, Smoke] = {
         ),
         "updates/s  fetches/s",
     ),
-    "simulator.py": Smoke((("--updates", "30", "--devices", "5"),), "sim s/wall s"),
+    "simulator.py": Smoke((("--updates", "10", "--devices", "3"),), "sim s/wall s"),
     "slow_clients.py": Smoke(
         (("--slow", "3", "--requests", "12", "--rounds", "1", "--header-timeout", "2"),),
         "ratio with/without",
