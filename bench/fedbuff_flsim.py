@@ -43,7 +43,7 @@ starts, durations per example), not our fleet, on the same data split, initial m
     /tmp/flsim-venv/bin/python bench/fedbuff_flsim.py alone --concurrency 100 10
 
 `--smoke` shrinks any side to seconds (`SMOKE`): tests/test_benches.py runs `ours --smoke` in CI,
-and `flsim` and `alone` where FEDASYNC_FLSIM_PYTHON names FLSim's virtualenv.
+and `flsim` and `alone` where FLSIM_PYTHON names FLSim's virtualenv.
 """
 
 from __future__ import annotations

@@ -123,11 +123,11 @@ def test_bench_runs_at_its_smallest_settings(bench: str, tmp_path: Path) -> None
 
 def test_flsim_side_runs_on_flsim(tmp_path: Path) -> None:
     """FLSim's server through our simulator, on FLSim itself: the same table as ours, seed 0."""
-    python = os.environ.get("FEDASYNC_FLSIM_PYTHON")
+    python = os.environ.get("FLSIM_PYTHON")
     if not python:
         pytest.skip(
             "FLSim 0.1.0 lives in a virtualenv of its own (bench/fedbuff_flsim.py's docstring "
-            "says how to make one); set FEDASYNC_FLSIM_PYTHON to its python to run this"
+            "says how to make one); set FLSIM_PYTHON to its python to run this"
         )
     for arguments in (
         ["flsim", "--smoke", "--seeds", "0", "--out", str(tmp_path)],
