@@ -40,8 +40,7 @@ from fedasync.shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
 from fedasync.shared.policy import Mode, NormAction, Policy
 from fedasync.shared.server_optimizer import OptimizerState, server_step
 from fedasync.shared.update import MAX_ID_LENGTH, Update
-
-_ACCEPTED_DTYPES = (np.dtype("<f4"), np.dtype("<f2"))
+from fedasync.shared.validation import NON_FINITE_DETAIL, is_count, update_problem
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -197,7 +196,7 @@ class AggregationState:
             return self._decide(
                 update, policy, Outcome.DROPPED, reason=DropReason.CLOSED, detail=self.closed
             )
-        base_ok = _is_count(update.base_version)
+        base_ok = is_count(update.base_version)
         if base_ok and update.base_version < self.dedup.floor:
             return self._decide(
                 update,
@@ -209,7 +208,7 @@ class AggregationState:
 
         key = min(update.base_version, self.version) if base_ok else self.version
         self.dedup.remember(update.update_id, key)
-        problem = self._validate(update)
+        problem = update_problem(update, self.version, self._size)
         if problem is not None:
             reason, detail = problem
             return self._decide(update, policy, Outcome.REJECTED, reason=reason, detail=detail)
@@ -225,31 +224,13 @@ class AggregationState:
             return self._tiered(update, new, tau, policy)
         return self._buffer(update, new, tau, policy)
 
-    def _validate(self, update: Update) -> tuple[RejectReason, str] | None:
-        if not _is_count(update.base_version):
-            return RejectReason.BAD_BASE_VERSION, f"base version {update.base_version!r}"
-        if update.base_version > self.version:
-            return (
-                RejectReason.FUTURE_BASE_VERSION,
-                f"base version {update.base_version} > model version {self.version}",
-            )
-        if not _is_count(update.num_samples) or update.num_samples < 1:
-            return RejectReason.BAD_NUM_SAMPLES, f"num_samples {update.num_samples!r} < 1"
-        w = update.weights
-        if not isinstance(w, np.ndarray) or w.dtype not in _ACCEPTED_DTYPES:
-            dtype = getattr(w, "dtype", type(w).__name__)
-            return RejectReason.BAD_DTYPE, f"dtype {dtype}, expected float32 or float16"
-        if w.ndim != 1 or w.size != self._size:
-            return RejectReason.SHAPE_MISMATCH, f"shape {w.shape}, expected ({self._size},)"
-        return None
-
     def _reject_non_finite(self, update: Update, policy: Policy) -> Decision:
         return self._decide(
             update,
             policy,
             Outcome.REJECTED,
             reason=RejectReason.NON_FINITE,
-            detail="weights contain NaN or Inf",
+            detail=NON_FINITE_DETAIL,
         )
 
     def _mix(self, update: Update, new: np.ndarray, tau: int, policy: Policy) -> Decision:
@@ -743,10 +724,6 @@ class AggregationState:
 
 def _valid_id(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

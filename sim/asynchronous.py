@@ -30,6 +30,7 @@ from fedasync.sim.config import FedAvgConfig, RulesConfig, label
 from fedasync.sim.device import Device, Devices, ParkedStream, RunPlan
 from fedasync.sim.recorder import Recorder
 from fedasync.sim.result import DecisionHook, EndedBy, Progress, RunResult
+from fedasync.sim.stall import Stall
 from fedasync.sim.world import World
 
 
@@ -153,6 +154,8 @@ class AsyncRun:
         self.state = AggregationState(world.init_weights.copy(), world.task.layout)
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
+        #: refusals since the last applied update: too many end the run (sim/stall.py)
+        self.stall = Stall()
         self.queue: EventQueue[Event] = EventQueue()
         self.waiting: deque[int] = deque()
         self.training = 0
@@ -192,6 +195,9 @@ class AsyncRun:
                 if self.recorder.updates_applied >= budget.max_updates:
                     ended_by, end = "max_updates", time
                     break
+                if self.stall.stalled:
+                    ended_by, end = "stalled", time
+                    break
                 if ready_now is not None:
                     self._ready(time, ready_now)
             elif isinstance(event, Lost):
@@ -221,6 +227,7 @@ class AsyncRun:
             policy_changes=tuple(self.policy_changes),
             alerts=tuple(self.alerts),
             rule_figures=tuple(self.rule_figures),
+            stalled=self.stall.why() if ended_by == "stalled" else None,
         )
 
     def _run_rules(self, now: float) -> None:
@@ -358,6 +365,7 @@ class AsyncRun:
         )
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
+        self.stall.decided(decision)
         if self.rules:  # only the rules read the window; without them it would only grow
             self.window.add(
                 now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha

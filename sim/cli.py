@@ -1,7 +1,8 @@
 """`fedasync simulate` and `fedasync advise`, whose arguments services/commands/cli.py adds
 when one of them is the command typed.
 
-Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input.
+Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input, and for
+`simulate` 1 when an algorithm's run stalled (too many refusals, none applied: sim/stall.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from fedasync.learning.partition import PartitionError
 from fedasync.learning.task_failure import TaskCodeError, keep_details
@@ -125,7 +127,7 @@ def _simulate(args: argparse.Namespace) -> int:
         if lagging:
             print(f"{'':>22}  {lagging}")
     print(f"wrote {out}/summary.json" + ("" if args.no_plots else f" and {out}/report.md"))
-    return 0
+    return _stalled(summary)
 
 
 def _simulate_seeds(args: argparse.Namespace, config: SimConfig) -> int:
@@ -145,12 +147,29 @@ def _simulate_seeds(args: argparse.Namespace, config: SimConfig) -> int:
     write_seeds(runs, config, out)
     print((out / "seeds.md").read_text(), end="")
     print(f"wrote {out}/seeds.md, {out}/seeds.json and {out}/per_class_time.png")
-    return 0
+    return max(_stalled(run.summary, f"seed {run.seed}: ") for run in runs)
+
+
+def _stalled(summary: dict[str, Any], where: str = "") -> int:
+    """One line on stderr per algorithm that ended as stalled (sim/stall.py), and exit code 1
+    if any did: a run that stopped learning is a failure, not a result."""
+    code = 0
+    for name, result in summary["algorithms"].items():
+        if "stalled" in result:
+            minutes = result["simulated_seconds"] / 60
+            print(
+                f"fedasync: {where}{name} stopped at {minutes:.1f} simulated min: "
+                f"{result['stalled']}",
+                file=sys.stderr,
+            )
+            code = 1
+    return code
 
 
 @contextmanager
 def _progress(total_s: float, *, enabled: bool) -> Iterator[Callable[[str], Progress] | None]:
-    """A rich progress bar per algorithm over simulated time (display only, never recorded)."""
+    """A rich progress bar per algorithm over simulated time on a terminal, plain lines
+    elsewhere (sim/progress_lines.py); display only, never recorded."""
     if not enabled:
         yield None
         return
@@ -158,13 +177,20 @@ def _progress(total_s: float, *, enabled: bool) -> Iterator[Callable[[str], Prog
     from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        from fedasync.sim.progress_lines import line_progress
+
+        yield line_progress(total_s, lambda line: print(line, file=sys.stderr, flush=True))
+        return
+
     columns = (
         TextColumn("{task.description:>22}"),
         BarColumn(),
         TextColumn("{task.fields[sim]:>9} simulated, {task.fields[applied]:>6} applied"),
         TimeElapsedColumn(),
     )
-    with Bar(*columns, console=Console(stderr=True)) as bar:
+    with Bar(*columns, console=console) as bar:
 
         def start(name: str) -> Progress:
             task = bar.add_task(name, total=total_s, sim="0 min", applied=0)

@@ -34,6 +34,12 @@ class ConfigError(ValueError):
     """A configuration that cannot be run; the message names each bad key and why."""
 
 
+#: the meaning of every latency kind's `jitter`
+_JITTER = "spread of one run's duration around the device's median (log-normal σ)"
+#: the meaning of every algorithm's `name`
+_NAME = "its name in the outputs (default: its kind); names must be unique"
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,9 +48,13 @@ class TaskConfig(Strict):
     """A built-in name or `package.module:attribute`; only the form is checked here, the task is
     built (its module imported) by `build_world`, with the same resolver the services use."""
 
-    name: str = "digits"
-    #: passed to fedasync.learning.tasks.get_task, e.g. {hidden = 32} for digits
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(
+        "digits", description="a built-in task (digits, linear) or `package.module:attribute`"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of the task, e.g. `{hidden = 32}` for digits",
+    )
 
     @field_validator("name")
     @classmethod
@@ -57,7 +67,9 @@ class TaskConfig(Strict):
 
 
 class DataConfig(Strict):
-    partition: Literal["iid", "dirichlet", "shards", "rare_class_on_slow"] = "iid"
+    partition: Literal["iid", "dirichlet", "shards", "rare_class_on_slow"] = Field(
+        "iid", description="how labels are spread over the devices"
+    )
     beta: float = Field(0.5, gt=0, description="Dirichlet concentration")
     classes_per_device: int = Field(2, ge=1, description="classes each device holds (shards)")
     rare_class: int = Field(0, ge=0, description="the class only slow devices hold")
@@ -69,8 +81,11 @@ class LongTailLatency(Strict):
     """The write-up's mixture; `tiers` are (share of devices, median seconds)."""
 
     kind: Literal["longtail"]
-    tiers: list[tuple[float, float]] = [(0.70, 30.0), (0.20, 90.0), (0.08, 180.0), (0.02, 600.0)]
-    jitter: float = Field(0.2, ge=0)
+    tiers: list[tuple[float, float]] = Field(
+        [(0.70, 30.0), (0.20, 90.0), (0.08, 180.0), (0.02, 600.0)],
+        description="(share of devices, median seconds of a run) per tier",
+    )
+    jitter: float = Field(0.2, ge=0, description=_JITTER)
 
     @model_validator(mode="after")
     def _positive(self) -> LongTailLatency:
@@ -81,38 +96,40 @@ class LongTailLatency(Strict):
 
 class LogNormalLatency(Strict):
     kind: Literal["lognormal"]
-    median_s: float = Field(60.0, gt=0)
-    sigma: float = Field(0.8, ge=0)
-    jitter: float = Field(0.2, ge=0)
+    median_s: float = Field(60.0, gt=0, description="median over the fleet of a device's median")
+    sigma: float = Field(0.8, ge=0, description="σ of the log of the devices' medians")
+    jitter: float = Field(0.2, ge=0, description=_JITTER)
 
 
 class ParetoLatency(Strict):
     kind: Literal["pareto"]
-    scale_s: float = Field(30.0, gt=0)
-    shape: float = Field(1.5, gt=0)
-    jitter: float = Field(0.2, ge=0)
+    scale_s: float = Field(30.0, gt=0, description="the smallest device median, seconds")
+    shape: float = Field(1.5, gt=0, description="Pareto shape: smaller is a heavier tail")
+    jitter: float = Field(0.2, ge=0, description=_JITTER)
 
 
 class ExponentialLatency(Strict):
     kind: Literal["exponential"]
-    mean_s: float = Field(60.0, gt=0)
-    minimum_s: float = Field(1.0, gt=0)
-    jitter: float = Field(0.2, ge=0)
+    mean_s: float = Field(60.0, gt=0, description="mean of the devices' medians, seconds")
+    minimum_s: float = Field(1.0, gt=0, description="no device median below this, seconds")
+    jitter: float = Field(0.2, ge=0, description=_JITTER)
 
 
 class FixedLatency(Strict):
     """Exactly these medians per device (cycled), for closed-form checks."""
 
     kind: Literal["fixed"]
-    medians_s: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
-    jitter: float = Field(0.0, ge=0)
+    medians_s: list[Annotated[float, Field(gt=0)]] = Field(
+        min_length=1, description="each device's median seconds, cycled over the fleet"
+    )
+    jitter: float = Field(0.0, ge=0, description=_JITTER)
 
 
 class TraceLatency(Strict):
     """A CSV with columns device,duration_s; each device replays its durations in order."""
 
     kind: Literal["trace"]
-    path: str
+    path: str = Field(description="the CSV, relative to the config file's folder")
 
 
 Latency = Annotated[
@@ -134,15 +151,15 @@ class IntermittentAvailability(Strict):
     """Alternating online/offline periods, exponential with these means."""
 
     kind: Literal["intermittent"]
-    online_mean_s: float = Field(3600.0, gt=0)
-    offline_mean_s: float = Field(600.0, gt=0)
+    online_mean_s: float = Field(3600.0, gt=0, description="mean online period, seconds")
+    offline_mean_s: float = Field(600.0, gt=0, description="mean offline period, seconds")
 
 
 class TraceAvailability(Strict):
     """A CSV with columns device,online_from_s,online_until_s; offline outside the windows."""
 
     kind: Literal["trace"]
-    path: str
+    path: str = Field(description="the CSV, relative to the config file's folder")
 
 
 Availability = Annotated[
@@ -168,13 +185,19 @@ class SpeedPhase(Strict):
 
 
 class FleetConfig(Strict):
-    devices: int = Field(100, ge=1)
-    latency: Latency = LongTailLatency(kind="longtail")
-    availability: Availability = AlwaysAvailable(kind="always")
+    devices: int = Field(100, ge=1, description="devices in the fleet")
+    latency: Latency = Field(
+        LongTailLatency(kind="longtail"), description="how long each device's runs take"
+    )
+    availability: Availability = Field(
+        AlwaysAvailable(kind="always"), description="when each device is online"
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="chance a run fails mid-training")
     max_concurrency: int | None = Field(None, ge=1, description="devices training at once")
-    #: a schedule of speed-ups or slow-downs (e.g. an update-rate spike), not overlapping
-    phases: list[SpeedPhase] = Field(default_factory=list)
+    phases: list[SpeedPhase] = Field(
+        default_factory=list,
+        description="speed-ups or slow-downs (e.g. an update-rate spike), not overlapping",
+    )
 
     @model_validator(mode="after")
     def _phases_apart(self) -> FleetConfig:
@@ -195,9 +218,9 @@ class FleetConfig(Strict):
 class TrainingConfig(Strict):
     """Local training; unset values take the task's suggestion."""
 
-    epochs: int | None = Field(None, ge=1)
-    lr: float | None = Field(None, gt=0)
-    batch_size: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1, description="local epochs per run")
+    lr: float | None = Field(None, gt=0, description="local learning rate")
+    batch_size: int | None = Field(None, ge=1, description="local batch size")
 
 
 class BudgetConfig(Strict):
@@ -226,7 +249,9 @@ class RulesConfig(Strict):
     cooldown_s: float = Field(0.0, ge=0, description="least time between two actions of a rule")
     rate_high: float | None = Field(None, gt=0, description="decisions/s that turn the switch on")
     rate_low: float | None = Field(None, ge=0, description="decisions/s below which it turns off")
-    rate_switch: Literal["raise-gamma", "lower-alpha"] = "raise-gamma"
+    rate_switch: Literal["raise-gamma", "lower-alpha"] = Field(
+        "raise-gamma", description="what the update-rate rule turns on above `rate_high`"
+    )
     lag_high: float | None = Field(None, gt=0, description="undecided updates: freshest-only on")
     lag_low: float | None = Field(None, ge=0, description="undecided updates: freshest-only off")
     max_consecutive_drops: int | None = Field(None, ge=1, description="drops in a row: alert")
@@ -268,11 +293,15 @@ class AsyncAlgorithmConfig(Strict):
     everywhere (`apply_mode_preset`): the fields a config leaves unset take that mode's preset.
     """
 
-    #: virtual seconds the aggregator takes per decision (0: each update is decided the moment it
-    #: arrives); updates that arrive meanwhile wait in arrival order, like entries in the stream
-    decide_s: float = Field(0.0, ge=0)
-    #: the control service's automatic rules, on virtual time
-    rules: RulesConfig | None = None
+    decide_s: float = Field(
+        0.0,
+        ge=0,
+        description="virtual seconds the aggregator takes per decision (0: at once); updates "
+        "arriving meanwhile wait in arrival order, like entries in the stream",
+    )
+    rules: RulesConfig | None = Field(
+        None, description="the control service's automatic rules, on virtual time"
+    )
     if TYPE_CHECKING:
         kind: str  # each algorithm's own Literal
 
@@ -321,31 +350,33 @@ else:
 
 class FedAsyncConfig(_AsyncPolicyConfig):
     kind: Literal["fedasync"]
-    name: str | None = None
+    name: str | None = Field(None, description=_NAME)
 
 
 class FedBuffConfig(_AsyncPolicyConfig):
     kind: Literal["fedbuff"]
-    name: str | None = None
+    name: str | None = Field(None, description=_NAME)
 
 
 class FairModeConfig(_AsyncPolicyConfig):
     """The modes that keep a slow client's data in the model (shared/aggregation.py)."""
 
     kind: Literal["memory", "tiered", "fedbuff-fair"]
-    name: str | None = None
+    name: str | None = Field(None, description=_NAME)
 
 
 class FedAvgConfig(Strict):
     """Synchronous rounds: select, wait, average by sample count."""
 
     kind: Literal["fedavg"]
-    name: str | None = None
-    clients_per_round: int = Field(10, ge=1)
-    #: select ceil(m·(1 + over_selection)) and keep the first m to finish
-    over_selection: float = Field(0.0, ge=0)
-    #: results later than this after the round's start are not waited for
-    deadline_s: float | None = Field(None, gt=0)
+    name: str | None = Field(None, description=_NAME)
+    clients_per_round: int = Field(10, ge=1, description="m: results a round waits for")
+    over_selection: float = Field(
+        0.0, ge=0, description="select ceil(m·(1 + over_selection)), keep the first m to finish"
+    )
+    deadline_s: float | None = Field(
+        None, gt=0, description="results later than this after the round's start are not awaited"
+    )
     min_clients: int = Field(1, ge=1, description="fewer online devices: wait")
 
 
@@ -355,16 +386,18 @@ Algorithm = Annotated[
 
 
 class SimConfig(Strict):
-    name: str = "custom"
-    description: str = ""
-    seed: int = Field(0, ge=0)
-    task: TaskConfig = TaskConfig()
-    data: DataConfig = DataConfig()
-    fleet: FleetConfig = FleetConfig()
-    training: TrainingConfig = TrainingConfig()
-    budget: BudgetConfig = BudgetConfig()
-    eval: EvalConfig = EvalConfig()
-    algorithms: list[Algorithm] = Field(min_length=1)
+    name: str = Field("custom", description="the run's name (default output folder, summary)")
+    description: str = Field("", description="one line on what the config shows")
+    seed: int = Field(0, ge=0, description="every random stream derives from it")
+    task: TaskConfig = Field(TaskConfig(), description="`[task]`")
+    data: DataConfig = Field(DataConfig(), description="`[data]`")
+    fleet: FleetConfig = Field(FleetConfig(), description="`[fleet]`")
+    training: TrainingConfig = Field(TrainingConfig(), description="`[training]`")
+    budget: BudgetConfig = Field(BudgetConfig(), description="`[budget]`")
+    eval: EvalConfig = Field(EvalConfig(), description="`[eval]`")
+    algorithms: list[Algorithm] = Field(
+        min_length=1, description="`[[algorithms]]`, each run on the same world, in order"
+    )
     #: where relative trace paths are resolved from (the config file's folder)
     base_dir: str = "."
 

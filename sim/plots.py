@@ -95,7 +95,7 @@ def histogram(sim: Simulation, out: Path, *, field: str) -> str:
     ax.set_ylabel("updates (count, log scale)")
     ax.set_yscale("log")  # a long tail of very stale updates next to a tall fresh peak
     ax.grid(alpha=0.3)
-    if runs:
+    if everything:  # a run that only refused updates has no τ or α to show
         ax.legend()
     return save_png(figure, out / f"{field}.png")
 

@@ -171,6 +171,13 @@ class Recorder:
             decision.step_norm,
         )
 
+    def refused(self, time_s: float, device: int, decision: Decision) -> None:
+        """A FedAvg round's result that the core's checks refused: logged as the asynchronous
+        algorithms' decisions are, and not counted as submitted again (the round counted it)."""
+        self.decisions.add(
+            time_s, device, decision.outcome.value, decision.reason, None, None, None
+        )
+
     def evaluation(self, time_s: float, version: int, result: Evaluation) -> None:
         point = EvalPoint(
             time_s, self.updates_applied, version, result.loss, result.score, result.per_class

@@ -12,7 +12,8 @@ from fedasync.shared.decision import Decision
 from fedasync.shared.update import Update
 from fedasync.sim.recorder import Recorder
 
-EndedBy = Literal["max_updates", "max_seconds", "no_more_events"]
+#: "stalled": STALL_REFUSALS updates refused, none applied since (sim/stall.py)
+EndedBy = Literal["max_updates", "max_seconds", "no_more_events", "stalled"]
 
 #: called with (simulated seconds, updates applied) as the run advances
 Progress = Callable[[float, int], None]
@@ -42,3 +43,5 @@ class RunResult:
     alerts: tuple[dict[str, Any], ...] = ()
     #: what the rules saw at each evaluation: (time s, decisions/s over the window, lag)
     rule_figures: tuple[tuple[float, float, float], ...] = ()
+    #: why the run ended as "stalled" (`Stall.why`: the refusals and their counts), else None
+    stalled: str | None = None

@@ -127,6 +127,8 @@ def algorithm_summary(
             "score_std": float(np.std([p.score for p in recent])),
         },
     }
+    if result.stalled is not None:  # only then: ordinary summaries keep their bytes
+        out["stalled"] = result.stalled
     if rec.rounds:
         durations = [r.end_s - r.start_s for r in rec.rounds]
         out["rounds"] = {"count": len(rec.rounds), "duration_s": stats(durations)}

@@ -4,6 +4,9 @@ A round lasts until the last kept device reports: every selected device when the
 over-selection nor a deadline, else the first m to finish, or what arrived by the deadline.
 A device that drops out is noticed when it drops (optimistic for FedAvg: a real server would
 often notice only at its timeout). The average is `shared/fedavg.py`, the core's only one.
+Each result is first checked as the core checks an update (`shared/validation.py`: shape,
+dtype, finiteness, ...); a refused one is recorded as a rejected decision, as the asynchronous
+algorithms record the core's, and left out of the average.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedasync.shared.decision import Decision, Outcome
 from fedasync.shared.fedavg import fedavg
 from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.update import Update
+from fedasync.shared.validation import finite_problem, update_problem
 from fedasync.sim.asynchronous import make_devices
 from fedasync.sim.clock import EventQueue
 from fedasync.sim.config import FedAvgConfig, label
 from fedasync.sim.device import RunPlan
 from fedasync.sim.recorder import Recorder, RoundRecord
 from fedasync.sim.result import EndedBy, Progress, RunResult
+from fedasync.sim.stall import Stall
 from fedasync.sim.world import World
 
 
@@ -51,6 +58,8 @@ class SyncRun:
         self.progress = progress
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
+        #: refusals since the last applied result: too many end the run (sim/stall.py)
+        self.stall = Stall()
         self.queue: EventQueue[Event] = EventQueue()
         self.rng = stream(world.seed, Stream.SERVER)
         self.weights = _read_only(world.init_weights.copy())
@@ -81,6 +90,9 @@ class SyncRun:
                 if self.recorder.updates_applied >= budget.max_updates:
                     ended_by, end = "max_updates", time
                     break
+                if self.stall.stalled:
+                    ended_by, end = "stalled", time
+                    break
                 self.queue.push(time, StartRound())
             else:
                 result = self.world.task.evaluate(self.weights, self.world.test)
@@ -100,6 +112,7 @@ class SyncRun:
             weights=self.weights,
             counters={"rounds": self.rounds, "applied": self.recorder.updates_applied},
             trainings=self.trainings,
+            stalled=self.stall.why() if ended_by == "stalled" else None,
         )
 
     def _start(self, now: float) -> None:
@@ -148,15 +161,30 @@ class SyncRun:
                 self.recorder.discarded[index] += 1
         for index in event.kept:
             device = self.devices[index]
+            run = event.plans[index].run
             weights, _ = self.world.task.train(
                 self.weights,
                 device.data,
-                device.train_rng(event.plans[index].run),
+                device.train_rng(run),
                 epochs=params.epochs,
                 lr=params.lr,
                 batch_size=params.batch_size,
             )
             self.trainings += 1
+            update = Update(
+                update_id=f"{device.client_id}-r{run}",
+                client_id=device.client_id,
+                base_version=self.rounds,
+                num_samples=len(device.data),
+                weights=weights,
+                created_at=now,
+            )
+            refused = self._refusal(update)
+            if refused is not None:
+                self.recorder.refused(now, index, refused)
+                self.stall.decided(refused)
+                continue
+            self.stall.applied()
             models.append(weights)
             counts.append(len(device.data))
             self.recorder.applied[index] += 1
@@ -169,6 +197,25 @@ class SyncRun:
         )
         if self.progress is not None:
             self.progress(now, self.recorder.updates_applied)
+
+    def _refusal(self, update: Update) -> Decision | None:
+        """The core's refusal of a round's result, or None when it may be averaged."""
+        problem = update_problem(update, self.rounds, self.world.task.layout.size)
+        if problem is None:
+            problem = finite_problem(update.weights)
+        if problem is None:
+            return None
+        reason, detail = problem
+        return Decision(
+            outcome=Outcome.REJECTED,
+            update_id=update.update_id,
+            client_id=update.client_id,
+            base_version=update.base_version,
+            version=self.rounds,
+            policy_version=0,
+            reason=str(reason),
+            detail=detail,
+        )
 
 
 def _read_only(weights: np.ndarray) -> np.ndarray:

@@ -6,6 +6,16 @@ from typing import Any
 
 from fedasync.sim.config import SimConfig, build, merge
 
+
+def run_cli(argv: list[str]) -> int:
+    """`fedasync ARGV` (`simulate`, `advise`, ...) through the fedasync command's own parser; the
+    handler's exit code."""
+    from fedasync.services.commands.cli import build_parser
+
+    args = build_parser(argv).parse_args(argv)
+    return int(args.handler(args))
+
+
 LINEAR: dict[str, Any] = {
     "name": "tiny",
     "task": {"name": "linear", "params": {"samples": 800}},

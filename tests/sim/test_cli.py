@@ -7,12 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fedasync.services.commands.cli import build_parser
+from tests.sim.helpers import run_cli
 
-
-def run(argv: list[str]) -> int:
-    args = build_parser(argv).parse_args(argv)
-    return int(args.handler(args))
+run = run_cli
 
 
 def test_simulate_writes_summary_and_curves(
