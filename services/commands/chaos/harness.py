@@ -28,7 +28,7 @@ from typing import Any
 
 from fedasync.services.commands.chaos.audit import audit
 from fedasync.services.commands.chaos.faults import Injector, wait_until
-from fedasync.services.commands.chaos.probe import wait_drained, wait_served
+from fedasync.services.commands.chaos.probe import wait_drained, wait_lag_at_rest, wait_served
 from fedasync.services.commands.chaos.report import build_summary, write_summary
 from fedasync.services.commands.chaos.schedule import Fault, Profile, build_schedule
 from fedasync.services.commands.chaos.system import (
@@ -44,6 +44,8 @@ from fedasync.services.worker.journal import read_journals
 #: longest the harness waits for the drain and for the snapshot service to catch up, seconds
 DRAIN_TIMEOUT_S = 120.0
 SERVED_TIMEOUT_S = 30.0
+#: for the aggregator's lag gauge to read 0 once drained (it is refreshed about once a second)
+LAG_TIMEOUT_S = 30.0
 #: how often the fault loop looks for exited children when nothing is scheduled, seconds
 TICK_S = 0.1
 
@@ -92,6 +94,14 @@ def run(
                 SERVED_TIMEOUT_S,
                 lambda: _supervise(injector, services),
             )
+            lag = wait_lag_at_rest(
+                client,
+                system.keys,
+                f"http://127.0.0.1:{system.aggregator_port}/metrics",
+                sorted(system.supervisor.log_dir.glob(f"{AGGREGATOR}*.log")),
+                LAG_TIMEOUT_S,
+                lambda: _supervise(injector, services),
+            )
         finally:
             client.close()
         injector.settle()
@@ -118,6 +128,7 @@ def run(
         drained=drained,
         backlog=backlog,
         served=served,
+        lag=lag,
         audit=audited,
         verdict=verdict,
         waits=waits,

@@ -13,7 +13,7 @@ from typing import Any
 
 from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.faults import Injector
-from fedasync.services.commands.chaos.probe import Backlog, Served
+from fedasync.services.commands.chaos.probe import Backlog, LagAtRest, Served
 from fedasync.services.commands.chaos.schedule import FaultKind, Profile, durable_label
 from fedasync.services.commands.chaos.waits import Waits, xadd_time
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
@@ -77,6 +77,7 @@ def build_summary(
     drained: bool,
     backlog: Backlog,
     served: Served,
+    lag: LagAtRest,
     audit: Audit,
     verdict: Verdict,
     waits: Waits,
@@ -112,6 +113,7 @@ def build_summary(
         "each entry decided once": not (verdict.redecided or verdict.undecided),
         "ledger verify passes": audit.verify.ok,
         "served == committed": served.equal,
+        "lag at rest == 0": lag.metric == 0,
         "journals intact": malformed_journal_lines == 0,
         "state, model and ledger intact after every Redis restart": (
             len(restarts) == injector.injected[FaultKind.KILL_REDIS.value]
@@ -198,6 +200,11 @@ def build_summary(
             "last_id": backlog.last_id,
             "delivered_up_to": backlog.delivered_up_to,
         },
+        "lag_at_rest": {
+            "aggregator": lag.metric,
+            "redis": lag.redis,
+            "corrected": list(lag.corrected),
+        },
         "redis_restarts": [check.to_dict() for check in restarts],
         "failovers": failovers,
         "versions_moved_back": moved_back,
@@ -263,6 +270,7 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"committed version {served['committed_version']} "
         f"sha256 {served['committed_sha256'][:16]}",
         summary["verify"]["text"],
+        _lag_line(summary["lag_at_rest"]),
         *_restarts(summary["redis_restarts"]),
         *_failovers(summary),
         "slow clients against the snapshot service: "
@@ -283,6 +291,16 @@ def describe(summary: Mapping[str, Any]) -> str:
     ]
     lines.append("chaos: " + ("all checks passed" if summary["ok"] else "CHECKS FAILED"))
     return "\n".join(lines)
+
+
+def _lag_line(lag: Mapping[str, Any]) -> str:
+    corrected = ", ".join(map(str, lag["corrected"]))
+    drift = (
+        f"Redis's drifted figure corrected {len(lag['corrected'])} times ({corrected})"
+        if corrected
+        else "Redis's figure never needed correcting"
+    )
+    return f"lag at rest: aggregator {lag['aggregator']}, Redis {lag['redis']}; {drift}"
 
 
 def _failovers(summary: Mapping[str, Any]) -> list[str]:
