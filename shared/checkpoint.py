@@ -16,7 +16,8 @@ from fedasync.shared.aggregation import AggregationState, Tier
 from fedasync.shared.clients import ClientEntry
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
-from fedasync.shared.server_optimizer import OptimizerState, ServerOptimizer
+from fedasync.shared.policy import ServerOptimizer
+from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.wire import WireError, pack, unpack
 
 #: 2 added FedBuff's server optimizer state; a build that cannot step it must not restore it.

@@ -31,7 +31,6 @@ from fedasync.shared.params import (
     Scope,
     param,
 )
-from fedasync.shared.server_optimizer import ServerOptimizer
 from fedasync.shared.staleness import Decay
 
 
@@ -52,6 +51,16 @@ class Mode(StrEnum):
     TIERED = "tiered"
     #: FedBuff whose deltas are weighted by the inverse of their client's share of all updates
     FEDBUFF_FAIR = "fedbuff-fair"
+
+
+class ServerOptimizer(StrEnum):
+    """The rule a FedBuff server step applies the buffer's mean delta with
+    (shared/server_optimizer.py has each rule's formula; declared here, with the policy's other
+    choices, so that reading the schema needs no numpy)."""
+
+    SGD = "sgd"
+    MOMENTUM = "momentum"
+    ADAM = "adam"
 
 
 class NormAction(StrEnum):

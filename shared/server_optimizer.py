@@ -20,21 +20,9 @@ Changing the optimizer at runtime starts its moments afresh; changing η, β, β
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from fedasync.shared.policy import Policy
-
-
-class ServerOptimizer(StrEnum):
-    """The rule a FedBuff server step applies the buffer's mean delta with."""
-
-    SGD = "sgd"
-    MOMENTUM = "momentum"
-    ADAM = "adam"
+from fedasync.shared.policy import Policy, ServerOptimizer
 
 
 @dataclass(frozen=True, slots=True, eq=False)

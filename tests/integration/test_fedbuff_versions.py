@@ -14,8 +14,7 @@ from fedasync.services.stores.exactly_once import Decided, check
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.model_format import decode_model
-from fedasync.shared.policy import Mode
-from fedasync.shared.server_optimizer import ServerOptimizer
+from fedasync.shared.policy import Mode, ServerOptimizer
 from fedasync.shared.update import Update
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 

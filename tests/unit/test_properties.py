@@ -17,8 +17,7 @@ from fedasync.shared.checkpoint import load_state, save_state
 from fedasync.shared.decision import Decision, DropReason, Outcome
 from fedasync.shared.layout import Layout
 from fedasync.shared.params import TAU_MAX_LIMIT, Range
-from fedasync.shared.policy import POLICY_RANGES, Mode, NormAction, Policy
-from fedasync.shared.server_optimizer import ServerOptimizer
+from fedasync.shared.policy import POLICY_RANGES, Mode, NormAction, Policy, ServerOptimizer
 from fedasync.shared.staleness import Decay
 from fedasync.shared.update import Update
 from fedasync.shared.wire import WireError, WireReason, decode_update, encode_update, pack

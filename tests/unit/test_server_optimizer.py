@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from fedasync.shared.checkpoint import load_state, save_state
-from fedasync.shared.policy import Mode, Policy
-from fedasync.shared.server_optimizer import ServerOptimizer
+from fedasync.shared.policy import Mode, Policy, ServerOptimizer
 from tests.unit.helpers import make_state, make_update
 
 MEANS = [np.array([1.0, -2.0]), np.array([0.5, 0.5]), np.array([-1.0, 3.0])]
