@@ -20,6 +20,7 @@ Changing the optimizer at runtime starts its moments afresh; changing η, β, β
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from fedasync.shared.policy import Policy, ServerOptimizer
