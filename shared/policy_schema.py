@@ -1,8 +1,8 @@
-"""The policy schema (shared/policy.py) in the forms the rest of the tree reads.
+"""The policy schema (shared/policy.py) as pydantic fields, for the models that hold a policy.
 
 The settings (FEDASYNC_POLICY__*) and the simulator's algorithm tables are pydantic models whose
-policy fields are built here from `SCHEMA`, with the core's ranges as their validators; the
-command-line flags are built from those settings fields; the docs' tables from `SCHEMA` too. No
+policy fields are built here from `SCHEMA`, with the core's ranges as their validators; their
+descriptions, the command-line flags and the docs' tables come from shared/policy_text.py. No
 field, default, range or description is written anywhere else.
 """
 
@@ -21,42 +21,11 @@ from pydantic import (
     create_model,
 )
 
-from fedasync.shared.params import ParamError, Scope
-from fedasync.shared.policy import FIELDS, MODE_PRESETS, SCHEMA, FieldSpec
+from fedasync.shared.params import ParamError
+from fedasync.shared.policy import FIELDS, FieldSpec
+from fedasync.shared.policy_text import describe
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def shown(value: Any) -> str:
-    """A value as a user writes it in a setting, a flag or a config (enums by their value)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(getattr(value, "value", value))
-
-
-def preset_note(spec: FieldSpec) -> str:
-    """What each mode's preset sets this field to, e.g. "mode fedbuff: 0.5"; "" if none does."""
-    notes = [
-        f"mode {mode.value}: {shown(preset[spec.name])}"
-        for mode, preset in MODE_PRESETS.items()
-        if spec.name in preset and preset[spec.name] != spec.default
-    ]
-    return ", ".join(notes)
-
-
-def describe(spec: FieldSpec) -> str:
-    """The field's description with its range and its mode presets: the text every form shows."""
-    parts = [spec.description]
-    if spec.allowed is not None:
-        parts.append(f"allowed {spec.allowed}")
-    elif spec.choices:
-        parts.append("one of " + ", ".join(spec.choices))
-    note = preset_note(spec)
-    if note:
-        parts.append(f"under {note}")
-    return "; ".join(parts)
 
 
 def _checker(spec: FieldSpec, words: tuple[str, ...]) -> AfterValidator | WrapValidator:
@@ -123,28 +92,3 @@ def policy_model(
         __module__=base.__module__,
         **pydantic_fields(names, words),
     )
-
-
-def reference_table() -> str:
-    """Markdown table of every policy field: default, allowed values, when it may be set."""
-    when = {
-        Scope.START: "start, runtime",
-        Scope.RUNTIME: "runtime",
-        Scope.VERSION: "never (each change raises it)",
-    }
-    rows = [
-        "| field | default | allowed | mode presets | set | meaning |",
-        "|---|---|---|---|---|---|",
-    ]
-    for spec in SCHEMA:
-        if spec.allowed is not None:
-            allowed = str(spec.allowed)
-        elif spec.choices:
-            allowed = ", ".join(f"`{c}`" for c in spec.choices)
-        else:
-            allowed = "true, false"
-        rows.append(
-            f"| `{spec.name}` | `{shown(spec.default)}` | {allowed} | {preset_note(spec)} | "
-            f"{when[spec.scope]} | {spec.description} |"
-        )
-    return "\n".join(rows) + "\n"

@@ -20,7 +20,7 @@ from fedasync.shared.policy import (
     Policy,
     apply_mode_preset,
 )
-from fedasync.shared.policy_schema import reference_table
+from fedasync.shared.policy_text import reference_table
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
