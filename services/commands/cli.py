@@ -59,7 +59,7 @@ def _alpha_table(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace) -> int:
     from fedasync.services.runtime.settings import load_settings, settings_reference
-    from fedasync.shared.policy_schema import reference_table
+    from fedasync.shared.policy_text import reference_table
 
     if args.docs == "policy":
         print(reference_table(), end="")

@@ -1,8 +1,10 @@
 """Command-line flags that are shortcuts for settings, derived from the settings' own fields.
 
-A flag takes its type, choices and help from the setting it stands for (and so, for the policy,
-from the core's schema), and an invalid value is reported with the flag and the value the user
-typed (`--tau-max -1: allowed integer in [0, 1000]`), through the same validation as the setting.
+A flag takes its type, choices and help from the setting it stands for: from the plain
+declaration its pydantic field is built from (services/runtime/setting_specs.py; for the policy,
+the core's schema), so building the flags, which `--help` and a typo do, imports neither pydantic
+nor numpy. An invalid value is reported with the flag and the value the user typed
+(`--tau-max -1: allowed integer in [0, 1000]`), through the same validation as the setting.
 """
 
 from __future__ import annotations
@@ -13,20 +15,14 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic.fields import FieldInfo
+from fedasync.services.runtime.setting_specs import SPECS, SettingPath, env_name
+from fedasync.shared.policy import FIELDS, START
+from fedasync.shared.policy_text import describe, shown
 
-from fedasync.services.runtime.settings import (
-    Problem,
-    SettingPath,
-    Settings,
-    SettingsError,
-    env_name,
-    load_settings,
-)
-from fedasync.shared.policy import START
-from fedasync.shared.policy_schema import shown
+if TYPE_CHECKING:
+    from fedasync.services.runtime.settings import Settings, SettingsError
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +51,27 @@ def policy_flags(names: Iterable[str] = START) -> tuple[Flag, ...]:
     return tuple(Flag("--" + name.replace("_", "-"), "policy", name) for name in names)
 
 
-def setting_field(section: str, name: str) -> FieldInfo:
-    model = Settings.model_fields[section].annotation
-    if not (isinstance(model, type) and name in getattr(model, "model_fields", {})):
-        raise KeyError(f"no setting {section}.{name}")
-    field: FieldInfo = model.model_fields[name]
-    return field
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What a setting's declaration says that its flag shows: type, default, description."""
+
+    annotation: Any
+    default: Any
+    description: str
+
+
+def declared(path: SettingPath) -> Declared:
+    """The declaration the setting at `path` is built from (its settings field is built from the
+    same: shared/policy_schema.py, services/runtime/settings.py)."""
+    section, name = path
+    if section == "policy":
+        spec = FIELDS[name]
+        kind = spec.kind | None if spec.optional else spec.kind
+        return Declared(kind, spec.default, describe(spec))
+    if path not in SPECS:
+        raise KeyError(f"no setting {section}.{name} in services/runtime/setting_specs.py")
+    setting = SPECS[path]
+    return Declared(setting.kind, setting.default_value(), setting.description)
 
 
 def add_flags(
@@ -75,10 +86,9 @@ def add_flags(
     same one-line message, naming the flag and the text typed, whatever is wrong with it.
     """
     for flag in flags:
-        field = setting_field(flag.section, flag.name)
-        # a field with a default factory (task params: a fresh dict) has no plain default
-        default = (defaults or {}).get(flag.path, field.get_default(call_default_factory=True))
-        text = flag.help or field.description or ""
+        field = declared(flag.path)
+        default = (defaults or {}).get(flag.path, field.default)
+        text = flag.help or field.description
         text += f" (default: {shown(default)}; {env_name(*flag.path)})"
         parser.add_argument(
             flag.option,
@@ -103,6 +113,8 @@ class Given:
 
     def load(self, defaults: Mapping[SettingPath, Any] | None = None) -> Settings:
         """The settings with these flags over the FEDASYNC_ variables; `defaults` under both."""
+        from fedasync.services.runtime.settings import SettingsError, load_settings
+
         overrides = {section: dict(values) for section, values in self.overrides.items()}
         for (section, name), value in (defaults or {}).items():
             overrides.setdefault(section, {}).setdefault(name, value)
@@ -115,6 +127,8 @@ class Given:
 def given(args: argparse.Namespace, flags: Iterable[Flag]) -> Given:
     """The flags of `flags` the user gave. Raises SettingsError naming the flag when its `parse`
     refuses the text typed."""
+    from fedasync.services.runtime.settings import Problem, SettingsError
+
     chosen = Given({}, {}, {})
     for flag in flags:
         text = getattr(args, flag.dest)

@@ -31,6 +31,11 @@ from pydantic_settings import SettingsError as SourceError
 
 from fedasync.learning.task import Task
 from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
+from fedasync.services.runtime.setting_specs import ENV_NESTED_DELIMITER as ENV_NESTED_DELIMITER
+from fedasync.services.runtime.setting_specs import ENV_PREFIX as ENV_PREFIX
+from fedasync.services.runtime.setting_specs import SPECS, LatencyProfile, Partition
+from fedasync.services.runtime.setting_specs import SettingPath as SettingPath
+from fedasync.services.runtime.setting_specs import env_name as env_name
 from fedasync.shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import START, Policy, apply_mode_preset
@@ -40,12 +45,14 @@ from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 #: receipts the index keeps (`{p}:receipts`), by default: about 45 MB of Redis (220 bytes each)
 DEFAULT_RECEIPTS_CAPACITY = 200_000
-ENV_PREFIX = "FEDASYNC_"
-ENV_NESTED_DELIMITER = "__"
 
 
-#: a setting's place: (section, name), e.g. ("policy", "tau_max")
-SettingPath = tuple[str, ...]
+def _declared(section: str, name: str) -> Any:
+    """The pydantic field of a setting declared as plain data (runtime/setting_specs.py)."""
+    spec = SPECS[(section, name)]
+    if spec.factory is not None:
+        return Field(default_factory=spec.factory, description=spec.description, **spec.constraints)
+    return Field(spec.default, description=spec.description, **spec.constraints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,10 +294,8 @@ else:
 class BudgetSettings(Section):
     """Training stops at whichever limit it reaches first."""
 
-    max_updates: int = Field(1000, ge=1, description="applied updates before training is done")
-    max_seconds: float = Field(
-        600.0, gt=0, description="wall-clock seconds before training is done"
-    )
+    max_updates: int = _declared("budget", "max_updates")
+    max_seconds: float = _declared("budget", "max_seconds")
 
     def limits(self, policy: Policy) -> tuple[int, float]:
         """(updates, seconds) in force: a budget set through the policy wins over this one."""
@@ -308,24 +313,12 @@ class TaskSettings(Section):
     (`build`) before they start anything (services/runtime/entry.py, `fedasync up`).
     """
 
-    name: str = Field(
-        "digits",
-        min_length=1,
-        description="learning task: digits, linear, synthetic, or package.module:attribute "
-        "(a fedasync.Task subclass or a function returning one)",
-    )
-    params: dict[str, Any] = Field(
-        default_factory=dict,
-        description='keyword arguments of the task, a JSON object, e.g. {"hidden": 64}',
-    )
-    seed: int = Field(0, ge=0, description="seed of the initial model and of the data split")
-    num_devices: int = Field(10, ge=1, description="devices the training data is split across")
-    partition: Literal["iid", "dirichlet", "shards", "rare_class_on_slow"] = Field(
-        "iid", description="how data is split across devices (as in the simulator)"
-    )
-    rare_class: int = Field(
-        0, ge=0, description="rare_class_on_slow: the class only the slowest devices hold"
-    )
+    name: str = _declared("task", "name")
+    params: dict[str, Any] = _declared("task", "params")
+    seed: int = _declared("task", "seed")
+    num_devices: int = _declared("task", "num_devices")
+    partition: Partition = _declared("task", "partition")
+    rare_class: int = _declared("task", "rare_class")
     rare_keep: float = Field(
         1.0, gt=0, le=1, description="rare_class_on_slow: share of that class's samples kept"
     )
@@ -534,12 +527,8 @@ class WorkerSettings(Section):
     snapshot_url: str = Field("http://127.0.0.1:8081", description="snapshot service base URL")
     client_id: str | None = Field(None, description="device id; unset: device-<index>")
     device_index: int = Field(0, ge=0, description="which share of the split data it holds")
-    profile: Literal["longtail", "lognormal", "pareto", "exponential", "none"] = Field(
-        "longtail", description="latency profile its training time follows"
-    )
-    time_scale: float = Field(
-        0.01, ge=0, description="real seconds per profile second (0.01: 30 s runs take 0.3 s)"
-    )
+    profile: LatencyProfile = _declared("worker", "profile")
+    time_scale: float = _declared("worker", "time_scale")
     dropout: float = Field(0.0, ge=0, lt=1, description="chance a run is abandoned mid-training")
     epochs: int | None = Field(None, ge=1, description="local epochs; unset: the task's default")
     lr: float | None = Field(None, gt=0, description="local learning rate; unset: task default")
@@ -742,11 +731,6 @@ def setting_names() -> set[str]:
         for name in section.model_fields:
             names.add(env_name(section_name, name))
     return names
-
-
-def env_name(*path: str) -> str:
-    """The environment variable of a setting (or section): FEDASYNC_POLICY__TAU_MAX."""
-    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(p.upper() for p in path)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedasync.services.commands.flags import Flag, add_flags, given, policy_flags, setting_field
-from fedasync.services.runtime.settings import SettingPath, Settings, SettingsError, env_name
+from fedasync.services.commands.flags import Flag, add_flags, declared, given, policy_flags
+from fedasync.services.runtime.setting_specs import SettingPath, env_name
+
+if TYPE_CHECKING:
+    from fedasync.services.runtime.settings import Settings
 
 FLEET_FLAGS = (
     Flag("--devices", "task", "num_devices", "device workers (processes), one data share each"),
@@ -43,7 +46,7 @@ DEMO_BUDGET: dict[SettingPath, Any] = {
 
 def _budget_text() -> str:
     demo = DEMO_BUDGET[("budget", "max_updates")], DEMO_BUDGET[("budget", "max_seconds")]
-    own = tuple(setting_field("budget", n).default for n in ("max_updates", "max_seconds"))
+    own = tuple(declared(("budget", n)).default for n in ("max_updates", "max_seconds"))
     return (
         f"up is a demo on this machine: it stops at {demo[0]} updates / {demo[1]:g} s unless a "
         f"flag or its {env_name('budget')}__ variable says otherwise. The services run on their "
@@ -87,6 +90,8 @@ def run_settings(args: argparse.Namespace) -> Settings:
 
     Raises SettingsError naming the flag and the text typed when a flag's value is not allowed.
     """
+    from fedasync.services.runtime.settings import SettingsError
+
     chosen = given(args, FLAGS)
     settings = chosen.load()
     demo = {
