@@ -3,6 +3,8 @@ when one of them is the command typed.
 
 Each handler takes the parsed arguments and returns an exit code: 0 done, 2 bad input, and for
 `simulate` 1 when an algorithm's run stalled (too many refusals, none applied: sim/stall.py).
+Adding the arguments imports only the presets' names: the simulator, its pydantic config and
+numpy are imported by the handler, so `--help` or a typo costs a fraction of a run.
 """
 
 from __future__ import annotations
@@ -13,20 +15,26 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedasync.learning.partition import PartitionError
-from fedasync.learning.task_failure import TaskCodeError, keep_details
-from fedasync.learning.tasks import TaskError
-from fedasync.shared.fleet import ReplayedLatency, RunLatency
-from fedasync.shared.per_class import describe_lagging, lagging_classes
-from fedasync.sim.advisor import Advice, Laws, advise, estimated_rate
-from fedasync.sim.config import ConfigError, SimConfig, load_config
-from fedasync.sim.presets import PRESETS, SUMMARIES, UnknownPresetError, preset_text
-from fedasync.sim.result import Progress
-from fedasync.sim.trace import TraceError, read_durations
+from fedasync.sim.presets import PRESETS, SUMMARIES, preset_text
 
-_INPUT_ERRORS = (ConfigError, TraceError, PartitionError, UnknownPresetError, TaskError)
+if TYPE_CHECKING:
+    from fedasync.shared.fleet import RunLatency
+    from fedasync.sim.advisor import Advice
+    from fedasync.sim.config import SimConfig
+    from fedasync.sim.result import Progress
+
+
+def _input_errors() -> tuple[type[Exception], ...]:
+    """What bad input a handler reports in one line (imported once a handler runs)."""
+    from fedasync.learning.partition import PartitionError
+    from fedasync.learning.tasks import TaskError
+    from fedasync.sim.config import ConfigError
+    from fedasync.sim.presets import UnknownPresetError
+    from fedasync.sim.trace import TraceError
+
+    return (ConfigError, TraceError, PartitionError, UnknownPresetError, TaskError)
 
 
 def add_simulate(simulate: argparse.ArgumentParser) -> None:
@@ -77,9 +85,11 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
+        from fedasync.learning.task_failure import TaskCodeError, keep_details
+
         try:
             return run(args)
-        except _INPUT_ERRORS as exc:
+        except _input_errors() as exc:
             print(f"fedasync: {exc}", file=sys.stderr)
             return 2
         except TaskCodeError as exc:  # the task's own code: one line, its traceback in a file
@@ -97,11 +107,14 @@ def _simulate(args: argparse.Namespace) -> int:
         for name in sorted(PRESETS):
             print(f"{name:<{width}}  {SUMMARIES[name]}")
         return 0
+    from fedasync.sim.config import ConfigError, load_config
+
     if args.show_config:
         if args.preset is None:
             raise ConfigError("--show-config needs --preset")
         print(preset_text(args.preset), end="")
         return 0
+    from fedasync.shared.per_class import describe_lagging, lagging_classes
     from fedasync.sim.output import write_all, write_data
     from fedasync.sim.runner import simulate
     from fedasync.sim.world import build_world
@@ -131,6 +144,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_seeds(args: argparse.Namespace, config: SimConfig) -> int:
+    from fedasync.sim.config import ConfigError
     from fedasync.sim.multiseed import SeedRun, configs_for, run_seeds, write_seeds
 
     if args.seeds < 1 or args.jobs < 1:
@@ -205,6 +219,11 @@ def _progress(total_s: float, *, enabled: bool) -> Iterator[Callable[[str], Prog
 
 @_guarded
 def _advise(args: argparse.Namespace) -> int:
+    from fedasync.shared.fleet import ReplayedLatency
+    from fedasync.sim.advisor import Laws, advise, estimated_rate
+    from fedasync.sim.config import ConfigError, load_config
+    from fedasync.sim.trace import read_durations
+
     latencies: list[RunLatency]
     concurrency = None
     if args.trace is not None:

@@ -13,8 +13,6 @@ import os
 import secrets
 import sys
 
-from fedasync.services.runtime.settings import load_settings
-
 
 def add_arguments(acl: argparse.ArgumentParser) -> None:
     """The arguments and handler of `fedasync acl`."""
@@ -39,6 +37,7 @@ def add_arguments(acl: argparse.ArgumentParser) -> None:
 
 
 def _acl(args: argparse.Namespace) -> int:
+    from fedasync.services.runtime.settings import load_settings
     from fedasync.services.stores.acl import (
         acl_file,
         password_variables,

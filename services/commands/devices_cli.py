@@ -8,12 +8,8 @@ the ingest service see a new key at the device's next update and a revocation wi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-
-from fedasync.services.runtime.settings import load_settings
-from fedasync.shared.device_auth import AuthError, check_client_id
 
 
 def add_arguments(devices: argparse.ArgumentParser) -> None:
@@ -28,12 +24,16 @@ def add_arguments(devices: argparse.ArgumentParser) -> None:
 
 
 def _devices(args: argparse.Namespace) -> int:
+    import asyncio
+
     import redis.asyncio as aioredis
 
     from fedasync.services.commands.redis_target import configured, talking_to
     from fedasync.services.runtime.redis_conn import connect
+    from fedasync.services.runtime.settings import load_settings
     from fedasync.services.stores.device_keys import add_device, list_devices, revoke_device
     from fedasync.services.stores.keys import Keys
+    from fedasync.shared.device_auth import AuthError, check_client_id
 
     settings = load_settings()
     if args.devices_command != "list":

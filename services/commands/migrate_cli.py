@@ -8,9 +8,6 @@ would fail on an old format refuses to start and names this command instead.
 from __future__ import annotations
 
 import argparse
-import asyncio
-
-from fedasync.services.runtime.settings import load_settings
 
 
 def add_arguments(migrate: argparse.ArgumentParser) -> None:
@@ -19,8 +16,11 @@ def add_arguments(migrate: argparse.ArgumentParser) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    import asyncio
+
     from fedasync.services.commands.redis_target import configured, talking_to
     from fedasync.services.runtime.redis_conn import connect
+    from fedasync.services.runtime.settings import load_settings
     from fedasync.services.stores.keys import Keys
     from fedasync.services.stores.policy_store import migrate_policy_log
 

@@ -3,16 +3,14 @@
 The schedule is a pure function of the profile and the seed, so a failing run can be repeated
 fault for fault (`fedasync chaos --seed N`); only the instants the faults land on, relative to
 what the services are doing, vary between runs, which is the point of injecting them.
+numpy and the proxy are imported by `build_schedule`: `fedasync chaos --help` lists the profiles
+without them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-
-import numpy as np
-
-from fedasync.services.commands.chaos.proxy import StallMode
 
 
 class FaultKind(StrEnum):
@@ -43,8 +41,6 @@ REPLICATED_ONLY = frozenset({FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY})
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
 #: happens within moments (services/commands/chaos/proxy.py names them)
 STALLED_COMMANDS = ("XREADGROUP", "EVALSHA", "GET", "XPENDING", "EXISTS", "XINFO GROUPS", "XLEN")
-#: how a stall holds the command: its reply lost, or the command itself late
-STALL_MODES = tuple(mode.value for mode in StallMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +203,12 @@ def build_schedule(profile: Profile, seed: int) -> list[Fault]:
     Times are drawn as sorted uniforms in the window shortened by the gaps, then spread by one
     gap each, which keeps them uniform without rejection sampling.
     """
+    import numpy as np
+
+    from fedasync.services.commands.chaos.proxy import StallMode
+
+    # how a stall holds the command: its reply lost, or the command itself late
+    stall_modes = tuple(mode.value for mode in StallMode)
     rng = np.random.default_rng(seed)
     kinds = [kind for kind, count in profile.faults for _ in range(count)]
     rng.shuffle(kinds)
@@ -225,7 +227,7 @@ def build_schedule(profile: Profile, seed: int) -> list[Fault]:
         elif kind is FaultKind.STALL_REDIS:
             outage = float(rng.integers(profile.stall_ms[0], profile.stall_ms[1] + 1)) / 1000
             command = str(rng.choice(STALLED_COMMANDS))
-            mode = str(rng.choice(STALL_MODES))
+            mode = str(rng.choice(stall_modes))
         elif kind is FaultKind.SECOND_AGGREGATOR:
             outage = float(rng.uniform(*profile.stopped_s))
         elif kind is FaultKind.SLOW_CLIENTS:
