@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fedasync.services.commands.cli import build_parser, main
-from fedasync.services.commands.up.options import run_settings
+from fedasync.services.commands.cli import COMMANDS, build_parser, main
+from fedasync.services.commands.flags import declared
+from fedasync.services.commands.up.options import FLAGS, run_settings
 from fedasync.services.runtime.redis_server import free_port
-from fedasync.services.runtime.settings import setting_names
+from fedasync.services.runtime.settings import Settings, setting_names
+from fedasync.shared.policy import START
 
 
 def test_alpha_table_shows_every_rule_and_drops(capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,10 +246,6 @@ def test_a_reader_that_went_away_is_no_traceback_and_not_a_meaningful_exit_code(
 #: what reading the arguments of `fedasync` may not import: each costs a share of the ~2 s of CPU
 #: that running a command takes, which `--help` or a typo never needs
 HEAVY = ("numpy", "torch", "redis", "aiohttp", "pydantic", "asyncio", "rich", "matplotlib")
-#: the arguments of `up` and `simulate` come from the settings' and the simulator config's
-#: pydantic models (the policy flags from the core's schema), which import numpy through the
-#: task names: still none of the services' network libraries, nor torch
-SETTINGS_ONLY = ("torch", "redis", "aiohttp", "rich", "matplotlib")
 
 
 def modules_imported_by(argv: list[str]) -> set[str]:
@@ -265,19 +264,66 @@ def modules_imported_by(argv: list[str]) -> set[str]:
     return set(line.split()[1:])
 
 
+def _command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every command and nested command of `parser` (`ledger verify`), as the words typed."""
+    out = [list(path)] if path else []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _command_paths(sub, (*path, name))
+    return out
+
+
+EVERY_COMMAND = _command_paths(build_parser())
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--version"], ["frobnicate"], ["ledger", "--help"], ["aggregator", "--help"]],
+    [
+        ["--help"],
+        ["--version"],
+        ["frobnicate"],
+        *([*words, "--help"] for words in EVERY_COMMAND),
+        *([command.name, "--frobnicate"] for command in COMMANDS),
+        ["up", "--devcies", "3"],
+    ],
+    ids=" ".join,
 )
 def test_help_and_a_typo_import_no_heavy_library(argv: list[str]) -> None:
+    """Every command's `--help` and a wrong option of it, `up` and `simulate` too: their flags
+    are built from the plain declarations their settings are built from, never from pydantic."""
     assert modules_imported_by(argv) == set()
 
 
-@pytest.mark.parametrize("argv", [["up", "--help"], ["simulate", "--help"], ["up", "--devcies"]])
-def test_a_commands_help_imports_its_settings_and_no_service_library(argv: list[str]) -> None:
-    imported = modules_imported_by(argv)
-    assert "pydantic" in imported  # the flags are built from the settings, as they should be
-    assert imported.isdisjoint(SETTINGS_ONLY)
+def test_every_command_and_nested_command_is_among_those_checked() -> None:
+    assert {"up", "simulate", "alpha", "chaos"} <= {words[0] for words in EVERY_COMMAND}
+    assert ["ledger", "verify"] in EVERY_COMMAND
+    assert ["devices", "add"] in EVERY_COMMAND
+
+
+@pytest.mark.parametrize(
+    "path",
+    [flag.path for flag in FLAGS],
+    ids=lambda path: ".".join(path),
+)
+def test_a_flag_shows_the_type_default_and_description_of_its_setting(
+    path: tuple[str, str],
+) -> None:
+    """What `declared` reads without pydantic is what the pydantic field holds: for the policy
+    the core's schema, for the others services/runtime/setting_specs.py."""
+    section, name = path
+    model = Settings.model_fields[section].annotation
+    assert isinstance(model, type)
+    field = model.model_fields[name]
+    shown = declared(path)
+    assert shown.annotation == field.annotation
+    assert shown.default == field.get_default(call_default_factory=True)
+    assert shown.description == field.description
+
+
+def test_up_offers_a_flag_for_every_start_field_of_the_policy() -> None:
+    offered = {flag.name for flag in FLAGS if flag.section == "policy"}
+    assert offered == set(START)
 
 
 def test_every_command_is_listed_and_only_the_one_typed_is_built() -> None:
