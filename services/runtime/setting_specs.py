@@ -5,7 +5,7 @@ typo must cost a fraction of what importing pydantic, pydantic-settings and nump
 `--help` is read before any of them is needed). So each setting a flag stands for is declared
 here once, importing nothing heavy, and services/runtime/settings.py builds its pydantic field
 from it (`Field(**spec.constraints)` with this default and description); the policy's settings
-come the same way from the core's schema (shared/policy.py). tests/unit/test_settings.py checks
+come the same way from the core's schema (shared/policy.py). tests/unit/test_cli.py checks
 that each annotation in settings.py is the type declared here.
 """
 

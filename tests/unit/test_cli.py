@@ -14,6 +14,7 @@ from fedasync.services.commands.cli import COMMANDS, build_parser, main
 from fedasync.services.commands.flags import declared
 from fedasync.services.commands.up.options import FLAGS, run_settings
 from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.runtime.setting_specs import SPECS
 from fedasync.services.runtime.settings import Settings, setting_names
 from fedasync.shared.policy import START
 
@@ -321,9 +322,11 @@ def test_a_flag_shows_the_type_default_and_description_of_its_setting(
     assert shown.description == field.description
 
 
-def test_up_offers_a_flag_for_every_start_field_of_the_policy() -> None:
+def test_up_offers_a_flag_for_every_start_field_of_the_policy_and_every_plain_setting() -> None:
+    """So the test above checks every plain declaration (services/runtime/setting_specs.py)."""
     offered = {flag.name for flag in FLAGS if flag.section == "policy"}
     assert offered == set(START)
+    assert {flag.path for flag in FLAGS if flag.section != "policy"} == set(SPECS)
 
 
 def test_every_command_is_listed_and_only_the_one_typed_is_built() -> None:
