@@ -54,16 +54,24 @@ _PUBLIC = {
 }
 
 
+#: the subpackages a user reaches as attributes (`import fedasync; fedasync.client.…`), as
+#: they could when this module imported them eagerly
+_SUBPACKAGES = frozenset({"client", "learning", "torch"})
+
+
 def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
+    if name in _SUBPACKAGES:
+        value: Any = importlib.import_module(f"fedasync.{name}")  # binds it here as well
+    elif name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    else:
         raise AttributeError(f"module 'fedasync' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value  # looked up once
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_PUBLIC) | _SUBPACKAGES)
 
 
 __all__ = [

@@ -20,6 +20,7 @@ body, a log line and a count.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -208,13 +209,31 @@ class Ingest:
         reserved = limit if request.content_length is None else request.content_length
         with self.budget.hold(proof.client_id, reserved, limit):
             state = signer(key, proof.client_id, proof.signed_at_ms)
-            chunks = await _read(request, state, limit, self.metrics)
+            allowed_s = self.upload_deadline_s(reserved)
+            try:
+                async with asyncio.timeout(allowed_s):
+                    chunks = await _read(request, state, limit, self.metrics)
+            except TimeoutError:
+                raise Refusal(
+                    408,
+                    "upload_too_slow",
+                    f"the body of {reserved} bytes did not arrive within {allowed_s:.0f} s "
+                    f"(at least {self.settings.ingest.min_upload_bytes_per_s} bytes/s after "
+                    f"{self.settings.http.body_timeout_s:.0f} s)",
+                ) from None
             now_ms = int(time.time() * 1000)
             try:  # by this clock first: most late signatures are refused without a write
                 check_mac(proof, state.digest(), now_ms, self.settings.auth.window_ms)
             except AuthError as exc:
                 raise Refusal(401, exc.reason.value, exc.detail) from None
         return b"".join(chunks)
+
+    def upload_deadline_s(self, reserved: int) -> float:
+        """How long a body of `reserved` bytes may take to arrive: a grace of the longest pause
+        allowed, then the minimum rate. The guard's pause limit alone would let a body trickled
+        a byte at a time hold its share of the unverified budget for ever."""
+        ingest = self.settings.ingest
+        return self.settings.http.body_timeout_s + reserved / ingest.min_upload_bytes_per_s
 
     async def check_not_paused(self) -> None:
         """The `pause-ingest` switch: come back later (nothing is read, nothing is lost)."""

@@ -8,7 +8,8 @@ declared length (or the body limit, for a chunked upload) before a byte of it is
 it back once its MAC is checked, accepted or not. Beyond the budget, in all or for the client id
 it claims, the body is refused unread: `503 unverified_budget` with `Retry-After`. A body is
 always let in when nothing else is being read (in all, or for its client id), so a budget set
-below the body limit slows uploads down but never stops them.
+below the body limit makes uploads take turns; and every body has a deadline (app.py,
+`upload_deadline_s`), so none holds its reservation longer than that, trickled or not.
 
 In this process's memory, as the rate limiter is: each ingest process has its own budget.
 """

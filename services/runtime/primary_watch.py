@@ -58,27 +58,42 @@ class PrimaryWatch:
 
     def __init__(self, pool: SentinelConnectionPool) -> None:
         self._pool = pool
-        self._tasks: list[asyncio.Task[None]] = []
+        #: one listener per Sentinel, by the Sentinel's place in the pool's list
+        self._tasks: dict[int, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: set by `aclose`: a closed client's late command (during a shutdown) subscribes to
+        #: nothing again, so no listener outlives the client
+        self._closed = False
         #: switches heard that closed connections (a figure for tests and logs)
         self.switches = 0
+
+    @property
+    def listening(self) -> int:
+        """Listeners running now (one per Sentinel while the client is open)."""
+        return sum(not task.done() for task in self._tasks.values())
 
     def ensure_started(self) -> None:
         """Subscribe on every Sentinel, once per event loop (called as the pool hands out a
         connection, so a client nobody uses subscribes to nothing)."""
-        loop = asyncio.get_running_loop()
-        if self._loop is loop and not all(task.done() for task in self._tasks):
+        if self._closed:
             return
-        self._loop = loop
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new loop (or the first): the old one's tasks died with it
+            self._loop, self._tasks = loop, {}
         sentinels: Sequence[aioredis.Redis] = self._pool.sentinel_manager.sentinels
-        self._tasks = [
-            loop.create_task(self._listen(sentinel), name=f"primary-watch-{i}")
-            for i, sentinel in enumerate(sentinels)
-        ]
+        for i, sentinel in enumerate(sentinels):
+            task = self._tasks.get(i)
+            if task is not None and not task.done():
+                continue
+            if task is not None and not task.cancelled() and task.exception() is not None:
+                # a listener ends only on what it does not expect: said, then started again
+                log.warning("the %s listener %d ended: %r", SWITCH_CHANNEL, i, task.exception())
+            self._tasks[i] = loop.create_task(self._listen(sentinel), name=f"primary-watch-{i}")
 
     async def aclose(self) -> None:
-        """Stop listening (the client closes)."""
-        tasks, self._tasks = self._tasks, []
+        """Stop listening for good (the client closes)."""
+        self._closed = True
+        tasks, self._tasks = list(self._tasks.values()), {}
         if self._loop is not asyncio.get_running_loop():
             return  # another loop's tasks: gone with it
         for task in tasks:

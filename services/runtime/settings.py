@@ -615,6 +615,14 @@ class IngestSettings(Section):
     budget_retry_after_s: int = Field(
         1, ge=1, description="Retry-After of the 503 unverified_budget, seconds"
     )
+    min_upload_bytes_per_s: int = Field(
+        32 * 1024,
+        ge=1,
+        description="a body must arrive whole within FEDASYNC_HTTP__BODY_TIMEOUT_S plus its "
+        "length at this rate (its reserved bytes, for a chunked one), or it is refused (408 "
+        "upload_too_slow) and its share of the unverified budget given back: a forged body "
+        "trickled a byte at a time holds the budget no longer than that",
+    )
     rate_per_s: float = Field(5.0, gt=0, description="updates per second per device, sustained")
     burst: int = Field(20, ge=1, description="updates a device may send at once")
     idempotency_ttl_s: int = Field(

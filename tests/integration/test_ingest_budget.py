@@ -316,3 +316,38 @@ async def test_a_device_client_waits_out_a_spent_budget_without_using_up_its_att
     assert waits == [float(RETRY_AFTER_S)] * 3  # each after the service's Retry-After
     assert int(await redis.xlen(Keys(settings.redis.key_prefix).updates)) == 1
     del reader
+
+
+async def test_a_trickled_forged_body_gives_its_share_back_at_its_deadline(
+    settings: Settings, redis: aioredis.Redis, keys: dict[str, bytes]
+) -> None:
+    """A forged body sent a byte at a time, each pause within the guard's limit, must not hold
+    its client id's share of the budget for ever (the genuine device would be refused for as
+    long as the trickle lasts): at its deadline it is refused, 408, and its share given back."""
+    configured = with_ingest(settings, max_body_bytes=LIMIT, min_upload_bytes_per_s=100_000)
+    configured = configured.model_copy(
+        update={"http": configured.http.model_copy(update={"body_timeout_s": 0.5})}
+    )
+    client = TestClient(TestServer(create_app(configured, redis)))
+    await client.start_server()
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await connect(client)
+        writer.write(forged_head("dev-a", length=1200) + bytes(10))  # then nothing more
+        await writer.drain()
+        await until("the trickled body's reservation", lambda: in_flight(client) == 1200)
+        # the genuine dev-a is refused while the trickle holds its share (the fault)
+        status, answer = await post(client, keys["dev-a"], "dev-a", "a1", weights=900)
+        assert (status, answer["reason"]) == (503, "unverified_budget")
+
+        reply = await asyncio.wait_for(reader.read(), DEADLINE_S)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.split()[1] == b"408"
+        assert json.loads(body)["reason"] == "upload_too_slow"
+        await until("the share given back", lambda: in_flight(client) == 0)
+        assert refusals(client, "upload_too_slow") == 1.0
+        assert (await post(client, keys["dev-a"], "dev-a", "a1", weights=900))[0] == 202
+    finally:
+        if writer is not None:
+            writer.close()
+        await client.close()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fedasync.services.runtime.primary_watch import hello_role, switch_of
+from fedasync.services.runtime.redis_conn import WatchedSentinelPool, connect
+from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.runtime.settings import RedisSettings
 
 
 def test_a_switch_of_our_primary_names_the_new_one() -> None:
@@ -24,3 +29,21 @@ def test_the_role_of_a_hello_reply() -> None:
     assert hello_role(reply) == "replica"
     assert hello_role([b"role", b"master"]) == "master"
     assert hello_role(b"OK") is None
+
+
+@pytest.mark.asyncio
+async def test_a_closed_client_starts_no_listener_again() -> None:
+    """A late command on a closed client (during a shutdown) must not subscribe anew: nothing
+    would close those listeners, and their sockets would outlive the client."""
+    nobody = f"127.0.0.1:{free_port()}"  # no Sentinel there: each listener retries, quietly
+    client = connect(RedisSettings(sentinels=f"{nobody},{nobody}"))
+    pool = client.connection_pool
+    assert isinstance(pool, WatchedSentinelPool)
+    pool.watch.ensure_started()
+    assert pool.watch.listening == 2  # one per Sentinel
+    pool.watch.ensure_started()
+    assert pool.watch.listening == 2  # started once, not twice
+    await client.aclose()
+    assert pool.watch.listening == 0
+    pool.watch.ensure_started()
+    assert pool.watch.listening == 0
