@@ -68,6 +68,11 @@ class PrimaryWatch:
         self.switches = 0
 
     @property
+    def closed(self) -> bool:
+        """The client closed: the listeners end, and none starts again."""
+        return self._closed
+
+    @property
     def listening(self) -> int:
         """Listeners running now (one per Sentinel while the client is open)."""
         return sum(not task.done() for task in self._tasks.values())
@@ -96,18 +101,26 @@ class PrimaryWatch:
         tasks, self._tasks = list(self._tasks.values()), {}
         if self._loop is not asyncio.get_running_loop():
             return  # another loop's tasks: gone with it
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
-                await task
+        # A cancel that lands as get_message's own timeout fires can be taken for that timeout
+        # and lost (asyncio.timeout on Python 3.11): awaiting the task then never ends (seen in
+        # CI: a test hung 300 s in aclose). So the listeners also end on `_closed`, within
+        # LISTEN_S, and each one still running is cancelled again until it is done.
+        pending = set(tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=2 * LISTEN_S)
+        for task in tasks:  # each ending retrieved, so none is reported as never retrieved
+            error = None if task.cancelled() else task.exception()
+            if error is not None and not isinstance(error, RedisError | OSError):
+                log.warning("the %s listener ended: %r", SWITCH_CHANNEL, error)
 
     async def _listen(self, sentinel: aioredis.Redis) -> None:
-        while True:
+        while not self.closed:
             pubsub = sentinel.pubsub()
             try:
                 await pubsub.subscribe(SWITCH_CHANNEL)
-                while True:
+                while not self.closed:
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=LISTEN_S
                     )
@@ -118,7 +131,8 @@ class PrimaryWatch:
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(RESUBSCRIBE_S)
+            if not self._closed:
+                await asyncio.sleep(RESUBSCRIBE_S)
 
     async def _heard(self, message: bytes | str) -> None:
         pool = self._pool

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from fedasync.services.runtime.primary_watch import hello_role, switch_of
@@ -46,4 +48,35 @@ async def test_a_closed_client_starts_no_listener_again() -> None:
     await client.aclose()
     assert pool.watch.listening == 0
     pool.watch.ensure_started()
+    assert pool.watch.listening == 0
+
+
+@pytest.mark.asyncio
+async def test_closing_ends_a_listener_that_lost_its_cancel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancel landing as get_message's own read timeout fires can be taken for that timeout
+    (asyncio.timeout on Python 3.11): the listener carries on, and a close that only awaited it
+    hung (a CI run: 300 s in aclose). Closing must end it all the same."""
+    client = connect(RedisSettings(sentinels=f"127.0.0.1:{free_port()}"))
+    pool = client.connection_pool
+    assert isinstance(pool, WatchedSentinelPool)
+    started, lost = asyncio.Event(), asyncio.Event()
+
+    async def listener_that_loses_a_cancel(sentinel: object) -> None:
+        started.set()
+        while True:  # as the real loop, to the next read (it also ends on `closed`: not here)
+            try:
+                await asyncio.sleep(0.01)  # a read with its own timeout, as get_message's
+            except asyncio.CancelledError:
+                if lost.is_set():
+                    raise  # the next cancel is not lost
+                lost.set()  # the first is taken for the read's timeout: the loop goes on
+
+    monkeypatch.setattr(pool.watch, "_listen", listener_that_loses_a_cancel)
+    pool.watch.ensure_started()
+    assert pool.watch.listening == 1
+    await started.wait()
+    await client.aclose()
+    assert lost.is_set()  # the fault happened: the first cancel was lost
     assert pool.watch.listening == 0
