@@ -35,6 +35,8 @@ class Backlog:
     pending: int
     decisions: int
     dead_letters: int
+    #: Redis's own XINFO GROUPS figure (None: it cannot tell)
+    lag: int | None = None
 
     @property
     def drained(self) -> bool:
@@ -57,6 +59,7 @@ def backlog(client: redis.Redis, keys: Keys) -> Backlog:
         pending=int(group["pending"]),
         decisions=int(client.xlen(keys.ledger)),
         dead_letters=int(client.xlen(keys.deadletter)),
+        lag=None if group.get("lag") is None else int(group["lag"]),
     )
 
 
@@ -163,14 +166,6 @@ def aggregator_lag(metrics_url: str) -> float | None:
     return None
 
 
-def redis_lag(client: redis.Redis, keys: Keys) -> int | None:
-    """Redis's own figure for the aggregator's group (None: it cannot tell, or no group)."""
-    groups: Any = client.xinfo_groups(keys.updates)
-    group = next((g for g in groups if _text(g["name"]) == AGGREGATOR_GROUP), None)
-    lag = None if group is None else group.get("lag")
-    return None if lag is None else int(lag)
-
-
 def wait_lag_at_rest(
     client: redis.Redis,
     keys: Keys,
@@ -190,8 +185,8 @@ def wait_lag_at_rest(
             break
         time.sleep(POLL_S)
     try:
-        in_redis = redis_lag(client, keys)
-    except redis.RedisError:
+        in_redis = backlog(client, keys).lag
+    except (redis.RedisError, StopIteration):  # Redis away, or no group to read
         in_redis = None
     corrected = tuple(
         int(found.group(1))

@@ -44,7 +44,7 @@ from fedasync.services.commands.chaos.compose.run import (
     Recovery,
     Run,
 )
-from fedasync.services.commands.chaos.compose.stack import WORKER, ComposeError
+from fedasync.services.commands.chaos.compose.stack import WORKER, ComposeError, Container
 from fedasync.services.commands.chaos.faults import Event
 from fedasync.services.commands.chaos.schedule import Profile
 
@@ -151,13 +151,7 @@ class Failover(Run):
         # training well under way: a commit or two is not yet a stream of them
         if self._wait_committed_above(WARM_VERSION - 1, RECOVER_S) is None:
             raise ComposeError(f"no version {WARM_VERSION} within {RECOVER_S:.0f} s")
-        marks = self._status_marks()
-        if marks is None:
-            raise ComposeError("the control service does not report the committed version")
-        self.say(f"chaos --compose --ha: losing the primary {container.name} at version {marks}")
-        lost_at = time.monotonic()
-        self.stack.docker("pause", container.id)
-        promoted = self._wait_primary_other_than(REDIS, RECOVER_S)
+        marks, lost_at, promoted = self._freeze(container, REDIS, "losing")
         promoted_at = None if promoted is None else promoted[0]
         # the crash: pending while frozen (cgroup freezer), it lands as the container thaws
         process = self.stack.process(container.id)
@@ -168,10 +162,7 @@ class Failover(Run):
         others = [s for s in self.stack.started if s != WORKER]
         unhealthy = self.stack.wait_healthy(others, RECOVER_S)
         healthy_at = time.monotonic()
-        # training goes on: more commits on the new primary, not just the first one
-        goes_on = None
-        if committed is not None:
-            goes_on = self._wait_committed_above(committed[1] + MORE_COMMITS - 1, RECOVER_S)
+        goes_on = self._wait_goes_on(committed)
         after = self._status_marks()
         self.failover = {
             "durable_replicas": self.durable_replicas,
@@ -209,6 +200,25 @@ class Failover(Run):
         if promoted is not None and goes_on is not None:
             self._pause_and_resume(promoted[1])
 
+    def _freeze(
+        self, container: Container, service: str, doing: str
+    ) -> tuple[tuple[int, int], float, tuple[float, str] | None]:
+        """Freeze the primary `service` (cgroup freezer) and wait for the Sentinels to promote
+        another: the marks before, when it froze, and (when, who) was promoted, or None."""
+        marks = self._status_marks()
+        if marks is None:
+            raise ComposeError("the control service does not report the committed version")
+        self.say(f"chaos --compose --ha: {doing} the primary {container.name} at version {marks}")
+        lost_at = time.monotonic()
+        self.stack.docker("pause", container.id)
+        return marks, lost_at, self._wait_primary_other_than(service, RECOVER_S)
+
+    def _wait_goes_on(self, committed: tuple[float, int] | None) -> tuple[float, int] | None:
+        """Training goes on: more commits on the new primary, not just the first one."""
+        if committed is None:
+            return None
+        return self._wait_committed_above(committed[1] + MORE_COMMITS - 1, RECOVER_S)
+
     def _pause_and_resume(self, service: str) -> None:
         """Freeze the primary of the moment (a replica promoted by the kill) past the
         Sentinels' down-after, until they promote another and HOLD_S longer, then thaw it: it
@@ -216,13 +226,7 @@ class Failover(Run):
         must acknowledge nothing (durable mode, min-replicas-to-write) nor be written to (the
         services heard the switch) before the Sentinels demote it."""
         (container,) = self.stack.containers(service)
-        marks = self._status_marks()
-        if marks is None:
-            raise ComposeError("the control service does not report the committed version")
-        self.say(f"chaos --compose --ha: pausing the primary {container.name} at version {marks}")
-        lost_at = time.monotonic()
-        self.stack.docker("pause", container.id)
-        promoted = self._wait_primary_other_than(service, RECOVER_S)
+        marks, lost_at, promoted = self._freeze(container, service, "pausing")
         if promoted is not None:
             time.sleep(HOLD_S)  # the schedule's choice: frozen a moment past the promotion
         self.stack.docker("unpause", container.id)
@@ -231,9 +235,7 @@ class Failover(Run):
         unhealthy = self.stack.wait_healthy(
             [s for s in self.stack.started if s != WORKER], RECOVER_S
         )
-        goes_on = None
-        if committed is not None:
-            goes_on = self._wait_committed_above(committed[1] + MORE_COMMITS - 1, RECOVER_S)
+        goes_on = self._wait_goes_on(committed)
         self.pause = {
             "primary_before": service,
             "primary_after": None if promoted is None else promoted[1],
