@@ -54,8 +54,8 @@ import redis.asyncio as aioredis
 
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.claim_check import ClaimStore
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys

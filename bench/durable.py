@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from fedasync.services.commands.chaos.links import Links
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect, replicated
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Durability, RedisSettings
 
 #: an update of the `linear` task is a few hundred bytes; a small model's, tens of kilobytes

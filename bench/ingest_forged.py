@@ -45,9 +45,9 @@ import numpy as np
 import redis.asyncio as aioredis
 
 import fedasync
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.ingest.protocol import CLIENT_HEADER, CONTENT_TYPE, PATH, signed_headers
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings, settings_env
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.device_keys import add_device

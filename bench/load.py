@@ -68,8 +68,8 @@ import aiohttp
 import numpy as np
 import redis.asyncio as aioredis
 
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect, stream_entries
-from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings, settings_env
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.snapshot.__main__ import new_event_loop

@@ -35,8 +35,8 @@ import aiohttp
 import numpy as np
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import load_settings
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.layout import Layout

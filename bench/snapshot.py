@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect, get_bytes
-from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.aggregation import AggregationState

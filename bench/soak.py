@@ -29,9 +29,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.runtime.redis_conn import connect, get_bytes, is_out_of_memory
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.backlog import read_backlog

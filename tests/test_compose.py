@@ -26,9 +26,12 @@ import yaml
 
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.commands.cli import build_parser
+from fedasync.services.commands.redis_launch.sentinel import (
+    SHIPPED_MIN_REPLICAS_MAX_LAG_S,
+    sentinel_conf,
+)
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.ingest.metrics import IngestMetrics
-from fedasync.services.runtime.redis_sentinel import SHIPPED_MIN_REPLICAS_MAX_LAG_S, sentinel_conf
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
 from fedasync.services.snapshot.app import SnapshotMetrics
 from fedasync.services.stores.acl import (

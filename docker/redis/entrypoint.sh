@@ -59,7 +59,7 @@ mv "$target.tmp" "$target"
 # down-after (5 s), so that a primary cut off from its replicas, or paused and resumed after
 # they moved on, refuses writes (NOREPLICAS) instead of acknowledging what the new primary
 # lacks. Empty or 0: none (a lone server). The figure 4 is SHIPPED_MIN_REPLICAS_MAX_LAG_S in
-# services/runtime/redis_sentinel.py, which the chaos harness runs the same way.
+# services/commands/redis_launch/sentinel.py, which the chaos harness runs the same way.
 min_replicas=${REDIS_MIN_REPLICAS_TO_WRITE:-0}
 case $min_replicas in '' | *[!0-9]*) fail "REDIS_MIN_REPLICAS_TO_WRITE: a number, not $min_replicas" ;; esac
 if [ "${1-}" = redis-server ] && [ "$min_replicas" -gt 0 ]; then

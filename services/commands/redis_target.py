@@ -21,7 +21,7 @@ import redis
 from redis.exceptions import RedisError
 
 from fedasync.services.commands.errors import CommandError
-from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
+from fedasync.services.commands.redis_launch.server import RedisNotFound, RedisServer
 from fedasync.services.runtime.settings import RedisSettings
 
 T = TypeVar("T")

@@ -32,7 +32,7 @@ from fedasync.services.commands.chaos.harness import run_failover
 from fedasync.services.commands.chaos.report import describe, failover_table
 from fedasync.services.commands.chaos.schedule import PROFILES, FaultKind
 from fedasync.services.commands.chaos.waits import xadd_time
-from fedasync.services.runtime.redis_sentinel import Topology
+from fedasync.services.commands.redis_launch.sentinel import Topology
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.worker.journal import read_journals
 

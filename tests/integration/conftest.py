@@ -9,8 +9,8 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 
 

@@ -40,13 +40,13 @@ from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.commit import Batch, Committer
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main as cli
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.control.service import run as run_control
 from fedasync.services.control.switchboard import set_switch
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import RedisSettings, Settings, load_settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.stores.backlog import count_after, read_backlog
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry

@@ -15,10 +15,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.control.app import create_app
 from fedasync.services.control.openapi import spec
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord

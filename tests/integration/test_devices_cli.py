@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedasync.services.commands.cli import main
-from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.commands.redis_launch.server import RedisServer
 
 pytestmark = pytest.mark.integration
 

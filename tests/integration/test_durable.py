@@ -22,6 +22,11 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.commit import Batch, Committer, LedgerEntry
+from fedasync.services.commands.redis_launch.sentinel import (
+    SHIPPED_MIN_REPLICAS_MAX_LAG_S,
+    SHIPPED_MIN_REPLICAS_TO_WRITE,
+)
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.ingest.store import IngestStore
 from fedasync.services.runtime.redis_conn import (
     TRANSIENT,
@@ -31,11 +36,6 @@ from fedasync.services.runtime.redis_conn import (
     replicated,
     retrying,
 )
-from fedasync.services.runtime.redis_sentinel import (
-    SHIPPED_MIN_REPLICAS_MAX_LAG_S,
-    SHIPPED_MIN_REPLICAS_TO_WRITE,
-)
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Durability, RedisSettings
 from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared.device_auth import Proof

@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestServer
 
 from fedasync.learning.tasks import get_task
 from fedasync.services.commands.chaos.proxy import Command, RedisProxy, StallMode
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import VERSION_HEADER
 from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE

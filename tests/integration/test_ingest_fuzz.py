@@ -23,6 +23,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.ingest.app import INGEST, Ingest, create_app
 from fedasync.services.ingest.protocol import (
     CLIENT_HEADER,
@@ -33,7 +34,6 @@ from fedasync.services.ingest.protocol import (
     signed_headers,
 )
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.keys import Keys

@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer, server_version
 from fedasync.services.control.app import create_app as create_control_app
-from fedasync.services.runtime.redis_server import RedisServer, server_version
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.backlog import correct_lag, read_backlog
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys

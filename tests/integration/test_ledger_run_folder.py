@@ -16,8 +16,8 @@ import pytest
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish

@@ -19,8 +19,8 @@ import redis.asyncio as aioredis
 
 from fedasync.client import DeviceClient, PreparedUpdate, RetryPolicy
 from fedasync.learning.tasks import get_task
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry

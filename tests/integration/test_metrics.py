@@ -16,11 +16,11 @@ from prometheus_client import generate_latest
 from fedasync.learning.evaluation import Evaluation
 from fedasync.services.aggregator.http import create_app
 from fedasync.services.aggregator.service import Aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.evaluator.metrics import EvaluatorMetrics
 from fedasync.services.ingest.app import create_app as create_ingest_app
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import create_app as create_snapshot_app
 from fedasync.services.snapshot.app import wait_ready

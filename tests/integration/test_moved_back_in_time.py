@@ -37,9 +37,9 @@ from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.chaos.probe import wait_served
 from fedasync.services.commands.chaos.restarts import compare, read_marks
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.entry import EXIT_REFUSED
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer, free_port
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.snapshot.app import CACHE, METRICS, create_app, refresh, wait_ready
 from fedasync.services.stores.acl import acl_file, all_users, users

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.commands.redis_launch.server import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedasync.services.runtime.redis_server import RedisServer, free_port
+from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from fedasync.services.runtime import redis_server
-from fedasync.services.runtime.redis_server import PortTaken, RedisServer
+from fedasync.services.commands.redis_launch import server as redis_server
+from fedasync.services.commands.redis_launch.server import PortTaken, RedisServer
 
 pytestmark = pytest.mark.integration
 

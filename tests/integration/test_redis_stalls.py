@@ -35,8 +35,8 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.commit import Fenced
 from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.commands.chaos.proxy import Command, RedisProxy, Stall, StallMode
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys

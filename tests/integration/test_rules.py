@@ -18,11 +18,11 @@ from prometheus_client import generate_latest
 
 from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.control.app import create_app
 from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.control.switchboard import set_switch, switch_owners
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import policy_log, read_policy

@@ -1,8 +1,8 @@
 """Following the primary across a Sentinel failover: real servers, real Sentinels, kill -9.
 
-One replicated Redis for the module (services/runtime/redis_sentinel.py): a primary, two replicas
-and three Sentinels, under the generated ACL file, every client logged in as its own user and
-asking the Sentinels as `discovery`. Each test kills the primary of the moment and starts the
+One replicated Redis for the module (services/commands/redis_launch/sentinel.py): a primary, two
+replicas and three Sentinels, under the generated ACL file, every client logged in as its own user
+and asking the Sentinels as `discovery`. Each test kills the primary of the moment and starts the
 killed server again as a replica, so the next test finds the group whole.
 """
 
@@ -21,8 +21,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
+from fedasync.services.commands.redis_launch.sentinel import Auth, ReplicatedRedis, Topology
 from fedasync.services.runtime.redis_conn import FailoverError, connect, retrying
-from fedasync.services.runtime.redis_sentinel import Auth, ReplicatedRedis, Topology
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,

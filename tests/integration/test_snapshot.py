@@ -17,8 +17,8 @@ from safetensors.numpy import load as load_safetensors
 from yarl import URL
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import (
     CACHE,

@@ -26,9 +26,9 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.commands.redis_launch.server import free_port
 from fedasync.services.runtime.http_guard import log as guard_log
 from fedasync.services.runtime.http_service import FAST_PATH
-from fedasync.services.runtime.redis_server import free_port
 from fedasync.services.runtime.settings import HttpSettings, Settings
 from fedasync.services.snapshot.app import CACHE, create_app, wait_ready
 from fedasync.services.snapshot.service import run as run_snapshot

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from fedasync.services.commands.cli import main
-from fedasync.services.runtime.redis_server import RedisServer
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.shared import stream_entry
 
 pytestmark = pytest.mark.integration

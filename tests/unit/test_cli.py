@@ -12,8 +12,8 @@ import pytest
 
 from fedasync.services.commands.cli import COMMANDS, build_parser, main
 from fedasync.services.commands.flags import declared
+from fedasync.services.commands.redis_launch.server import free_port
 from fedasync.services.commands.up.options import FLAGS, run_settings
-from fedasync.services.runtime.redis_server import free_port
 from fedasync.services.runtime.setting_specs import SPECS
 from fedasync.services.runtime.settings import Settings, setting_names
 from fedasync.shared.policy import START

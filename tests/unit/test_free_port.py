@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 
-from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.commands.redis_launch.server import free_port
 
 
 def test_ports_picked_before_any_is_bound_are_all_different() -> None:

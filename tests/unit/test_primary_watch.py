@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from fedasync.services.commands.redis_launch.server import free_port
 from fedasync.services.runtime.primary_watch import hello_role, switch_of
 from fedasync.services.runtime.redis_conn import WatchedSentinelPool, connect
-from fedasync.services.runtime.redis_server import free_port
 from fedasync.services.runtime.settings import RedisSettings
 
 

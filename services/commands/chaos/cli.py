@@ -96,7 +96,7 @@ def handle(args: argparse.Namespace) -> int:
     )
     from fedasync.services.commands.chaos.report import describe, failover_table
     from fedasync.services.commands.chaos.system import AclNeedsRedis7
-    from fedasync.services.runtime.redis_server import RedisNotFound
+    from fedasync.services.commands.redis_launch.server import RedisNotFound
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.compose:

@@ -58,8 +58,8 @@ from fedasync.services.commands.chaos.system import (
     worker_name,
 )
 from fedasync.services.commands.chaos.waits import Interruption
+from fedasync.services.commands.redis_launch.server import free_port
 from fedasync.services.runtime.entry import EXIT_REFUSED
-from fedasync.services.runtime.redis_server import free_port
 
 #: least time between a child's unexpected exit and its restart, seconds (a supervisor's back-off)
 RESTART_BACKOFF_S = 0.5

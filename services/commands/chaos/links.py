@@ -5,7 +5,7 @@ the primary leaves whatever its kernel had already taken to be delivered, so asy
 replication loses next to nothing and a failover test measures little. Replicas on other hosts
 lag: by the link's latency at least, more when they are busy or the link is slow. Each server
 here gets an address in front of it (a `Link`), which every client, replica and Sentinel uses
-instead of its port (services/runtime/redis_sentinel.py, `fronts`):
+instead of its port (services/commands/redis_launch/sentinel.py, `fronts`):
 
 - what a server sends on a replication link (a connection whose peer sent REPLCONF or PSYNC) is
   delivered `lag_s` later; everything else passes at once, as for services next to the primary;
@@ -26,7 +26,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fedasync.services.commands.chaos.proxy import command_of, parse_request
-from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.commands.redis_launch.server import free_port
 
 T = TypeVar("T")
 

@@ -72,7 +72,8 @@ class Profile:
     slow_s: tuple[float, float] = (14.0, 18.0)
     #: Redis loads the generated ACL file and every service logs in as its own user
     acl: bool = True
-    #: Redis as a primary, two replicas and three Sentinels (services/runtime/redis_sentinel.py)
+    #: Redis as a primary, two replicas and three Sentinels
+    #: (services/commands/redis_launch/sentinel.py)
     replicated: bool = False
     #: durable mode: WAIT for this many replicas (0: off), also the servers'
     #: `min-replicas-to-write`; None: the shipped default (no FEDASYNC_REDIS__DURABLE_REPLICAS,

@@ -8,9 +8,9 @@ closes during a run. The aggregator talks to Redis through a proxy (chaos/proxy.
 any one of its commands.
 
 A profile with `replicated` runs Redis as a primary, two replicas and three Sentinels instead
-(services/runtime/redis_sentinel.py), every service following the primary through the Sentinels
-(FEDASYNC_REDIS__SENTINELS), in durable mode when the profile asks for it or by default (the
-profile's `durable_replicas` None: no FEDASYNC_REDIS__DURABLE_REPLICAS, the servers'
+(services/commands/redis_launch/sentinel.py), every service following the primary through the
+Sentinels (FEDASYNC_REDIS__SENTINELS), in durable mode when the profile asks for it or by default
+(the profile's `durable_replicas` None: no FEDASYNC_REDIS__DURABLE_REPLICAS, the servers'
 `min-replicas-*` as shipped), with the default socket timeout (10 s) as deployed; the
 aggregator then talks to Redis directly, without the proxy (the failover profile stalls no
 command). With
@@ -38,14 +38,14 @@ import redis
 from fedasync.services.commands.chaos.links import Links
 from fedasync.services.commands.chaos.proxy import ProxyThread
 from fedasync.services.commands.chaos.schedule import Profile
-from fedasync.services.runtime.redis_sentinel import (
+from fedasync.services.commands.redis_launch.sentinel import (
     SHIPPED_MIN_REPLICAS_MAX_LAG_S,
     SHIPPED_MIN_REPLICAS_TO_WRITE,
     Auth,
     ReplicatedRedis,
     Topology,
 )
-from fedasync.services.runtime.redis_server import (
+from fedasync.services.commands.redis_launch.server import (
     RedisServer,
     find_redis_server,
     free_port,

@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedasync.services.runtime.redis_server import free_port
+from fedasync.services.commands.redis_launch.server import free_port
 from fedasync.services.runtime.settings import Settings, settings_env
 from fedasync.services.runtime.supervisor import ServiceSpec
 from fedasync.services.worker.device import default_client_id

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
+from fedasync.services.commands.redis_launch.server import RedisNotFound, RedisServer
 from fedasync.services.commands.redis_target import redis_where
 from fedasync.services.commands.up import view
 from fedasync.services.commands.up.interrupts import Interrupts
@@ -38,7 +39,6 @@ from fedasync.services.commands.up.plan import (
 from fedasync.services.commands.up.report import print_summary, write_run_folder
 from fedasync.services.runtime.entry import EXIT_SETTINGS
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.redis_server import RedisNotFound, RedisServer
 from fedasync.services.runtime.settings import ENV_PREFIX, Settings
 from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
 from fedasync.services.stores.device_keys import add_device

@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from fedasync.services.runtime.redis_server import (
+from fedasync.services.commands.redis_launch.server import (
     RedisServer,
     find_redis_server,
     free_port,
