@@ -1,2 +1,3 @@
 """Runtime plumbing every service shares: Redis connections and retries, settings, logging, the
-lifecycle, the HTTP service, the metrics endpoint, the process supervisor and a private Redis."""
+lifecycle, the HTTP service, the metrics endpoint and the process supervisor (the Redis launchers
+are the commands': services/commands/redis_launch/)."""
