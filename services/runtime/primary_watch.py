@@ -31,7 +31,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import RedisError
 
-from fedasync.services.stores.acl import SWITCH_MASTER
+from fedasync.services.runtime.sentinel_channels import SWITCH_MASTER
 
 log = logging.getLogger(__name__)
 

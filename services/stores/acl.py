@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fedasync.services.runtime.sentinel_channels import SENTINEL_HELLO, SWITCH_MASTER
 from fedasync.services.stores.keys import Keys
 
 #: passwords go into Redis URLs and ACL lines: URL-unreserved characters only, and long enough
@@ -293,10 +294,6 @@ REPLICA_USER = "replica"
 SENTINEL_USER = "sentinel"
 #: the Sentinels' user for the services, which only asks where the primary is
 DISCOVERY_USER = "discovery"
-#: the channel Sentinels announce themselves on, through every server and every Sentinel
-SENTINEL_HELLO = "__sentinel__:hello"
-#: the channel a Sentinel announces a failover on (services/runtime/primary_watch.py listens)
-SWITCH_MASTER = "+switch-master"
 
 
 def server_users() -> tuple[User, ...]:

@@ -23,10 +23,10 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
 from fedasync.services.commands.redis_launch.sentinel import Auth, ReplicatedRedis, Topology
 from fedasync.services.runtime.redis_conn import FailoverError, connect, retrying
+from fedasync.services.runtime.sentinel_channels import SWITCH_MASTER
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
-    SWITCH_MASTER,
     all_users,
     sentinel_users,
 )

@@ -9,11 +9,10 @@ from __future__ import annotations
 import pytest
 
 from fedasync.services.commands.cli import main
+from fedasync.services.runtime.sentinel_channels import SENTINEL_HELLO, SWITCH_MASTER
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
     PASSWORD_RE,
-    SENTINEL_HELLO,
-    SWITCH_MASTER,
     acl_file,
     all_users,
     sentinel_acl,
