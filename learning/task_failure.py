@@ -19,7 +19,6 @@ from typing import ParamSpec, TypeVar
 
 import numpy as np
 
-import fedasync
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.evaluation import Evaluation
 from fedasync.learning.task import Task
@@ -27,8 +26,10 @@ from fedasync.learning.task import Task
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: fedasync's own code: the package and the folders it links to (fedasync/shared -> ../shared)
-_PACKAGE = Path(fedasync.__file__).parent
+#: fedasync's own code: the package and the folders it links to (fedasync/shared -> ../shared);
+#: this file is fedasync/learning/task_failure.py, so the package is two folders up (found from
+#: here, not by importing `fedasync`, which would point this layer up at the public API)
+_PACKAGE = Path(__file__).parent.parent
 _OURS = tuple(
     {_PACKAGE.resolve()}
     | {(_PACKAGE / part).resolve() for part in ("shared", "services", "learning", "sim", "client")}
