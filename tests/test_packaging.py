@@ -79,6 +79,9 @@ def test_the_wheel_installs_exactly_one_top_level_package(installed: Installed) 
     # the linked folders arrive as real files under the one package, with the dashboard page
     for module in ("shared/policy.py", "services/aggregator/service.py", "learning/task.py"):
         assert (site / "fedasync" / module).is_file(), module
+    # and the checks that refuse a second import name (docs/architecture.md, "One package")
+    for module in ("_import_guard.py", "services/__init__.py", "sim/__init__.py"):
+        assert (site / "fedasync" / module).is_file(), module
     assert (site / "fedasync" / "services" / "control" / "dashboard.html").is_file()
     assert not any((site / "fedasync").rglob("*.egg-info"))
 
