@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -285,6 +286,7 @@ def import_edges(module: str, path: Path) -> list[tuple[str, bool]]:
     return [(name, runs) for name, runs in edges if name in MODULES and name != module]
 
 
+@functools.cache  # the tree does not change during a run; parsed once for the tests below
 def module_graph(*, with_type_checking: bool) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
