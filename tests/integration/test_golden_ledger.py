@@ -63,6 +63,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.service import run as run_aggregator
+from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.redis_server import RedisServer
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
@@ -431,18 +432,26 @@ class Aggregator:
         await asyncio.wait_for(self.task, DEADLINE_S)
 
 
-async def policy_taken_in(redis: aioredis.Redis, keys: Keys) -> None:
+async def policy_taken_in(settings: Settings, keys: Keys) -> None:
     """Return once the aggregator has read the policy record (a GET of it, seen by MONITOR,
-    which is started after the change was written: that GET returned the new policy)."""
-    async with redis.monitor() as monitor:
-        while True:
-            command = await monitor.next_command()
-            words = command["command"].split(" ")
-            if command["client_type"] != "lua" and [words[0].upper(), *words[1:]] == [
-                "GET",
-                keys.policy,
-            ]:
-                return
+    which is started after the change was written: that GET returned the new policy).
+
+    On a connection of its own whose reads may wait as long as the whole wait: on a loaded
+    machine the aggregator may send nothing for longer than the usual 5 s socket timeout."""
+    patient = settings.redis.model_copy(update={"socket_timeout_s": DEADLINE_S})
+    watcher = connect(patient)
+    try:
+        async with watcher.monitor() as monitor:
+            while True:
+                command = await monitor.next_command()
+                words = command["command"].split(" ")
+                if command["client_type"] != "lua" and [words[0].upper(), *words[1:]] == [
+                    "GET",
+                    keys.policy,
+                ]:
+                    return
+    finally:
+        await watcher.aclose()
 
 
 async def decided(redis: aioredis.Redis, keys: Keys, entry_id: bytes) -> None:
@@ -459,6 +468,8 @@ async def decided(redis: aioredis.Redis, keys: Keys, entry_id: bytes) -> None:
 
 
 async def play(scenario: Scenario, settings: Settings, redis: aioredis.Redis) -> None:
+    """Write the scenario phase by phase, in the order the module's docstring fixes, and return
+    once every entry is decided and committed and the last aggregator has stopped."""
     keys = Keys(settings.redis.key_prefix)
     sent: dict[str, bytes] = {}
     aggregator: Aggregator | None = None
@@ -473,7 +484,7 @@ async def play(scenario: Scenario, settings: Settings, redis: aioredis.Redis) ->
                 new = current.evolve(**phase.change)
                 await change_policy(redis, keys, new, who="golden", why="scenario", at=0.0)
                 if aggregator is not None:
-                    await aggregator.until(policy_taken_in(redis, keys))
+                    await aggregator.until(policy_taken_in(settings, keys))
             last = b""
             for entry in phase.entries:
                 if isinstance(entry, Send):
