@@ -30,7 +30,7 @@ from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.runtime.redis_sentinel import SHIPPED_MIN_REPLICAS_MAX_LAG_S, sentinel_conf
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
-from fedasync.services.snapshot.app import SnapshotMetrics
+from fedasync.services.snapshot.metrics import SnapshotMetrics
 from fedasync.services.stores.acl import (
     DEFAULT_USER_LINE,
     HEALTH_USER,
@@ -1106,8 +1106,8 @@ def test_the_edge_is_a_profile_on_loopback_unless_told_otherwise() -> None:
 
 
 def test_the_edge_proxies_the_device_routes_to_the_real_services_and_nothing_else() -> None:
-    from fedasync.client.models import LATEST
-    from fedasync.services.ingest.protocol import PATH
+    from fedasync.shared.ingest_protocol import PATH
+    from fedasync.shared.snapshot_protocol import LATEST_PATH as LATEST
 
     text = edge_directives()
     upstreams = dict(re.findall(r"set \$(\w+) http://([\w.-]+:\d+);", text))
