@@ -8,7 +8,12 @@ Each command runs `--rounds` times, the commands in turn within each round (a lo
 goes touches all alike); a figure is the median of its rounds' user + system CPU seconds of the
 child, and the ratio is that ÷ the same for `python -c pass`.
 
-Run: python bench/cli_startup.py [--rounds 5]
+Every command is measured: the list is read from the `fedasync` parser itself (its subcommands and
+theirs: `ledger export`, `devices add`, ...), each asked `--help` and given a mistyped option, so a
+new command that imports before it parses shows here. `--commands` narrows the list to those
+whose name contains one of the words given.
+
+Run: python bench/cli_startup.py [--rounds 5] [--commands up ledger]
 """
 
 from __future__ import annotations
@@ -21,14 +26,39 @@ import sys
 from pathlib import Path
 
 FEDASYNC = str(Path(sys.executable).with_name("fedasync"))
-COMMANDS: dict[str, list[str]] = {
-    "python -c pass": [sys.executable, "-c", "pass"],
+BASELINE = "python -c pass"
+#: what is run besides every subcommand's `--help` and mistyped option
+FIXED: dict[str, list[str]] = {
+    BASELINE: [sys.executable, "-c", "pass"],
     "fedasync --help": [FEDASYNC, "--help"],
     "fedasync frobnicate": [FEDASYNC, "frobnicate"],
-    "fedasync up --help": [FEDASYNC, "up", "--help"],
-    "fedasync up --frobnicate": [FEDASYNC, "up", "--frobnicate"],
-    "fedasync simulate --help": [FEDASYNC, "simulate", "--help"],
 }
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[list[str]]:
+    """Every command path of `parser`, depth first: `["up"]`, `["ledger"]`, `["ledger",
+    "export"]`, ... (argparse keeps a parser's subparsers in its `_subparsers` group)."""
+    paths: list[list[str]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths.append([name])
+                paths.extend([name, *deeper] for deeper in subcommands(sub))
+    return paths
+
+
+def commands(only: list[str] | None) -> dict[str, list[str]]:
+    """The runs: the fixed ones, then `--help` and `--frobnicate` of every command path."""
+    from fedasync.services.commands.cli import build_parser
+
+    runs = dict(FIXED)
+    for path in subcommands(build_parser()):
+        name = " ".join(path)
+        if only and not any(word in name for word in only):
+            continue
+        runs[f"fedasync {name} --help"] = [FEDASYNC, *path, "--help"]
+        runs[f"fedasync {name} --frobnicate"] = [FEDASYNC, *path, "--frobnicate"]
+    return runs
 
 
 def cpu_seconds(argv: list[str]) -> float:
@@ -44,16 +74,19 @@ def cpu_seconds(argv: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--commands", nargs="*", help="only commands whose name contains these")
     args = parser.parse_args()
-    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    runs = commands(args.commands)
+    samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds):
-        for name, argv in COMMANDS.items():
+        for name, argv in runs.items():
             samples[name].append(cpu_seconds(argv))
-    base = statistics.median(samples["python -c pass"])
-    print(f"{'command':<26} {'CPU s (median)':>15} {'÷ python -c pass':>17}")
+    base = statistics.median(samples[BASELINE])
+    width = max(len(name) for name in runs)
+    print(f"{'command':<{width}} {'CPU s (median)':>15} {'÷ python -c pass':>17}")
     for name, values in samples.items():
         cpu = statistics.median(values)
-        print(f"{name:<26} {cpu:>15.3f} {cpu / max(base, 1e-3):>17.1f}")
+        print(f"{name:<{width}} {cpu:>15.3f} {cpu / max(base, 1e-3):>17.1f}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ SMOKE: dict[str, Smoke] = {
     "aggregator.py": Smoke(
         (("--sizes", "1000", "--repeat", "1", "--fp16", "--claim-check"),), "ours/raw"
     ),
-    "cli_startup.py": Smoke((("--rounds", "1"),), "fedasync --help"),
+    "cli_startup.py": Smoke(
+        (("--rounds", "1", "--commands", "ledger"),), "fedasync ledger export --help"
+    ),
     "core.py": Smoke((("--sizes", "1000", "--updates", "20"),), "core/bare"),
     "durable.py": Smoke(
         (("--lag-ms", "0", "--publishers", "1", "--seconds", "0.5", "--rounds", "1"),),

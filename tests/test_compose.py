@@ -33,7 +33,7 @@ from fedasync.services.commands.redis_launch.sentinel import (
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
-from fedasync.services.snapshot.app import SnapshotMetrics
+from fedasync.services.snapshot.metrics import SnapshotMetrics
 from fedasync.services.stores.acl import (
     DEFAULT_USER_LINE,
     HEALTH_USER,
@@ -743,7 +743,12 @@ def test_metric_definitions_parse_as_the_registries_export_them() -> None:
     for metrics in (AggregatorMetrics(), SnapshotMetrics(), ControlMetrics(), IngestMetrics()):
         built |= registry_families(metrics.registry)
     parsed: dict[str, str] = {}
-    files = ("aggregator/metrics.py", "snapshot/app.py", "control/metrics.py", "ingest/metrics.py")
+    files = (
+        "aggregator/metrics.py",
+        "snapshot/metrics.py",
+        "control/metrics.py",
+        "ingest/metrics.py",
+    )
     for file in files:
         parsed |= defined_families(ROOT / "services" / file)
     assert parsed == built
@@ -1109,8 +1114,8 @@ def test_the_edge_is_a_profile_on_loopback_unless_told_otherwise() -> None:
 
 
 def test_the_edge_proxies_the_device_routes_to_the_real_services_and_nothing_else() -> None:
-    from fedasync.client.models import LATEST
-    from fedasync.services.ingest.protocol import PATH
+    from fedasync.shared.ingest_protocol import PATH
+    from fedasync.shared.snapshot_protocol import LATEST_PATH as LATEST
 
     text = edge_directives()
     upstreams = dict(re.findall(r"set \$(\w+) http://([\w.-]+:\d+);", text))

@@ -29,12 +29,12 @@ from fedasync.client.errors import ClientError
 from fedasync.client.models import Downloads, Model, Models
 from fedasync.client.publishing import PreparedUpdate, Published
 from fedasync.client.receipts import Receipt
+from fedasync.client.redis_link import connect_url
 from fedasync.client.retry import Pause, RetryPolicy
 from fedasync.client.transport import RedisRetry, Transport
-from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.settings import Durability, RedisSettings
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import check_client_id, parse_key
+from fedasync.shared.durability import Durability
+from fedasync.shared.keys import Keys
 
 #: how often `receipt(wait=...)` asks again, at most (it starts at 50 ms and doubles)
 RECEIPT_POLL_MAX_S = 1.0
@@ -92,7 +92,7 @@ class DeviceClient:
         self._snapshot_url = snapshot_url
         self._ingest_url = ingest_url
         self._owns_redis = isinstance(redis, str)
-        self._redis = connect(RedisSettings(url=redis)) if isinstance(redis, str) else redis
+        self._redis = connect_url(redis) if isinstance(redis, str) else redis
         self._keys = Keys(key_prefix)
         self._durability = durability or Durability()
         self._policy = retry or RetryPolicy()

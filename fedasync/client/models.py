@@ -17,12 +17,10 @@ import numpy as np
 
 from fedasync.client.errors import UnexpectedAnswer
 from fedasync.client.transport import Answer, Request, Transport
-from fedasync.services.snapshot.app import DONE_HEADER
 from fedasync.shared.layout import Layout
 from fedasync.shared.model_format import decode_model
+from fedasync.shared.snapshot_protocol import DONE_HEADER, LATEST_PATH
 from fedasync.shared.wire import WireError
-
-LATEST = "/v1/models/latest"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -52,7 +50,7 @@ class Models:
         self, transport: Transport, base_url: str, timeout_s: float, counts: Downloads
     ) -> None:
         self._transport = transport
-        self._url = base_url.rstrip("/") + LATEST
+        self._url = base_url.rstrip("/") + LATEST_PATH
         self._timeout_s = timeout_s
         self.model: Model | None = None
         self.training_done: str | None = None

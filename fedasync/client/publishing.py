@@ -19,14 +19,14 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from fedasync.client.errors import Refused, UnexpectedAnswer
+from fedasync.client.redis_link import as_text, replicated
 from fedasync.client.retry import retryable
 from fedasync.client.transport import Answer, RedisRetry, Request, Transport, now_ms
-from fedasync.services.ingest.protocol import PATH, signed_headers
-from fedasync.services.runtime.redis_conn import as_text, replicated
-from fedasync.services.runtime.settings import Durability
-from fedasync.services.stores.keys import Keys
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import sign
+from fedasync.shared.durability import Durability
+from fedasync.shared.ingest_protocol import PATH, signed_headers
+from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 

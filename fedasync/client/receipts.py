@@ -15,14 +15,12 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from fedasync.client.errors import Refused, UnexpectedAnswer
+from fedasync.client.receipt_index import lookup
 from fedasync.client.transport import RedisRetry, Request, Transport, now_ms
-from fedasync.services.ingest.protocol import read_headers, receipt_path
-from fedasync.services.stores import receipts
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.decision import Decision, Outcome
+from fedasync.shared.ingest_protocol import NOT_DECIDED, read_headers, receipt_path
+from fedasync.shared.keys import Keys
 
-#: the ingest service's reason for "no decision recorded (yet)" (services/ingest/receipts.py)
-NOT_DECIDED = "not_decided"
 _DECISION_FIELDS = frozenset(f.name for f in fields(Decision))
 
 
@@ -91,5 +89,5 @@ async def from_redis(
     redis: aioredis.Redis, keys: Keys, client_id: str, update_id: str, retry: RedisRetry
 ) -> Receipt:
     """Look the receipt up in Redis (the worker user may read the index and the ledger)."""
-    record = await retry("receipt", lambda: receipts.lookup(redis, keys, client_id, update_id))
+    record = await retry("receipt", lambda: lookup(redis, keys, client_id, update_id))
     return Receipt(update_id) if record is None else Receipt.from_record(update_id, record)

@@ -21,21 +21,17 @@ import aiohttp
 from redis.exceptions import RedisError
 
 from fedasync.client.errors import Unavailable
+from fedasync.client.redis_link import TRANSIENT, is_out_of_memory
 from fedasync.client.retry import Pause, RetryPolicy, json_object, retry_after_s, retryable
-from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
+from fedasync.shared.ingest_protocol import INGEST_PAUSED, REDIS_OUT_OF_MEMORY, UNVERIFIED_BUDGET
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: the ingest service's reason while the operators have paused it (docs/http-api.md)
-INGEST_PAUSED = "ingest_paused"
-#: the ingest service's reason while Redis is full: waited out the same way, no attempt used up
-REDIS_FULL = "redis_out_of_memory"
-#: the ingest service's reason while other uploads hold its budget of unverified bytes
-UNVERIFIED_BUDGET = "unverified_budget"
-#: the 503 reasons waited out without using up an attempt: none says this device or its update
-#: is at fault, and each ends without the device doing anything
-WAITED_OUT = frozenset({INGEST_PAUSED, REDIS_FULL, UNVERIFIED_BUDGET})
+#: the ingest service's 503 reasons (shared/ingest_protocol.py) waited out without using up an
+#: attempt: none says this device or its update is at fault, and each ends without the device
+#: doing anything
+WAITED_OUT = frozenset({INGEST_PAUSED, REDIS_OUT_OF_MEMORY, UNVERIFIED_BUDGET})
 
 
 @dataclass(frozen=True, slots=True)

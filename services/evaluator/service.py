@@ -39,14 +39,13 @@ from fedasync.services.runtime.openapi_parts import operational_document
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings, SettingsError
-from fedasync.services.snapshot.app import VERSION_HEADER
-from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.run_record import RunCheck
 from fedasync.shared.model_format import ModelMessage, decode_model
 from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.snapshot_protocol import LATEST_PATH, MODEL_CONTENT_TYPE, VERSION_HEADER
 from fedasync.shared.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,7 @@ class Follower:
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         cfg = self.settings.evaluator
-        url = cfg.snapshot_url.rstrip("/") + "/v1/models/latest"
+        url = cfg.snapshot_url.rstrip("/") + LATEST_PATH
         backoff = 0.1
         resumed = False
         while not self.stopping.is_set():

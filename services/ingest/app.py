@@ -34,8 +34,7 @@ from fedasync.services.ingest.body_limit import BodyLimit
 from fedasync.services.ingest.budget import UnverifiedBudget
 from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.ingest.openapi import spec
-from fedasync.services.ingest.protocol import CLIENT_HEADER, CONTENT_TYPE, PATH, RECEIPT_PATH
-from fedasync.services.ingest.receipts import NOT_DECIDED, ReceiptReader, not_decided
+from fedasync.services.ingest.receipts import ReceiptReader, not_decided
 from fedasync.services.ingest.refusal import (
     RateLimiter,
     Refusal,
@@ -61,6 +60,15 @@ from fedasync.shared.device_auth import (
     signer,
     stream_id_ms,
     verify,
+)
+from fedasync.shared.ingest_protocol import (
+    CLIENT_HEADER,
+    CONTENT_TYPE,
+    INGEST_PAUSED,
+    NOT_DECIDED,
+    PATH,
+    RECEIPT_PATH,
+    REDIS_OUT_OF_MEMORY,
 )
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
@@ -190,7 +198,7 @@ class Ingest:
             log.error("Redis is out of memory: update refused, device told to retry (%s)", exc)
             raise Refusal(
                 503,
-                "redis_out_of_memory",
+                REDIS_OUT_OF_MEMORY,
                 "the update store is full; retry later",
                 {"Retry-After": str(self.settings.ingest.paused_retry_after_s)},
             ) from None
@@ -247,7 +255,7 @@ class Ingest:
             retry = str(self.settings.ingest.paused_retry_after_s)
             raise Refusal(
                 503,
-                "ingest_paused",
+                INGEST_PAUSED,
                 f"ingest paused by the operators (policy version {policy.version})",
                 {"Retry-After": retry},
             )

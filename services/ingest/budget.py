@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from fedasync.services.ingest.refusal import Refusal
+from fedasync.shared.ingest_protocol import UNVERIFIED_BUDGET
 
-REASON = "unverified_budget"
+REASON = UNVERIFIED_BUDGET
 
 
 @dataclass(slots=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedasync.services.ingest.protocol import (
+from fedasync.services.runtime.openapi_parts import json_response as _json
+from fedasync.services.runtime.openapi_parts import operational_paths
+from fedasync.shared.ingest_protocol import (
     CLIENT_HEADER,
     CONTENT_TYPE,
     PATH,
@@ -12,8 +14,6 @@ from fedasync.services.ingest.protocol import (
     SIGNATURE_HEADER,
     TIME_HEADER,
 )
-from fedasync.services.runtime.openapi_parts import json_response as _json
-from fedasync.services.runtime.openapi_parts import operational_paths
 
 _ERROR = {
     "type": "object",

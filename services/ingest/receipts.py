@@ -2,7 +2,7 @@
 
 Read-only. The device signs `GET /v1/updates/<update id>` under the read domain
 (shared/device_auth.py), so no receipt signature can pass as an update signature. The lookup is
-keyed by the *authenticated* client id and the update id (services/stores/receipts.py): another
+keyed by the *authenticated* client id and the update id (fedasync/client/receipt_index.py): another
 device's update id finds nothing and is answered exactly like an id never used, `404
 not_decided`, so a device learns nothing about updates that are not its own.
 """
@@ -28,10 +28,8 @@ from fedasync.services.stores import receipts
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import READ_DOMAIN, AuthError, read_message, verify
+from fedasync.shared.ingest_protocol import NOT_DECIDED
 from fedasync.shared.update import MAX_ID_LENGTH
-
-#: the reason of the 404: no decision is recorded for this device's update id (yet)
-NOT_DECIDED = "not_decided"
 
 
 class ReceiptReader:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from fedasync.services.ingest.protocol import CLIENT_HEADER, SIGNATURE_HEADER, TIME_HEADER
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.shared.device_auth import AuthError, AuthReason, Proof, parse_proof
+from fedasync.shared.ingest_protocol import CLIENT_HEADER, SIGNATURE_HEADER, TIME_HEADER
 from fedasync.shared.token_bucket import TokenBucket
 
 #: rate-limit buckets kept before full (idle) ones are forgotten

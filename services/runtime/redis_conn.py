@@ -11,7 +11,8 @@ tries once and logs, so they can never stop or hold up the work they describe.
 
 With Sentinels configured (`FEDASYNC_REDIS__SENTINELS`) the client asks them for the primary and
 follows it across a failover (redis-py's Sentinel pool). What a failover does to a call in flight
-is classified here, once: besides a lost connection, the replies a server gives while it is being
+is classified once, in the client every fedasync process connects with (fedasync.client.redis_link,
+the device's too): besides a lost connection, the replies a server gives while it is being
 demoted, promoted or cut off from its replicas (`FAILOVER_CODES`) become `FailoverError`, a
 connection error, so every caller's `except TRANSIENT` and `retrying` treat them as transient and
 the next attempt goes to whichever server is the primary by then. The client also hears of a
@@ -26,109 +27,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import (
-    AbstractConnection,
-    Connection,
-    SSLConnection,
-    UnixDomainSocketConnection,
-)
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
-from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError, ResponseError
 
+from fedasync.client.redis_link import FAILOVER_CODES as FAILOVER_CODES
+from fedasync.client.redis_link import HEALTH_CHECK_S, FailoverAware, client_options, connect_url
+from fedasync.client.redis_link import TRANSIENT as TRANSIENT
+from fedasync.client.redis_link import FailoverAwareConnection as FailoverAwareConnection
+from fedasync.client.redis_link import FailoverAwareSSLConnection as FailoverAwareSSLConnection
+from fedasync.client.redis_link import FailoverAwareUnixConnection as FailoverAwareUnixConnection
+from fedasync.client.redis_link import FailoverError as FailoverError
+from fedasync.client.redis_link import NotReplicated as NotReplicated
+from fedasync.client.redis_link import as_text as as_text
+from fedasync.client.redis_link import failover_reply as failover_reply
+from fedasync.client.redis_link import is_out_of_memory as is_out_of_memory
+from fedasync.client.redis_link import replicated as replicated
 from fedasync.services.runtime.primary_watch import PrimaryWatch, hello_role
-from fedasync.services.runtime.settings import Durability, RedisSettings
+from fedasync.services.runtime.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: no CLIENT SETINFO on connect: least-privilege users may not run it (stores/acl.py), and each
-#: refusal would be noise in ACL LOG; redis-py < 7.1 turns it off through lib_name/lib_version
-_NO_CLIENT_INFO: dict[str, Any] = (
-    {"driver_info": None}
-    if importlib.util.find_spec("redis.driver_info") is not None
-    else {"lib_name": None, "lib_version": None}
-)
-
-#: error codes of the replies a server gives while a failover moves the primary: written to a
-#: demoted primary (READONLY), a primary short of the replicas `min-replicas-to-write` asks for
-#: (NOREPLICAS), a replica cut off from its primary (MASTERDOWN), a blocked read ended by the
-#: server's change of role (UNBLOCKED), a server still loading its data after a restart (LOADING)
-FAILOVER_CODES = frozenset({"READONLY", "NOREPLICAS", "MASTERDOWN", "UNBLOCKED", "LOADING"})
-
-
-class FailoverError(RedisConnectionError):
-    """The server answered, but as a server that is not (or not yet, or no longer) a primary
-    that can take this command: repeat it, on whichever server is the primary by then."""
-
-
-class NotReplicated(FailoverError):
-    """Durable mode: WAIT ended with fewer replicas holding the write than asked for. The write
-    is on the primary and may yet reach them, or be lost with it: repeat the action."""
-
-
-#: errors after which a command may be repeated on a new connection (FailoverError among them)
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 #: seconds between attempts while Redis refuses writes for want of memory
 OOM_RETRY_S = 2.0
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Redis refused a write because `maxmemory` is reached (with `noeviction`): nothing was
-    written, and the same write may be sent again once memory is freed. The one place this is
-    recognised: redis-py raises OutOfMemoryError for the `-OOM` reply, and Redis 6.2 wraps the
-    same refusal of a write inside a script in an `ERR Error running script` reply."""
-    if isinstance(exc, OutOfMemoryError):
-        return True
-    return isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
-
-
-def failover_reply(error: ResponseError) -> bool:
-    """`error` is a reply of a server caught in a failover (`FAILOVER_CODES`).
-
-    redis-py names some codes by class and drops them from the text (READONLY, MASTERDOWN,
-    LOADING); the others, and errors a script's `redis.call` raised, keep them in the text."""
-    code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
-    return code in FAILOVER_CODES
-
-
-class _FailoverAware(AbstractConnection):
-    """Turns a failover reply into `FailoverError` and drops the connection, so the next use
-    connects afresh (with Sentinel: to the primary it names then)."""
-
-    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().read_response(*args, **kwargs)
-        except ResponseError as exc:
-            if not failover_reply(exc):
-                raise
-            await self.disconnect()
-            raise FailoverError(f"{exc} (a failover: the command may be repeated)") from exc
-
-
-class FailoverAwareConnection(_FailoverAware, Connection):
-    pass
-
-
-class FailoverAwareSSLConnection(_FailoverAware, SSLConnection):
-    pass
-
-
-class FailoverAwareUnixConnection(_FailoverAware, UnixDomainSocketConnection):
-    pass
-
-
-class FailoverAwareSentinelConnection(_FailoverAware, SentinelManagedConnection):
+class FailoverAwareSentinelConnection(FailoverAware, SentinelManagedConnection):
     """A connection to the primary the Sentinels name, which it checks is one (`is_primary`):
     a server demoted since they named it is refused as a failover, and asked about again."""
 
@@ -157,13 +89,6 @@ class WatchedSentinelPool(SentinelConnectionPool):
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
-_FAILOVER_AWARE: dict[type[AbstractConnection], type[AbstractConnection]] = {
-    Connection: FailoverAwareConnection,
-    SSLConnection: FailoverAwareSSLConnection,
-    UnixDomainSocketConnection: FailoverAwareUnixConnection,
-}
-
-
 class SentinelRedis(aioredis.Redis):
     """The primary's client that also closes its connections to the Sentinels when it closes
     its pool (redis-py leaves those to the `Sentinel` object, which nobody else holds)."""
@@ -185,23 +110,13 @@ class SentinelRedis(aioredis.Redis):
 def connect(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
     """A client for `url` (or the configured one), or for the primary the configured Sentinels
     name; nothing is sent until first use."""
-    common: dict[str, Any] = {
-        "protocol": 2,
-        "decode_responses": False,
-        "socket_timeout": settings.socket_timeout_s,
-        "socket_connect_timeout": settings.connect_timeout_s,
-        "retry": Retry(NoBackoff(), 0),
-        **_NO_CLIENT_INFO,
-    }
     if settings.sentinels is not None and url is None:
+        common = client_options(settings.socket_timeout_s, settings.connect_timeout_s)
         return _primary_of_sentinels(settings, common)
     target = url or settings.url
     if not target:
         raise ValueError("no Redis URL: set FEDASYNC_REDIS__URL (or FEDASYNC_REDIS__SENTINELS)")
-    client = aioredis.Redis.from_url(target, health_check_interval=30, **common)
-    pool = client.connection_pool
-    pool.connection_class = _FAILOVER_AWARE.get(pool.connection_class, pool.connection_class)
-    return client
+    return connect_url(target, settings.socket_timeout_s, settings.connect_timeout_s)
 
 
 def _primary_of_sentinels(settings: RedisSettings, common: dict[str, Any]) -> aioredis.Redis:
@@ -228,35 +143,10 @@ def _primary_of_sentinels(settings: RedisSettings, common: dict[str, Any]) -> ai
         username=unquote(target.username) if target and target.username else None,
         password=unquote(target.password) if target and target.password else None,
         db=int(database),
-        health_check_interval=30,
+        health_check_interval=HEALTH_CHECK_S,
         **common,
     )
     return primary
-
-
-async def replicated(
-    redis: aioredis.Redis,
-    durability: Durability,
-    write: Callable[[aioredis.Redis], Awaitable[T]],
-) -> T:
-    """Run `write` and, in durable mode, return only once WAIT says `durability.replicas`
-    replicas hold it; `NotReplicated` (transient) if they do not within its `timeout_ms`.
-
-    WAIT counts the writes of its own connection, so both run on one connection taken from the
-    pool. An action that finds its work already done (a retried commit, an update the ingest
-    service already added) must still write something (the same value again) for its WAIT to
-    cover the earlier write: the offset WAIT waits for is that of the connection's last write.
-    Off (0 replicas), `write` runs on `redis` as it is.
-    """
-    wanted, timeout_ms = durability.replicas, durability.timeout_ms
-    if not wanted:
-        return await write(redis)
-    async with redis.client() as connection:
-        result = await write(connection)
-        reached = int(await connection.wait(wanted, timeout_ms))
-    if reached < wanted:
-        raise NotReplicated(f"WAIT: {reached} of {wanted} replicas within {timeout_ms} ms")
-    return result
 
 
 async def retrying(
@@ -381,8 +271,3 @@ async def stream_entries(
         if len(entries) < page:
             return
         start = "(" + as_text(entries[-1][0])
-
-
-def as_text(value: str | bytes) -> str:
-    """A reply field as text, whether the client decodes replies or not."""
-    return value.decode() if isinstance(value, bytes) else value

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
+from fedasync.client.redis_link import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S
 from fedasync.learning.task import Task
 from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
 from fedasync.services.runtime.setting_specs import ENV_NESTED_DELIMITER as ENV_NESTED_DELIMITER
@@ -37,6 +38,7 @@ from fedasync.services.runtime.setting_specs import SPECS, LatencyProfile, Parti
 from fedasync.services.runtime.setting_specs import SettingPath as SettingPath
 from fedasync.services.runtime.setting_specs import env_name as env_name
 from fedasync.shared.dedup import DEFAULT_CAPACITY, DEFAULT_HORIZON
+from fedasync.shared.durability import Durability as Durability
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import START, Policy, apply_mode_preset
 from fedasync.shared.policy_schema import policy_model
@@ -153,14 +155,6 @@ def _container(annotation: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class Durability:
-    """Durable mode as the writers apply it: WAIT for `replicas` (0: off), `timeout_ms` each."""
-
-    replicas: int = 0
-    timeout_ms: int = 1000
-
-
 #: durable mode's replicas when Sentinels are configured and FEDASYNC_REDIS__DURABLE_REPLICAS
 #: is not set: one of the (shipped: two) replicas must hold each acknowledged write
 DEFAULT_DURABLE_REPLICAS = 1
@@ -174,8 +168,12 @@ class RedisSettings(Section):
         description="Redis URL, e.g. redis://:password@host:6379/0; unset: the services refuse "
         "to start, `fedasync up` starts a private server",
     )
-    socket_timeout_s: float = Field(10.0, gt=0, description="socket read timeout, seconds")
-    connect_timeout_s: float = Field(5.0, gt=0, description="connect timeout, seconds")
+    socket_timeout_s: float = Field(
+        SOCKET_TIMEOUT_S, gt=0, description="socket read timeout, seconds"
+    )
+    connect_timeout_s: float = Field(
+        CONNECT_TIMEOUT_S, gt=0, description="connect timeout, seconds"
+    )
     reconnect_attempts: int = Field(10, ge=0, description="reconnects before giving up")
     key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
     sentinels: str | None = Field(

@@ -28,89 +28,39 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
-from fedasync.services.runtime.prometheus import REGISTRY, FoldingRegistry, metrics_response
+from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.cache import ModelCache, Served, TooManyWaiters
 from fedasync.services.snapshot.conditional import none_match
 from fedasync.services.snapshot.fast import HotAnswers
-from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE, spec
+from fedasync.services.snapshot.metrics import SnapshotMetrics
+from fedasync.services.snapshot.openapi import spec
 from fedasync.services.stores.alerts import VERSION_REGRESSED, try_add_alert
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import regressed
+from fedasync.shared.snapshot_protocol import (
+    DONE_HEADER,
+    LATEST_META_PATH,
+    LATEST_PATH,
+    MODEL_CONTENT_TYPE,
+    SAFETENSORS_CONTENT_TYPE,
+    VERSION_HEADER,
+)
 
 log = logging.getLogger(__name__)
 
-VERSION_HEADER = "X-Fedasync-Version"
-DONE_HEADER = "X-Fedasync-Training-Done"
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
 KEYS = web.AppKey("keys", Keys)
 CACHE = web.AppKey("cache", ModelCache)
-
-
-class SnapshotMetrics:
-    """Prometheus metrics of one app (own registry: several apps may live in one test process)."""
-
-    def __init__(self) -> None:
-        self.registry = FoldingRegistry()
-        self.requests = Counter(
-            "fedasync_snapshot_requests",
-            "HTTP requests by route and status",
-            ["route", "status"],
-            registry=self.registry,
-        )
-        self.sent = Counter(
-            "fedasync_snapshot_sent_bytes", "Model bytes sent", registry=self.registry
-        )
-        self.not_modified = Counter(
-            "fedasync_snapshot_not_modified",
-            "Requests answered 304 Not Modified",
-            registry=self.registry,
-        )
-        self.waiters = Gauge(
-            "fedasync_snapshot_long_poll_waiters",
-            "Long-polls waiting for a newer version",
-            registry=self.registry,
-        )
-        self.version = Gauge(
-            "fedasync_snapshot_model_version",
-            "Newest model version held in memory",
-            registry=self.registry,
-        )
-        self.regressed = Gauge(
-            "fedasync_snapshot_version_regressed",
-            "1 once Redis reported a version below the newest one served (Redis lost commits): "
-            "the service then follows no more versions until it is restarted",
-            registry=self.registry,
-        )
-        self.follow_failures = Counter(
-            "fedasync_snapshot_follow_failures",
-            "Failures of the version follower, each retried after a backoff, by kind: "
-            "connection (Redis unreachable or timed out), redis (an error reply such as NOPERM), "
-            "error (anything else, e.g. a stored model that does not decode)",
-            ["kind"],
-            registry=self.registry,
-        )
-        for kind in ("connection", "redis", "error"):
-            self.follow_failures.labels(kind)
-        self.worker = Gauge(
-            "fedasync_snapshot_worker",
-            "1, labelled with which of the processes sharing the port (FEDASYNC_SNAPSHOT__WORKERS) "
-            "answered: every figure on this page is that worker's alone",
-            ["worker"],
-            registry=self.registry,
-        )
-
-
 METRICS = web.AppKey("metrics", SnapshotMetrics)
 
 
@@ -418,8 +368,8 @@ def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> we
     app[FAST_PATH] = HotAnswers(app[CACHE], app[METRICS])
     app.add_routes(
         [
-            web.get("/v1/models/latest", latest),
-            web.get("/v1/models/latest/meta", latest_meta),
+            web.get(LATEST_PATH, latest),
+            web.get(LATEST_META_PATH, latest_meta),
             web.get("/v1/models/{version}/meta", meta),
             web.get("/v1/models/{version}", by_version),
             web.get("/livez", livez),

@@ -25,14 +25,20 @@ from typing import TYPE_CHECKING
 from aiohttp import __version__ as aiohttp_version
 
 from fedasync.services.snapshot.conditional import none_match
+from fedasync.shared.snapshot_protocol import (
+    DONE_HEADER,
+    LATEST_META_PATH,
+    LATEST_PATH,
+    VERSION_HEADER,
+)
 
 if TYPE_CHECKING:
-    from fedasync.services.snapshot.app import SnapshotMetrics
     from fedasync.services.snapshot.cache import ModelCache, Served
+    from fedasync.services.snapshot.metrics import SnapshotMetrics
 
 #: the request lines answered here; any other (a query string, HTTP/1.0...) goes to aiohttp
-_LATEST = b"GET /v1/models/latest HTTP/1.1"
-_META = b"GET /v1/models/latest/meta HTTP/1.1"
+_LATEST = f"GET {LATEST_PATH} HTTP/1.1".encode()
+_META = f"GET {LATEST_META_PATH} HTTP/1.1".encode()
 #: a header line read with certainty: a token, a colon, a value without control characters
 _HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 #: headers that change how a request is read or answered: such requests are aiohttp's
@@ -164,10 +170,10 @@ class HotAnswers:
         second = int(_now())
         self._second, self._until = float(second), second + 1.0
         date = formatdate(second, usegmt=True)
-        own = [f"ETag: {served.etag}", f"X-Fedasync-Version: {served.version}"]
+        own = [f"ETag: {served.etag}", f"{VERSION_HEADER}: {served.version}"]
         common = [*own, "Cache-Control: no-cache"]
         if done:
-            common.append(f"X-Fedasync-Training-Done: {done.get('reason', 'done')}")
+            common.append(f"{DONE_HEADER}: {done.get('reason', 'done')}")
         tail = [f"Date: {date}", f"Server: {SERVER}"]
         self._etag = served.etag
         self._body_size = len(served.body)

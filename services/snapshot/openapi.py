@@ -6,9 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedasync.services.runtime.openapi_parts import ERROR, json_response, operational_paths
-
-MODEL_CONTENT_TYPE = "application/vnd.fedasync.model+msgpack"
-SAFETENSORS_CONTENT_TYPE = "application/vnd.safetensors"
+from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE
 
 #: a version as a URL spells it (app.py, parse_version), to 18 digits: the service also takes
 #: 19 up to 2^63-1, which no pattern says briefly

@@ -88,7 +88,7 @@ def users(prefix: str) -> tuple[User, ...]:
     device_keys = Grant(("hmget",), read=(k.device_keys, k.device_revoked))
     # appends an alert and can do nothing else to the stream (XADD's MAXLEN trims it at most)
     alert = Grant(("xadd",), write=(k.alerts,))
-    # a receipt: the index names a ledger entry, read by its id (services/stores/receipts.py)
+    # a receipt: the index names a ledger entry, read by its id (fedasync/client/receipt_index.py)
     receipts = (Grant(("hget",), read=(k.receipts,)), Grant(("xrange",), read=(k.ledger,)))
     # what the run is (stores/run_record.py): the task every process builds, the budget
     run_task = Grant(("hget",), read=(k.run,))

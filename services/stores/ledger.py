@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-import msgpack
 import numpy as np
 import redis.asyncio as aioredis
 
+from fedasync.client.receipt_index import record_at as record_at
 from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entries
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
@@ -28,7 +28,7 @@ from fedasync.services.stores.committed import Committed, read_committed
 from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.services.stores.memory_store import remembered
 from fedasync.services.stores.policy_store import policy_version
-from fedasync.shared import stream_entry
+from fedasync.shared import ledger_record, stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import FORMAT_VERSION, load_state, save_state
 from fedasync.shared.decision import DropReason
@@ -57,7 +57,7 @@ async def records(
     """
     entries = stream_entries(redis, keys.ledger, after=after, until=until, page=page)
     async for entry_id, fields in entries:
-        yield _record(entry_id, fields)
+        yield ledger_record.decode(entry_id, fields)
 
 
 async def last_record(redis: aioredis.Redis, keys: Keys) -> dict[str, Any] | None:
@@ -67,20 +67,7 @@ async def last_record(redis: aioredis.Redis, keys: Keys) -> dict[str, Any] | Non
     if not entries:
         return None
     entry_id, fields = entries[0]
-    return _record(as_text(entry_id), fields)
-
-
-async def record_at(redis: aioredis.Redis, keys: Keys, ledger_id: str) -> dict[str, Any] | None:
-    """The ledger record with entry id `ledger_id`; None if there is none (what a receipt names;
-    the chaos harness looks up, after a Redis restart, the newest record it saw before)."""
-    entries: Any = await redis.xrange(keys.ledger, min=ledger_id, max=ledger_id)
-    return _record(as_text(entries[0][0]), entries[0][1]) if entries else None
-
-
-def _record(entry_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
-    record: dict[str, Any] = msgpack.unpackb(fields[b"d"], raw=False)
-    record["ledger_id"] = entry_id
-    return record
+    return ledger_record.decode(as_text(entry_id), fields)
 
 
 def export_line(record: dict[str, Any]) -> str:
@@ -283,7 +270,7 @@ async def _check_receipt(
         report.receipts += 1
         return
     other = await record_at(redis, keys, ledger_id)
-    if other is None or (other["client_id"], other["update_id"]) != (client_id, update_id):
+    if other is None or not ledger_record.is_about(other, client_id, update_id):
         report.mismatches.append(
             f"{record['ledger_id']}: the receipt of {client_id}/{update_id} names {ledger_id}, "
             "a decision about another update"

@@ -33,13 +33,6 @@ from fedasync.client import (
 )
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
-from fedasync.services.ingest.protocol import (
-    CONTENT_TYPE,
-    PATH,
-    read_headers,
-    receipt_path,
-    signed_headers,
-)
 from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
@@ -47,6 +40,13 @@ from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.device_auth import parse_key
+from fedasync.shared.ingest_protocol import (
+    CONTENT_TYPE,
+    PATH,
+    read_headers,
+    receipt_path,
+    signed_headers,
+)
 from tests.integration.helpers import ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

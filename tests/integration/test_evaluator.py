@@ -22,8 +22,6 @@ from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.snapshot.app import VERSION_HEADER
-from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
 from fedasync.services.stores.keys import Keys
@@ -32,6 +30,7 @@ from fedasync.shared.aggregation import ModelSnapshot
 from fedasync.shared.layout import Layout
 from fedasync.shared.model_format import decode_model, encode_model
 from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import next_entries, start_snapshot, wait_for_ledger

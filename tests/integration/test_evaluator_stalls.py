@@ -23,10 +23,9 @@ from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.snapshot.app import VERSION_HEADER
-from fedasync.services.snapshot.openapi import MODEL_CONTENT_TYPE
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.keys import Keys
+from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER
 from tests.integration.test_evaluator import model_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -26,17 +26,17 @@ from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.ingest import app as ingest_app
 from fedasync.services.ingest.app import INGEST, create_app
 from fedasync.services.ingest.openapi import spec
-from fedasync.services.ingest.protocol import (
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import add_device, revoke_device
+from fedasync.services.stores.keys import Keys
+from fedasync.shared.device_auth import parse_key
+from fedasync.shared.ingest_protocol import (
     CONTENT_TYPE,
     PATH,
     read_headers,
     receipt_path,
     signed_headers,
 )
-from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.device_keys import add_device, revoke_device
-from fedasync.services.stores.keys import Keys
-from fedasync.shared.device_auth import parse_key
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update
 

@@ -27,7 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.service import run as run_control
 from fedasync.services.evaluator.service import run as run_evaluator
-from fedasync.services.ingest.protocol import PATH, signed_headers
 from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.http_guard import log as guard_log
 from fedasync.services.runtime.settings import HttpSettings, Settings
@@ -35,6 +34,7 @@ from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
+from fedasync.shared.ingest_protocol import PATH, signed_headers
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update
 

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from fedasync.client import Abandoned, DeviceClient, PreparedUpdate, Refused, RetryPolicy
 from fedasync.client.retry import DEFAULT_RETRY_AFTER_S, MAX_RETRY_AFTER_S, retry_after_s
-from fedasync.services.ingest.protocol import PATH
+from fedasync.shared.ingest_protocol import PATH
 
 KEY = bytes(range(32))
 RAW = b"the same update bytes on every attempt"

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from fedasync.services.snapshot import fast
-from fedasync.services.snapshot.app import SnapshotMetrics
 from fedasync.services.snapshot.cache import ModelCache, Served
 from fedasync.services.snapshot.fast import HotAnswers
+from fedasync.services.snapshot.metrics import SnapshotMetrics
 
 HOST = b"Host: 127.0.0.1:8080\r\n"
 

@@ -1,7 +1,8 @@
-"""What a device sends to the ingest service: paths, media type and signature headers.
+"""The ingest service's wire contract: paths, media type, signature headers, and the reasons of
+the answers a device acts on.
 
 Shared by the service and the device client (fedasync.client), so both sides spell them the same
-way (docs/http-api.md).
+way (docs/http-api.md); here, in the core, so the client needs nothing of the service to speak it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ CONTENT_TYPE = "application/vnd.fedasync.update+msgpack"
 CLIENT_HEADER = "X-Fedasync-Client"
 TIME_HEADER = "X-Fedasync-Time"
 SIGNATURE_HEADER = "X-Fedasync-Signature"
+
+#: the 404 of a receipt: no decision is recorded for this device's update id (yet)
+NOT_DECIDED = "not_decided"
+#: the 503 while the operators have paused ingest (the policy's `ingest_paused`)
+INGEST_PAUSED = "ingest_paused"
+#: the 503 while Redis is full (`maxmemory`): the update was refused whole, nothing added
+REDIS_OUT_OF_MEMORY = "redis_out_of_memory"
+#: the 503 while other uploads hold the budget of unverified bytes (services/ingest/budget.py)
+UNVERIFIED_BUDGET = "unverified_budget"
 
 
 def signed_headers(key: bytes, client_id: str, signed_at_ms: int, body: bytes) -> dict[str, str]:
