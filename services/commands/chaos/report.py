@@ -114,28 +114,9 @@ def build_summary(
     return {
         **_run_figures(profile, seed, out, duration_s, policy),
         **_fault_figures(injector),
-        "updates": verdict_report.update_counts(
-            verdict,
-            # the versions they made: every applied update in FedAsync, one per K in the others
-            server_steps=sum(
-                1 for r in audit.records if r["outcome"] == "applied" and r.get("server_step", True)
-            ),
-            stream_entries=len(audit.entry_ids),
-            ledger_records=len(audit.records),
-        ),
+        "updates": _updates(verdict, audit),
         **verdict_report.verdict_counts(verdict, lost_outside_failovers=lost_unexplained),
-        "waits": {
-            "longest_s": round(waits.longest_s, 3),
-            "longest_entry": waits.longest_entry,
-            "bound_s": waits.bound_s,
-            "over_bound": len(waits.over),
-        },
-        "verify": {
-            "ok": audit.verify.ok,
-            "replayed": audit.verify.replayed,
-            "version": audit.verify.version,
-            "text": audit.verify.describe(),
-        },
+        **_waits_and_verify(waits, audit),
         "served": verdict_report.served_figures(
             served.served_version,
             served.served_sha256,
@@ -157,6 +138,37 @@ def build_summary(
         "checks": checks,
         "ok": all(checks.values()),
         "events": [event.to_dict() for event in injector.events],
+    }
+
+
+def _updates(verdict: Verdict, audit: Audit) -> dict[str, int]:
+    """The `updates` figures, with the server steps the ledger records."""
+    return verdict_report.update_counts(
+        verdict,
+        # the versions they made: every applied update in FedAsync, one per K in the others
+        server_steps=sum(
+            1 for r in audit.records if r["outcome"] == "applied" and r.get("server_step", True)
+        ),
+        stream_entries=len(audit.entry_ids),
+        ledger_records=len(audit.records),
+    )
+
+
+def _waits_and_verify(waits: Waits, audit: Audit) -> dict[str, Any]:
+    """The longest XADD→decision wait against its bound, and `ledger verify`'s answer."""
+    return {
+        "waits": {
+            "longest_s": round(waits.longest_s, 3),
+            "longest_entry": waits.longest_entry,
+            "bound_s": waits.bound_s,
+            "over_bound": len(waits.over),
+        },
+        "verify": {
+            "ok": audit.verify.ok,
+            "replayed": audit.verify.replayed,
+            "version": audit.verify.version,
+            "text": audit.verify.describe(),
+        },
     }
 
 
