@@ -717,7 +717,8 @@ def report(plan: Plan, results: dict[str, Any], ledger: dict[str, Any]) -> None:
         print(f"CRASHED: {', '.join(results['crashed'])}")
 
 
-def main() -> int:
+def _plan() -> tuple[Plan, argparse.Namespace]:
+    """The plan the command line asks for (argparse's exit 2 for one it refuses)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured load, seconds")
@@ -748,51 +749,67 @@ def main() -> int:
         args.warmup,
         args.snapshot_workers,
     )
+    return plan, args
+
+
+def _measured(plan: Plan, server: RedisServer, work: Path) -> tuple[Settings, dict[str, Any]]:
+    """The services started on `server` (each ready before the next), the load run against
+    them, then the services stopped: their settings and what the load measured."""
+    ports = {name: free_port() for name in SERVICES}
+    settings = configure(plan, server.url, ports)
+    child_env = settings_env(settings)
+    with Supervisor(work / "logs", cwd=ROOT) as supervisor:
+        for name in SERVICES:
+            ready = f"http://{HOST}:{ports[name]}/readyz"
+            supervisor.start(ServiceSpec(name, f"fedasync.services.{name}", child_env, ready))
+            supervisor.wait_ready(name, timeout=60)
+        assert server.process is not None
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:  # as the services'
+            results = runner.run(run_load(plan, settings, supervisor, server.process.pid))
+        supervisor.stop_all(groups=[["control", "snapshot"], ["aggregator"]])
+    return settings, results
+
+
+def _document(plan: Plan, results: dict[str, Any], ledger: dict[str, Any]) -> dict[str, Any]:
+    """What load.json holds: the plan, the machine's CPUs, the figures and the ledger's audit."""
+    return {
+        "plan": {
+            "devices": plan.devices,
+            "seconds": plan.seconds,
+            "rate": plan.rate,
+            "rate_factor": plan.rate_factor,
+            "seed": plan.seed,
+            "task": plan.task,
+            "parameters": model_size(plan.task),
+            "wait_s": plan.wait_s,
+            "warmup": plan.warmup,
+            "snapshot_workers": plan.snapshot_workers,
+            "spike": list(plan.bounds),
+            "rate_high": plan.rate_high,
+            "rate_low": plan.rate_low,
+            "window_s": WINDOW_S,
+            "hold_s": HOLD_S,
+        },
+        "cpus": os.cpu_count(),
+        **results,
+        "ledger": ledger,
+    }
+
+
+def main() -> int:
+    plan, args = _plan()
     work = Path(tempfile.mkdtemp(prefix="fedasync-load-"))
     server = RedisServer(work / "redis")
     server.start()
     ok = False
     try:
-        ports = {name: free_port() for name in SERVICES}
-        settings = configure(plan, server.url, ports)
-        child_env = settings_env(settings)
-        with Supervisor(work / "logs", cwd=ROOT) as supervisor:
-            for name in SERVICES:
-                ready = f"http://{HOST}:{ports[name]}/readyz"
-                supervisor.start(ServiceSpec(name, f"fedasync.services.{name}", child_env, ready))
-                supervisor.wait_ready(name, timeout=60)
-            assert server.process is not None
-            with asyncio.Runner(loop_factory=new_event_loop) as runner:  # as the services'
-                results = runner.run(run_load(plan, settings, supervisor, server.process.pid))
-            supervisor.stop_all(groups=[["control", "snapshot"], ["aggregator"]])
+        settings, results = _measured(plan, server, work)
         rec: Recorder = results.pop("_recorder")
         ledger = asyncio.run(audit(settings, rec))
         report(plan, results, ledger)
         ok = ledger["nothing_lost"] and not results["crashed"]
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        document = {
-            "plan": {
-                "devices": plan.devices,
-                "seconds": plan.seconds,
-                "rate": plan.rate,
-                "rate_factor": plan.rate_factor,
-                "seed": plan.seed,
-                "task": plan.task,
-                "parameters": model_size(plan.task),
-                "wait_s": plan.wait_s,
-                "warmup": plan.warmup,
-                "snapshot_workers": plan.snapshot_workers,
-                "spike": list(plan.bounds),
-                "rate_high": plan.rate_high,
-                "rate_low": plan.rate_low,
-                "window_s": WINDOW_S,
-                "hold_s": HOLD_S,
-            },
-            "cpus": os.cpu_count(),
-            **results,
-            "ledger": ledger,
-        }
-        args.out.write_text(json.dumps(document, indent=1) + "\n")
+        args.out.write_text(json.dumps(_document(plan, results, ledger), indent=1) + "\n")
         print(f"written to {args.out}")
     finally:
         server.stop()

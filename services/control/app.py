@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from redis.exceptions import RedisError, ResponseError
 
-from fedasync.services.control.auth import refusal
+from fedasync.services.control.auth import READ, WRITE, needs, token_checked
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.control.openapi import MAX_COUNT, spec
 from fedasync.services.control.rules_runner import RuleRunner
@@ -108,20 +108,16 @@ def _operator(request: web.Request) -> str:
     return _text(request.headers.get("X-Fedasync-Operator", "operator"))
 
 
+@needs(READ)
 async def get_policy(request: web.Request) -> web.Response:
-    denied = refusal(request, request.app[SETTINGS].control, write=False)
-    if denied is not None:
-        return denied
     policy = await read_policy(request.app[REDIS], request.app[KEYS])
     ranges = {name: str(allowed) for name, allowed in POLICY_RANGES.items()}
     return web.json_response({"policy": policy.to_dict(), "ranges": ranges})
 
 
+@needs(WRITE)
 async def patch_policy(request: web.Request) -> web.Response:
     """Body: {"changes": {param: value, ...}, "why": "..."}; the version is raised by one."""
-    denied = refusal(request, request.app[SETTINGS].control, write=True)
-    if denied is not None:
-        return denied
     try:
         body = await _json_body(request)
     except BadBody as exc:
@@ -183,12 +179,10 @@ def _count(request: web.Request, default: int) -> int | None:
 BAD_COUNT = f"count must be an integer in [1, {MAX_COUNT}]"
 
 
+@needs(READ)
 async def policy_history(request: web.Request) -> web.Response:
     """The policy log, newest first (`?count=N`, default 100): each change's version, the policy
     it put in force, who (`X-Fedasync-Operator`, or the rule), why, and at (Unix seconds)."""
-    denied = refusal(request, request.app[SETTINGS].control, write=False)
-    if denied is not None:
-        return denied
     count = _count(request, 100)
     if count is None:
         return _error(400, BAD_COUNT)
@@ -240,10 +234,8 @@ async def budget_refusal(request: web.Request, new: Policy) -> web.Response | No
     return None
 
 
+@needs(READ)
 async def get_switches(request: web.Request) -> web.Response:
-    denied = refusal(request, request.app[SETTINGS].control, write=False)
-    if denied is not None:
-        return denied
     active: Any = await request.app[REDIS].hgetall(request.app[KEYS].switches)
     on = {k.decode(): json.loads(v) for k, v in active.items()}
     return web.json_response(
@@ -254,11 +246,9 @@ async def get_switches(request: web.Request) -> web.Response:
     )
 
 
+@needs(WRITE)
 async def flip_switch(request: web.Request) -> web.Response:
     """Body: {"on": true|false, "reason": "..."}; a switch's change is a new policy version."""
-    denied = refusal(request, request.app[SETTINGS].control, write=True)
-    if denied is not None:
-        return denied
     name = request.match_info["name"]
     if name not in SWITCHES:
         return _error(404, f"unknown switch {name!r}", known=sorted(SWITCHES))
@@ -280,11 +270,9 @@ async def flip_switch(request: web.Request) -> web.Response:
     return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
 
 
+@needs(READ)
 async def alerts(request: web.Request) -> web.Response:
     """The most recent alerts, newest first (`?count=N`, default 100)."""
-    denied = refusal(request, request.app[SETTINGS].control, write=False)
-    if denied is not None:
-        return denied
     count = _count(request, 100)
     if count is None:
         return _error(400, BAD_COUNT)
@@ -292,12 +280,10 @@ async def alerts(request: web.Request) -> web.Response:
     return web.json_response([alert_record(entry_id, fields) for entry_id, fields in entries])
 
 
+@needs(READ)
 async def status(request: web.Request) -> web.Response:
     """Where training stands: versions, recent rate, τ and α, drops, per-client acceptance,
     backlog, active switches, and whether (and why) it is done."""
-    denied = refusal(request, request.app[SETTINGS].control, write=False)
-    if denied is not None:
-        return denied
     redis, keys, window = request.app[REDIS], request.app[KEYS], request.app[WINDOW]
     await window.refresh(time.time())
     version = await get_bytes(redis, keys.version)
@@ -382,11 +368,9 @@ async def redis_answers(request: web.Request, handler: Handler) -> web.StreamRes
         return web.json_response({"error": message}, status=503, headers={"Retry-After": "1"})
 
 
+@needs(READ)
 async def evaluation_curve(request: web.Request) -> web.Response:
     """The evaluator's records, oldest first: the accuracy curve, overall and per class."""
-    denied = refusal(request, request.app[SETTINGS].control, write=False)
-    if denied is not None:
-        return denied
     count = _count(request, 500)
     if count is None:
         return _error(400, BAD_COUNT)
@@ -440,6 +424,9 @@ def create_app(
         ]
     )
     documented(app, spec())  # /openapi.json, and no query key it does not name
+    # innermost, after the query check: the routes' declared access (`needs`), as each handler's
+    # own first lines checked it before
+    app.middlewares.append(token_checked(control))
     if run_rules:
         app.cleanup_ctx.append(_rules)
     return app

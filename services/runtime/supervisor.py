@@ -19,14 +19,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from typing import Any, Self
 
 from fedasync.services.runtime.settings import ENV_PREFIX
 
 _PR_SET_PDEATHSIG = 1
+
+#: how long a process stop_process stops has to exit after SIGTERM before its SIGKILL, seconds
+TERM_GRACE_S = 10.0
 
 
 class ChildFailed(RuntimeError):
@@ -79,7 +83,22 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child between f
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class Supervisor:
+class StopsOnExit(ABC):
+    """A context manager that is itself (`with X(...) as x`) and calls `stop()` on leaving the
+    block however it is left: nothing it started outlives it (a Supervisor, the chaos system)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop everything this object started; safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class Supervisor(StopsOnExit):
     """The children of one run; a context manager that stops every child on exit."""
 
     def __init__(
@@ -95,15 +114,8 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def __enter__(self) -> Supervisor:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
+        """Every child, newest first (what leaving the `with` block does)."""
         self.stop_all()
 
     # ------------------------------------------------------------------------------ starting
@@ -226,6 +238,19 @@ class Supervisor:
                     child.process.kill()
                     codes[child.spec.name] = child.process.wait()
         return codes
+
+
+def stop_process(process: subprocess.Popen[Any] | None, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM one process (a Redis server, a Sentinel) and wait for it; SIGKILL it if it
+    outlives `grace_s`. None: nothing to stop."""
+    if process is None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _answers_ok(url: str) -> bool:

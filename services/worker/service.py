@@ -17,12 +17,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import redis.asyncio as aioredis
 
 from fedasync.client import (
     Abandoned,
     DeviceClient,
     Model,
+    PreparedUpdate,
     Refused,
     RetryPolicy,
     Unavailable,
@@ -79,8 +81,8 @@ async def work(
     redis: aioredis.Redis | None,
     stopping: asyncio.Event,
 ) -> WorkerResult:
+    """Runs of fetch, train, publish until stopping, training is done or `max_runs` published."""
     cfg = settings.worker
-    client_id = cfg.client_id or default_client_id(cfg.device_index)
     result = WorkerResult()
     # its data comes from the task: updates trained on another task's would mislead
     run_check = (
@@ -89,20 +91,7 @@ async def work(
     if run_check is not None:
         await run_check.ensure()
     journal = Journal(cfg.journal)
-    client = DeviceClient(
-        cfg.snapshot_url,
-        client_id,
-        key=None if cfg.key is None else cfg.key.get_secret_value(),
-        ingest_url=cfg.ingest_url,
-        redis=redis,
-        key_prefix=settings.redis.key_prefix,
-        retry=RetryPolicy(attempts=settings.redis.reconnect_attempts),
-        timeout_s=cfg.download_timeout_s,
-        dtype=settings.wire.dtype,
-        stopping=stopping,
-        durability=settings.redis.durability,
-        ca_file=cfg.ca_file,
-    )
+    client = _client(settings, redis, stopping)
     async with client:
         run = 0
         while not stopping.is_set():
@@ -114,22 +103,7 @@ async def work(
                 continue
             rng = run_rng(settings.task.seed, cfg.device_index, run)
             run += 1
-            started = time.monotonic()
-            train = device.train
-            new, metrics = await asyncio.to_thread(
-                device.task.train,
-                base.weights.copy(),  # a private copy: the device never touches the served model
-                device.data,
-                rng,
-                epochs=train.epochs,
-                lr=train.lr,
-                batch_size=train.batch_size,
-            )
-            if device.latency is not None:  # imitate this device's speed
-                remaining = device.latency.sample(rng) - (time.monotonic() - started)
-                if remaining > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stopping.wait(), remaining)
+            new, metrics = await _trained(device, base, rng, stopping)
             if stopping.is_set():
                 break
             if cfg.dropout and rng.random() < cfg.dropout:
@@ -139,23 +113,78 @@ async def work(
             if run_check is not None:
                 await run_check.ensure()
             update = client.prepare(new, base.version, len(device.data), metrics)
-            journal.attempted(update.update_id)
-            try:
-                published = await client.send(update)
-            except Refused as exc:
-                result.refused += 1
-                log.error("update %s refused: %s", update.update_id, exc)
-                continue
-            except Abandoned:
-                log.info("stopping: update %s was not published", update.update_id)
+            if not await _publish(client, journal, update, result):
                 break
-            journal.acknowledged(update.update_id, published.entry_id)
-            result.published += 1
             if cfg.max_runs is not None and result.published >= cfg.max_runs:
                 break
         result.downloads = client.downloads.downloads
         result.not_modified = client.downloads.not_modified
     return result
+
+
+def _client(
+    settings: Settings, redis: aioredis.Redis | None, stopping: asyncio.Event
+) -> DeviceClient:
+    """The device client of this worker's device, as its settings configure it."""
+    cfg = settings.worker
+    return DeviceClient(
+        cfg.snapshot_url,
+        cfg.client_id or default_client_id(cfg.device_index),
+        key=None if cfg.key is None else cfg.key.get_secret_value(),
+        ingest_url=cfg.ingest_url,
+        redis=redis,
+        key_prefix=settings.redis.key_prefix,
+        retry=RetryPolicy(attempts=settings.redis.reconnect_attempts),
+        timeout_s=cfg.download_timeout_s,
+        dtype=settings.wire.dtype,
+        stopping=stopping,
+        durability=settings.redis.durability,
+        ca_file=cfg.ca_file,
+    )
+
+
+async def _trained(
+    device: Device, base: Model, rng: np.random.Generator, stopping: asyncio.Event
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Local training from `base` in a thread (the loop stays responsive to SIGTERM), then the
+    rest of this device's latency waited out (cut short by stopping)."""
+    started = time.monotonic()
+    train = device.train
+    new, metrics = await asyncio.to_thread(
+        device.task.train,
+        base.weights.copy(),  # a private copy: the device never touches the served model
+        device.data,
+        rng,
+        epochs=train.epochs,
+        lr=train.lr,
+        batch_size=train.batch_size,
+    )
+    if device.latency is not None:  # imitate this device's speed
+        remaining = device.latency.sample(rng) - (time.monotonic() - started)
+        if remaining > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), remaining)
+    return new, metrics
+
+
+async def _publish(
+    client: DeviceClient, journal: Journal, update: PreparedUpdate, result: WorkerResult
+) -> bool:
+    """Send `update`, journalled before and once acknowledged, and count it in `result` as
+    published or refused (for good, logged with its reason); False if stopping abandoned it."""
+    journal.attempted(update.update_id)
+    try:
+        published = await client.send(update)
+    except Refused as exc:
+        result.refused += 1
+        log.error("update %s refused: %s", update.update_id, exc)
+        return True
+    except Abandoned:
+        log.info("stopping: update %s was not published", update.update_id)
+        return False
+    journal.acknowledged(update.update_id, published.entry_id)
+    result.published += 1
+    return True
 
 
 async def run(

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedasync.services.commands.chaos import verdict_report
 from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.faults import Injector
 from fedasync.services.commands.chaos.probe import Backlog, LagAtRest, Served
@@ -19,8 +20,6 @@ from fedasync.services.commands.chaos.waits import Waits, xadd_time
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.exactly_once import Verdict
 
-#: ids shown per failing category in summary.json (all of them are in the ledger export)
-EXAMPLES = 20
 #: what a service logs when it hears of a failover and drops the old primary
 SWITCH_HEARD = "the Sentinels switched the primary"
 
@@ -87,30 +86,119 @@ def build_summary(
     acknowledged: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`acl_refusals`: what the ACL refused on every server and Sentinel (replicated); None:
-    the audit's reading of the one server."""
-    scheduled = {kind.value for kind, count in profile.faults if count > 0}
-    outcomes = verdict.outcomes
-    restarts = injector.restarts
-    alarms = {rule: audit.alerts[rule] for rule in (STATE_MISMATCH, VERSION_REGRESSED)}
+    the audit's reading of the one server. `acknowledged`: update id → the entry id its XADD
+    returned (the journals)."""
     refused = audit.refused if acl_refusals is None else acl_refusals
     failovers = [f.to_dict() for f in injector.failovers]
     first_commits(failovers, audit.records)
-    # `acknowledged`: update id → the entry id its XADD returned (the journals)
     entries = acknowledged or {}
     lost_unexplained = attribute_lost(
         failovers, [xadd_time(entries[u]) for u in verdict.lost if u in entries]
     )
     moved_back = sum(f["moved_back"] for f in failovers)
-    # off, durable mode's guarantees are what the run measures, not what it checks
-    durable = not profile.replicated or profile.durable_replicas != 0
     checks = {
+        **_checks(
+            profile,
+            injector,
+            audit=audit,
+            verdict=verdict,
+            drained=drained,
+            served=served,
+            lag=lag,
+            waits=waits,
+            malformed_journal_lines=malformed_journal_lines,
+            refused=refused,
+        ),
+        **_failover_checks(profile, failovers, moved_back),
+    }
+    return {
+        **_run_figures(profile, seed, out, duration_s, policy),
+        **_fault_figures(injector),
+        "updates": _updates(verdict, audit),
+        **verdict_report.verdict_counts(verdict, lost_outside_failovers=lost_unexplained),
+        **_waits_and_verify(waits, audit),
+        "served": verdict_report.served_figures(
+            served.served_version,
+            served.served_sha256,
+            served.committed_version,
+            served.committed_sha256,
+        ),
+        **_at_rest(backlog, lag),
+        "redis_restarts": [check.to_dict() for check in injector.restarts],
+        "failovers": failovers,
+        "versions_moved_back": moved_back,
+        "aggregator_refusals": sum(injector.refusals.values()),
+        "snapshot_unfrozen": injector.unfrozen,
+        "alerts": dict(sorted(audit.alerts.items())),
+        "acl_refusals": refused[: verdict_report.EXAMPLES],
+        "examples": {
+            **verdict_report.verdict_examples(verdict),
+            "waits_over_bound": waits.over[: verdict_report.EXAMPLES],
+        },
+        "checks": checks,
+        "ok": all(checks.values()),
+        "events": [event.to_dict() for event in injector.events],
+    }
+
+
+def _updates(verdict: Verdict, audit: Audit) -> dict[str, int]:
+    """The `updates` figures, with the server steps the ledger records."""
+    return verdict_report.update_counts(
+        verdict,
+        # the versions they made: every applied update in FedAsync, one per K in the others
+        server_steps=sum(
+            1 for r in audit.records if r["outcome"] == "applied" and r.get("server_step", True)
+        ),
+        stream_entries=len(audit.entry_ids),
+        ledger_records=len(audit.records),
+    )
+
+
+def _waits_and_verify(waits: Waits, audit: Audit) -> dict[str, Any]:
+    """The longest XADD→decision wait against its bound, and `ledger verify`'s answer."""
+    return {
+        "waits": {
+            "longest_s": round(waits.longest_s, 3),
+            "longest_entry": waits.longest_entry,
+            "bound_s": waits.bound_s,
+            "over_bound": len(waits.over),
+        },
+        "verify": {
+            "ok": audit.verify.ok,
+            "replayed": audit.verify.replayed,
+            "version": audit.verify.version,
+            "text": audit.verify.describe(),
+        },
+    }
+
+
+def _durable(profile: Profile) -> bool:
+    """Off, durable mode's guarantees are what the run measures, not what it checks."""
+    return not profile.replicated or profile.durable_replicas != 0
+
+
+def _checks(
+    profile: Profile,
+    injector: Injector,
+    *,
+    audit: Audit,
+    verdict: Verdict,
+    drained: bool,
+    served: Served,
+    lag: LagAtRest,
+    waits: Waits,
+    malformed_journal_lines: int,
+    refused: list[str],
+) -> dict[str, bool]:
+    """The checks every profile makes: the `checks` entries the exit code and CI read."""
+    scheduled = {kind.value for kind, count in profile.faults if count > 0}
+    restarts = injector.restarts
+    alarms = {rule: audit.alerts[rule] for rule in (STATE_MISMATCH, VERSION_REGRESSED)}
+    durable = _durable(profile)
+    return {
         "every fault kind injected": all(injector.injected[k] > 0 for k in scheduled),
         "stream drained": drained,
-        **({"lost == 0": not verdict.lost} if durable else {}),
-        "duplicated == 0": not verdict.duplicated,
-        "unexpected == 0": not verdict.unexpected,
-        "versions contiguous": not verdict.version_gaps,
-        "each entry decided once": not (verdict.redecided or verdict.undecided),
+        **verdict_report.verdict_checks(verdict, lost=durable),
         "ledger verify passes": audit.verify.ok,
         "served == committed": served.equal,
         "lag at rest == 0": lag.metric == 0,
@@ -126,12 +214,28 @@ def build_summary(
             b.opened > 0 and b.closed_by_server == b.opened for b in injector.bursts
         ),
     }
-    if profile.replicated:
-        checks["every failover promoted a replica"] = all(
+
+
+def _failover_checks(
+    profile: Profile, failovers: list[dict[str, Any]], moved_back: int
+) -> dict[str, bool]:
+    """A replicated profile's checks of its failovers (none for one server)."""
+    if not profile.replicated:
+        return {}
+    checks = {
+        "every failover promoted a replica": all(
             f["new_port"] is not None and not f["problems"] for f in failovers
         )
-        if durable:
-            checks["no version moved back"] = moved_back == 0
+    }
+    if _durable(profile):
+        checks["no version moved back"] = moved_back == 0
+    return checks
+
+
+def _run_figures(
+    profile: Profile, seed: int, out: Path, duration_s: float, policy: dict[str, str] | None
+) -> dict[str, Any]:
+    """What ran: the profile, its Redis, the seed and the policy, where and how long."""
     return {
         "profile": profile.name,
         "label": profile.label,
@@ -146,6 +250,12 @@ def build_summary(
         "policy": policy or {},
         "out": str(out),
         "duration_s": round(duration_s, 1),
+    }
+
+
+def _fault_figures(injector: Injector) -> dict[str, Any]:
+    """The faults injected and skipped, the exits nobody asked for, the slow clients' bursts."""
+    return {
         "faults": dict(sorted(injector.injected.items())),
         "faults_skipped": dict(sorted(injector.skipped.items())),
         "unexpected_exits": dict(sorted(injector.crashes.items())),
@@ -153,47 +263,12 @@ def build_summary(
             {"opened": b.opened, "closed_by_server": b.closed_by_server, "seconds": b.seconds}
             for b in injector.bursts
         ],
-        "updates": {
-            "attempted": verdict.attempted,
-            "published": verdict.acknowledged,
-            "applied": outcomes["applied"],
-            "dropped": outcomes["dropped"],
-            "rejected": outcomes["rejected"],
-            "duplicate_skipped": outcomes["duplicate"],
-            # the versions they made: every applied update in FedAsync, one per K in the others
-            "server_steps": sum(
-                1 for r in audit.records if r["outcome"] == "applied" and r.get("server_step", True)
-            ),
-            "stream_entries": len(audit.entry_ids),
-            "ledger_records": len(audit.records),
-        },
-        "lost": len(verdict.lost),
-        "lost_outside_failovers": lost_unexplained,
-        "duplicated": len(verdict.duplicated),
-        "unexpected": len(verdict.unexpected),
-        "indeterminate": len(verdict.indeterminate),
-        "entries_decided_twice": len(verdict.redecided),
-        "entries_undecided": len(verdict.undecided),
-        "version_gaps": len(verdict.version_gaps),
-        "versions": {"first": verdict.first_version, "last": verdict.last_version},
-        "waits": {
-            "longest_s": round(waits.longest_s, 3),
-            "longest_entry": waits.longest_entry,
-            "bound_s": waits.bound_s,
-            "over_bound": len(waits.over),
-        },
-        "verify": {
-            "ok": audit.verify.ok,
-            "replayed": audit.verify.replayed,
-            "version": audit.verify.version,
-            "text": audit.verify.describe(),
-        },
-        "served": {
-            "version": served.served_version,
-            "sha256": served.served_sha256,
-            "committed_version": served.committed_version,
-            "committed_sha256": served.committed_sha256,
-        },
+    }
+
+
+def _at_rest(backlog: Backlog, lag: LagAtRest) -> dict[str, Any]:
+    """The stream and the lag once the run is over."""
+    return {
         "backlog_at_end": {
             "entries": backlog.entries,
             "pending": backlog.pending,
@@ -205,26 +280,6 @@ def build_summary(
             "redis": lag.redis,
             "corrected": list(lag.corrected),
         },
-        "redis_restarts": [check.to_dict() for check in restarts],
-        "failovers": failovers,
-        "versions_moved_back": moved_back,
-        "aggregator_refusals": sum(injector.refusals.values()),
-        "snapshot_unfrozen": injector.unfrozen,
-        "alerts": dict(sorted(audit.alerts.items())),
-        "acl_refusals": refused[:EXAMPLES],
-        "examples": {
-            "lost": verdict.lost[:EXAMPLES],
-            "duplicated": verdict.duplicated[:EXAMPLES],
-            "unexpected": verdict.unexpected[:EXAMPLES],
-            "indeterminate": verdict.indeterminate[:EXAMPLES],
-            "version_gaps": verdict.version_gaps[:EXAMPLES],
-            "entries_decided_twice": verdict.redecided[:EXAMPLES],
-            "entries_undecided": verdict.undecided[:EXAMPLES],
-            "waits_over_bound": waits.over[:EXAMPLES],
-        },
-        "checks": checks,
-        "ok": all(checks.values()),
-        "events": [event.to_dict() for event in injector.events],
     }
 
 
@@ -237,7 +292,6 @@ def write_summary(out: Path, summary: Mapping[str, Any]) -> Path:
 def describe(summary: Mapping[str, Any]) -> str:
     """The figures a person reads after a run, one topic per line."""
     u = summary["updates"]
-    served = summary["served"]
     versions = summary["versions"]
     waits = summary["waits"]
     lines = [
@@ -250,25 +304,17 @@ def describe(summary: Mapping[str, Any]) -> str:
             if summary["acl"]
             else "without an ACL (every service as the default user)"
         ),
-        "faults injected: " + _counts(summary["faults"]),
-        "faults skipped: " + _counts(summary["faults_skipped"]),
-        "unexpected exits (restarted): " + _counts(summary["unexpected_exits"]),
-        f"updates: attempted {u['attempted']}, published (acknowledged) {u['published']}, "
-        f"applied {u['applied']}, dropped {u['dropped']}, rejected {u['rejected']}, "
-        f"duplicate-skipped {u['duplicate_skipped']} "
-        f"({u['stream_entries']} stream entries, {u['ledger_records']} ledger records)",
-        f"lost {summary['lost']}, duplicated {summary['duplicated']}, "
-        f"unexpected {summary['unexpected']}, indeterminate {summary['indeterminate']}, "
-        f"entries decided twice {summary['entries_decided_twice']}, "
-        f"undecided {summary['entries_undecided']}",
+        "faults injected: " + verdict_report.counts_text(summary["faults"]),
+        "faults skipped: " + verdict_report.counts_text(summary["faults_skipped"]),
+        "unexpected exits (restarted): " + verdict_report.counts_text(summary["unexpected_exits"]),
+        verdict_report.updates_line(u),
+        verdict_report.verdict_line(summary),
         f"versions {versions['first']}..{versions['last']} ({u['server_steps']} server steps), "
         f"{summary['version_gaps']} breaks in the sequence",
         f"longest XADD→decision wait {waits['longest_s']:.2f} s (entry {waits['longest_entry']}); "
         f"bound {waits['bound_s']:.2f} s plus the faults overlapping a wait; "
         f"{waits['over_bound']} over",
-        f"served version {served['version']} sha256 {served['sha256'][:16]}, "
-        f"committed version {served['committed_version']} "
-        f"sha256 {served['committed_sha256'][:16]}",
+        verdict_report.served_line(summary["served"]),
         summary["verify"]["text"],
         _lag_line(summary["lag_at_rest"]),
         *_restarts(summary["redis_restarts"]),
@@ -282,14 +328,11 @@ def describe(summary: Mapping[str, Any]) -> str:
             )
             or "none"
         ),
-        "alerts: " + _counts(summary["alerts"]),
+        "alerts: " + verdict_report.counts_text(summary["alerts"]),
         "commands refused by the ACL: "
         + ("; ".join(summary["acl_refusals"]) if summary["acl_refusals"] else "none"),
+        *verdict_report.check_lines(summary, "chaos"),
     ]
-    lines += [
-        f"  [{'PASS' if passed else 'FAIL'}] {name}" for name, passed in summary["checks"].items()
-    ]
-    lines.append("chaos: " + ("all checks passed" if summary["ok"] else "CHECKS FAILED"))
     return "\n".join(lines)
 
 
@@ -394,7 +437,3 @@ def _restarts(restarts: list[dict[str, Any]]) -> list[str]:
         verdict = "intact" if r["intact"] else "DAMAGED: " + "; ".join(r["problems"])
         lines.append(f"  t={r['at']:7.2f} s: {figures}: {verdict}")
     return lines
-
-
-def _counts(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"

@@ -31,7 +31,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
@@ -52,7 +51,7 @@ from fedasync.services.commands.redis_launch.server import (
     server_version,
 )
 from fedasync.services.runtime.settings import AggregatorSettings, RedisSettings, env_name
-from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
+from fedasync.services.runtime.supervisor import ServiceSpec, StopsOnExit, Supervisor
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
     acl_file,
@@ -108,7 +107,7 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
-class System:
+class System(StopsOnExit):
     """Redis, the aggregator, the snapshot service and the workers of one chaos run."""
 
     def __init__(
@@ -333,14 +332,3 @@ class System:
             self.links.stop()
         if self.redis is not None:
             self.redis.stop()
-
-    def __enter__(self) -> System:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

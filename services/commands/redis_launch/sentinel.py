@@ -38,7 +38,7 @@ from fedasync.services.commands.redis_launch.server import (
     free_port,
     wait_answering,
 )
-from fedasync.services.runtime.supervisor import die_with_parent
+from fedasync.services.runtime.supervisor import die_with_parent, stop_process
 from fedasync.services.stores.acl import (
     REPLICA_USER,
     SENTINEL_USER,
@@ -184,14 +184,8 @@ class SentinelServer:
         wait_answering(self.process, self.port, timeout)
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
+        stop_process(self.process)
+        self.process = None
 
 
 class ReplicatedRedis:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedasync.services.runtime.supervisor import die_with_parent
+from fedasync.services.runtime.supervisor import die_with_parent, stop_process
 from fedasync.services.stores.acl import HEALTH_USER
 
 
@@ -237,14 +237,8 @@ class RedisServer:
             self.process = None
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
+        stop_process(self.process)
+        self.process = None
 
     def restart(self) -> None:
         self.kill()

@@ -16,6 +16,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,32 @@ def _header(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _RunRedis:
+    """The run's Redis: a private redis-server the run started (`server`), or the configured
+    one (`server` None), with the key prefix the run uses and what the header says of it."""
+
+    server: RedisServer | None
+    url: str | None
+    prefix: str
+    where: str
+
+
+def _run_redis(settings: Settings, out: Path, stamp: str) -> _RunRedis:
+    """A private redis-server (its AOF in the run folder) unless a Redis is configured; on a
+    configured one, a key prefix of the run's own unless one is set. RedisNotFound: no
+    redis-server to start."""
+    if not settings.redis.configured:
+        server = RedisServer(out / "redis")
+        server.start()
+        where = f"{server.url}  private redis-server, no password (AOF in {out / 'redis'})"
+        return _RunRedis(server, server.url, settings.redis.key_prefix, where)
+    explicit = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
+    prefix = settings.redis.key_prefix if explicit else f"up-{stamp}"  # a run of its own
+    where = f"{redis_where(settings.redis)} (configured), key prefix {prefix}"
+    return _RunRedis(None, settings.redis.url, prefix, where)
+
+
 def run_up(args: argparse.Namespace) -> int:
     console = Console()
     settings = run_settings(args)  # the task built too: one line, exit 2, nothing started
@@ -253,89 +280,112 @@ def run_up(args: argparse.Namespace) -> int:
         )
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    redis_server: RedisServer | None = None
-    url: str | None
-    if not settings.redis.configured:
-        try:
-            redis_server = RedisServer(out / "redis")
-        except RedisNotFound as exc:
-            console.print(f"[red]fedasync up: {escape(str(exc))}[/red]")
-            return 2
-        redis_server.start()
-        url, prefix = redis_server.url, settings.redis.key_prefix
-        where = f"{redis_server.url}  private redis-server, no password (AOF in {out / 'redis'})"
-    else:
-        url = settings.redis.url
-        explicit = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
-        prefix = settings.redis.key_prefix if explicit else f"up-{stamp}"  # a run of its own
-        where = f"{redis_where(settings.redis)} (configured), key prefix {prefix}"
+    try:
+        redis = _run_redis(settings, out, stamp)
+    except RedisNotFound as exc:
+        console.print(f"[red]fedasync up: {escape(str(exc))}[/red]")
+        return 2
     ports = Ports.free()
-    settings = configure(settings, url, prefix, ports, secure=args.secure)
+    settings = configure(settings, redis.url, redis.prefix, ports, secure=args.secure)
     started = time.monotonic()
-    ended_by = "failed"
     interrupts = Interrupts()
     with interrupts.installed():  # until the run folder is written and Redis stopped
         try:
-            with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
-                monitor = Monitor(settings, ports, supervisor)
-                try:
-                    for spec in service_specs(settings, ports):
-                        interrupts.check()
-                        supervisor.start(spec)
-                        supervisor.wait_ready(spec.name, timeout=60, between=interrupts.check)
-                    private_url = None if redis_server is None else redis_server.url
-                    _header(console, settings, ports, out, where, private_url)
-                    device_keys = asyncio.run(_provision(settings)) if args.secure else {}
-                    for spec in worker_specs(settings, ports, device_keys):
-                        interrupts.check()
-                        supervisor.start(spec)
-                    console.print(
-                        f"  {'workers':<11} {settings.task.num_devices} device processes started; "
-                        "Ctrl-C stops everything",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                    live = not args.no_live and console.is_terminal
-                    ended_by = _watch(monitor, console, live, started, interrupts)
-                except KeyboardInterrupt:
-                    ended_by = "interrupted"
-                    console.print("[yellow]interrupted: stopping every process[/yellow]")
-                except ChildFailed as exc:
-                    if str(exc) not in monitor.problems:
-                        monitor.problems.append(str(exc))
-                    console.print(f"[red]{escape(str(exc))}[/red]")
-                finally:
-                    interrupts.ignore()  # a second Ctrl-C must not cut the cleanup short
-                    workers = [n for n in supervisor.children if n.startswith("worker-")]
-                    # workers first (nothing more is published), the aggregator last
-                    supervisor.stop_all(
-                        groups=[
-                            workers,
-                            ["ingest", "evaluator", "control", "snapshot"],
-                            ["aggregator"],
-                        ]
-                    )
-                    monitor.report_crashes()  # a death the last look did not see
-            try:
-                summary = asyncio.run(
-                    write_run_folder(
-                        settings,
-                        out,
-                        ended_by=ended_by,
-                        wall_seconds=time.monotonic() - started,
-                        extra={"problems": monitor.problems, "settings": _shown(settings)},
-                    )
-                )
-            except (RedisError, OSError) as exc:
-                for problem in monitor.problems:
-                    console.print(f"[red]problem: {escape(problem)}[/red]")
-                console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
+            ended_by, problems = _supervised(
+                args, console, settings, ports, out, redis, interrupts, started
+            )
+            summary = _record(console, settings, out, ended_by, started, problems)
+            if summary is None:
                 return 1
             print_summary(console, summary, out)
         finally:
-            if redis_server is not None:
-                redis_server.stop()
+            if redis.server is not None:
+                redis.server.stop()
     return 0 if ended_by in ("max_updates", "max_seconds") and not summary["problems"] else 1
+
+
+def _supervised(
+    args: argparse.Namespace,
+    console: Console,
+    settings: Settings,
+    ports: Ports,
+    out: Path,
+    redis: _RunRedis,
+    interrupts: Interrupts,
+    started: float,
+) -> tuple[str, list[str]]:
+    """Start the services (each ready before the next), then the workers; watch until training
+    ends, a child fails or Ctrl-C; stop every child in order. How the run ended, and the
+    problems seen."""
+    ended_by = "failed"
+    with Supervisor(out / "logs") as supervisor:  # children: the run's settings only
+        monitor = Monitor(settings, ports, supervisor)
+        try:
+            for spec in service_specs(settings, ports):
+                interrupts.check()
+                supervisor.start(spec)
+                supervisor.wait_ready(spec.name, timeout=60, between=interrupts.check)
+            private_url = None if redis.server is None else redis.server.url
+            _header(console, settings, ports, out, redis.where, private_url)
+            device_keys = asyncio.run(_provision(settings)) if args.secure else {}
+            for spec in worker_specs(settings, ports, device_keys):
+                interrupts.check()
+                supervisor.start(spec)
+            console.print(
+                f"  {'workers':<11} {settings.task.num_devices} device processes started; "
+                "Ctrl-C stops everything",
+                highlight=False,
+                soft_wrap=True,
+            )
+            live = not args.no_live and console.is_terminal
+            ended_by = _watch(monitor, console, live, started, interrupts)
+        except KeyboardInterrupt:
+            ended_by = "interrupted"
+            console.print("[yellow]interrupted: stopping every process[/yellow]")
+        except ChildFailed as exc:
+            if str(exc) not in monitor.problems:
+                monitor.problems.append(str(exc))
+            console.print(f"[red]{escape(str(exc))}[/red]")
+        finally:
+            interrupts.ignore()  # a second Ctrl-C must not cut the cleanup short
+            workers = [n for n in supervisor.children if n.startswith("worker-")]
+            # workers first (nothing more is published), the aggregator last
+            supervisor.stop_all(
+                groups=[
+                    workers,
+                    ["ingest", "evaluator", "control", "snapshot"],
+                    ["aggregator"],
+                ]
+            )
+            monitor.report_crashes()  # a death the last look did not see
+    return ended_by, monitor.problems
+
+
+def _record(
+    console: Console,
+    settings: Settings,
+    out: Path,
+    ended_by: str,
+    started: float,
+    problems: list[str],
+) -> dict[str, Any] | None:
+    """Write the run folder (ledger, figures, the settings worth keeping); None, with the
+    problems and why printed, if Redis could not give what it needs."""
+    try:
+        return asyncio.run(
+            write_run_folder(
+                settings,
+                out,
+                ended_by=ended_by,
+                wall_seconds=time.monotonic() - started,
+                extra={"problems": problems, "settings": _shown(settings)},
+            )
+        )
+    except (RedisError, OSError) as exc:
+        for problem in problems:
+            console.print(f"[red]problem: {escape(problem)}[/red]")
+        console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
+        return None
 
 
 async def _provision(settings: Settings) -> dict[str, str]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedasync.services.commands.chaos import verdict_report
 from fedasync.services.commands.chaos.compose.stack import (
     JOURNAL_PATH,
     WORKER,
@@ -42,7 +43,6 @@ from fedasync.services.commands.chaos.compose.stack import (
 )
 from fedasync.services.commands.chaos.faults import Event
 from fedasync.services.commands.chaos.probe import served_model
-from fedasync.services.commands.chaos.report import EXAMPLES
 from fedasync.services.commands.chaos.schedule import Fault, FaultKind, Profile, build_schedule
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
 from fedasync.services.stores.exactly_once import Decided, Verdict, check
@@ -374,43 +374,20 @@ class Run:
         read: dict[str, Any],
         alerts: Counter[str],
     ) -> dict[str, Any]:
-        verdict = check(
-            set(journals.acknowledged),
-            journals.attempted,
-            [Decided.from_record(record) for record in read["records"]],
-            read["entry_ids"],
-            frozenset(),  # dead letters: the control service counts them, and there must be none
-        )
-        kills = Counter(r.kind for r in self.recoveries)
-        ours = Counter({KILLED[kind]: n for kind, n in kills.items() if kind in KILLED})
+        verdict = _verdict(journals, read)
         served_sha = _sha(served[1])
         committed = read["committed"]
-        redis_kills = [r for r in self.recoveries if r.kind == FaultKind.KILL_REDIS.value]
-        scheduled = {kind.value for kind, count in self.profile.faults if count > 0}
-        checks = {
-            "every fault kind injected": all(self.injected[k] > 0 for k in scheduled)
-            and not self.skipped,
-            "every container back (restart policy) and healthy after each fault": all(
-                r.recovered for r in self.recoveries
-            ),
-            "commits kept across every Redis restart": all(r.commits_kept for r in redis_kills),
-            "stream drained": drained,
-            "no dead letters": status.get("dead_letters", -1) == 0,
-            "lost == 0": not verdict.lost,
-            "duplicated == 0": not verdict.duplicated,
-            "unexpected == 0": not verdict.unexpected,
-            "versions contiguous": not verdict.version_gaps,
-            "each entry decided once": not (verdict.redecided or verdict.undecided),
-            "ledger verify passes": bool(read["verify"]["ok"]),
-            "served == committed": served[0] == committed["version"]
+        checks = self._checks(
+            verdict,
+            drained=drained,
+            status=status,
+            served_equal=served[0] == committed["version"]
             and served_sha == committed["sha256"] != "",
-            "journals intact": journals.malformed == 0,
-            "no move back in time alarmed": not (
-                alerts[STATE_MISMATCH] or alerts[VERSION_REGRESSED]
-            ),
-            "no command refused by Redis's ACL": not read["acl_refusals"],
-            "every service healthy at the end": not unhealthy,
-        }
+            unhealthy=unhealthy,
+            journals=journals,
+            read=read,
+            alerts=alerts,
+        )
         return {
             "mode": "compose",
             "project": self.stack.project,
@@ -422,6 +399,68 @@ class Run:
             "services": self.stack.started,
             "left_out": self.stack.left_out,
             "workers": self.profile.workers,
+            **self._fault_figures(engine_restarts),
+            "updates": verdict_report.update_counts(
+                verdict,
+                stream_entries=len(read["entry_ids"]),
+                ledger_records=len(read["records"]),
+            ),
+            **verdict_report.verdict_counts(verdict),
+            "dead_letters": status.get("dead_letters"),
+            "verify": read["verify"],
+            "served": verdict_report.served_figures(
+                served[0], served_sha, committed["version"], committed["sha256"]
+            ),
+            "alerts": dict(sorted(alerts.items())),
+            "acl_refusals": read["acl_refusals"][: verdict_report.EXAMPLES],
+            "unhealthy_at_end": unhealthy,
+            "examples": verdict_report.verdict_examples(verdict, indeterminate=False),
+            "checks": checks,
+            "ok": all(checks.values()),
+            "events": [event.to_dict() for event in self.events],
+        }
+
+    def _checks(
+        self,
+        verdict: Verdict,
+        *,
+        drained: bool,
+        status: dict[str, Any],
+        served_equal: bool,
+        unhealthy: list[str],
+        journals: Any,
+        read: dict[str, Any],
+        alerts: Counter[str],
+    ) -> dict[str, bool]:
+        """The `checks` entries the exit code and the CI test read."""
+        redis_kills = [r for r in self.recoveries if r.kind == FaultKind.KILL_REDIS.value]
+        scheduled = {kind.value for kind, count in self.profile.faults if count > 0}
+        return {
+            "every fault kind injected": all(self.injected[k] > 0 for k in scheduled)
+            and not self.skipped,
+            "every container back (restart policy) and healthy after each fault": all(
+                r.recovered for r in self.recoveries
+            ),
+            "commits kept across every Redis restart": all(r.commits_kept for r in redis_kills),
+            "stream drained": drained,
+            "no dead letters": status.get("dead_letters", -1) == 0,
+            **verdict_report.verdict_checks(verdict),
+            "ledger verify passes": bool(read["verify"]["ok"]),
+            "served == committed": served_equal,
+            "journals intact": journals.malformed == 0,
+            "no move back in time alarmed": not (
+                alerts[STATE_MISMATCH] or alerts[VERSION_REGRESSED]
+            ),
+            "no command refused by Redis's ACL": not read["acl_refusals"],
+            "every service healthy at the end": not unhealthy,
+        }
+
+    def _fault_figures(self, engine_restarts: Counter[str]) -> dict[str, Any]:
+        """The faults injected, the kills among them, each recovery, and the restarts the
+        engine made (those no kill of ours explains apart)."""
+        kills = Counter(r.kind for r in self.recoveries)
+        ours = Counter({KILLED[kind]: n for kind, n in kills.items() if kind in KILLED})
+        return {
             "faults": dict(sorted(self.injected.items())),
             "faults_skipped": self.skipped,
             "kills": dict(sorted(kills.items())),
@@ -430,52 +469,18 @@ class Run:
             "engine_restarts": dict(sorted(engine_restarts.items())),
             # restarts no kill of ours explains: e.g. an aggregator that found Redis gone
             "unexpected_restarts": dict(sorted((engine_restarts - ours).items())),
-            "updates": _updates(verdict, read),
-            "lost": len(verdict.lost),
-            "duplicated": len(verdict.duplicated),
-            "unexpected": len(verdict.unexpected),
-            "indeterminate": len(verdict.indeterminate),
-            "entries_decided_twice": len(verdict.redecided),
-            "entries_undecided": len(verdict.undecided),
-            "version_gaps": len(verdict.version_gaps),
-            "versions": {"first": verdict.first_version, "last": verdict.last_version},
-            "dead_letters": status.get("dead_letters"),
-            "verify": read["verify"],
-            "served": {
-                "version": served[0],
-                "sha256": served_sha,
-                "committed_version": committed["version"],
-                "committed_sha256": committed["sha256"],
-            },
-            "alerts": dict(sorted(alerts.items())),
-            "acl_refusals": read["acl_refusals"][:EXAMPLES],
-            "unhealthy_at_end": unhealthy,
-            "examples": {
-                "lost": verdict.lost[:EXAMPLES],
-                "duplicated": verdict.duplicated[:EXAMPLES],
-                "unexpected": verdict.unexpected[:EXAMPLES],
-                "version_gaps": verdict.version_gaps[:EXAMPLES],
-                "entries_decided_twice": verdict.redecided[:EXAMPLES],
-                "entries_undecided": verdict.undecided[:EXAMPLES],
-            },
-            "checks": checks,
-            "ok": all(checks.values()),
-            "events": [event.to_dict() for event in self.events],
         }
 
 
-def _updates(verdict: Verdict, read: dict[str, Any]) -> dict[str, int]:
-    outcomes = verdict.outcomes
-    return {
-        "attempted": verdict.attempted,
-        "published": verdict.acknowledged,
-        "applied": outcomes["applied"],
-        "dropped": outcomes["dropped"],
-        "rejected": outcomes["rejected"],
-        "duplicate_skipped": outcomes["duplicate"],
-        "stream_entries": len(read["entry_ids"]),
-        "ledger_records": len(read["records"]),
-    }
+def _verdict(journals: Any, read: dict[str, Any]) -> Verdict:
+    """The exactly-once check of what the workers journalled against what the tools read."""
+    return check(
+        set(journals.acknowledged),
+        journals.attempted,
+        [Decided.from_record(record) for record in read["records"]],
+        read["entry_ids"],
+        frozenset(),  # dead letters: the control service counts them, and there must be none
+    )
 
 
 def _spread(values: list[float | None]) -> dict[str, float] | None:
@@ -492,7 +497,6 @@ def _sha(raw: bytes) -> str:
 def describe(summary: dict[str, Any]) -> str:
     """The figures a person reads after a compose run, one topic per line."""
     u = summary["updates"]
-    served = summary["served"]
     versions = summary["versions"]
     spread = summary["recovery_s"] or {"min": 0, "max": 0}
     lines = [
@@ -502,7 +506,7 @@ def describe(summary: dict[str, Any]) -> str:
         + ", ".join(summary["services"])
         + "".join(f"; {name} left out: {why}" for name, why in summary["left_out"].items()),
         "faults: "
-        + _counts(summary["faults"])
+        + verdict_report.counts_text(summary["faults"])
         + f"; each container back in {spread['min']}-{spread['max']} s"
         + (
             f"; {summary['faults_skipped']} skipped (not recovered)"
@@ -510,22 +514,14 @@ def describe(summary: dict[str, Any]) -> str:
             else ""
         ),
         "restarts by the engine: "
-        + _counts(summary["engine_restarts"])
+        + verdict_report.counts_text(summary["engine_restarts"])
         + "; of which no kill of ours: "
-        + _counts(summary["unexpected_restarts"]),
-        f"updates: attempted {u['attempted']}, published (acknowledged) {u['published']}, "
-        f"applied {u['applied']}, dropped {u['dropped']}, rejected {u['rejected']}, "
-        f"duplicate-skipped {u['duplicate_skipped']} "
-        f"({u['stream_entries']} stream entries, {u['ledger_records']} ledger records)",
-        f"lost {summary['lost']}, duplicated {summary['duplicated']}, "
-        f"unexpected {summary['unexpected']}, indeterminate {summary['indeterminate']}, "
-        f"entries decided twice {summary['entries_decided_twice']}, "
-        f"undecided {summary['entries_undecided']}, dead letters {summary['dead_letters']}",
+        + verdict_report.counts_text(summary["unexpected_restarts"]),
+        verdict_report.updates_line(u),
+        verdict_report.verdict_line(summary) + f", dead letters {summary['dead_letters']}",
         f"versions {versions['first']}..{versions['last']}, "
         f"{summary['version_gaps']} breaks in the sequence",
-        f"served version {served['version']} sha256 {served['sha256'][:16]}, "
-        f"committed version {served['committed_version']} "
-        f"sha256 {served['committed_sha256'][:16]}",
+        verdict_report.served_line(summary["served"]),
         summary["verify"]["text"],
         *(
             f"  Redis kill at t={r['at']} s: version, ledger {r['before']} -> {r['after']}: "
@@ -533,14 +529,8 @@ def describe(summary: dict[str, Any]) -> str:
             for r in summary["recoveries"]
             if r["kind"] == FaultKind.KILL_REDIS.value
         ),
-        "alerts: " + _counts(summary["alerts"]),
+        "alerts: " + verdict_report.counts_text(summary["alerts"]),
         "commands refused by the ACL (since Redis's last start): "
         + ("; ".join(summary["acl_refusals"]) or "none"),
     ]
-    lines += [f"  [{'PASS' if ok else 'FAIL'}] {name}" for name, ok in summary["checks"].items()]
-    lines.append("chaos --compose: " + ("all checks passed" if summary["ok"] else "CHECKS FAILED"))
-    return "\n".join(lines)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+    return "\n".join([*lines, *verdict_report.check_lines(summary, "chaos --compose")])
