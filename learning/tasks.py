@@ -13,9 +13,11 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from numbers import Integral
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator
+from pydantic_core import PydanticCustomError
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.digits import DigitsMLP
@@ -85,6 +87,19 @@ def check_name(name: str) -> None:
             f"task {name!r}: an import path is package.module:attribute, dotted Python names "
             "on both sides of one colon"
         )
+
+
+def _named_task(name: str) -> str:
+    try:
+        check_name(name)
+    except TaskError as exc:
+        raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
+    return name
+
+
+#: a task's name in a settings model (the services' FEDASYNC_TASK__NAME, the simulator's
+#: [task] name): checked by check_name, its refusal one line in pydantic's error
+TaskName = Annotated[str, AfterValidator(_named_task)]
 
 
 def get_task(name: str, **params: Any) -> Task:

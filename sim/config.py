@@ -19,12 +19,10 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-from fedasync.learning.tasks import TaskError, check_name
+from fedasync.learning.tasks import TaskName
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import START, Policy, apply_mode_preset
 from fedasync.shared.policy_schema import policy_model
@@ -48,22 +46,13 @@ class TaskConfig(Strict):
     """A built-in name or `package.module:attribute`; only the form is checked here, the task is
     built (its module imported) by `build_world`, with the same resolver the services use."""
 
-    name: str = Field(
+    name: TaskName = Field(
         "digits", description="a built-in task (digits, linear) or `package.module:attribute`"
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="keyword arguments of the task, e.g. `{hidden = 32}` for digits",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _names_a_task(cls, name: str) -> str:
-        try:
-            check_name(name)
-        except TaskError as exc:
-            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
-        return name
 
 
 class DataConfig(Strict):

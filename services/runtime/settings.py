@@ -25,13 +25,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
 from fedasync.client.redis_link import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S
 from fedasync.learning.task import Task
-from fedasync.learning.tasks import TaskError, TaskParamsError, check_name, get_task
+from fedasync.learning.tasks import TaskError, TaskName, TaskParamsError, get_task
 from fedasync.services.runtime.setting_specs import ENV_NESTED_DELIMITER as ENV_NESTED_DELIMITER
 from fedasync.services.runtime.setting_specs import ENV_PREFIX as ENV_PREFIX
 from fedasync.services.runtime.setting_specs import SPECS, LatencyProfile, Partition
@@ -311,7 +310,7 @@ class TaskSettings(Section):
     (`build`) before they start anything (services/runtime/entry.py, `fedasync up`).
     """
 
-    name: str = _declared("task", "name")
+    name: TaskName = _declared("task", "name")
     params: dict[str, Any] = _declared("task", "params")
     seed: int = _declared("task", "seed")
     num_devices: int = _declared("task", "num_devices")
@@ -326,15 +325,6 @@ class TaskSettings(Section):
         le=1,
         description="rare_class_on_slow: the slowest devices by their profile's median latency",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _names_a_task(cls, name: str) -> str:
-        try:
-            check_name(name)
-        except TaskError as exc:
-            raise PydanticCustomError("task_name", "{reason}", {"reason": str(exc)}) from None
-        return name
 
     def build(self) -> Task:
         """The task these settings name, built (its module imported): or one SettingsError line.
