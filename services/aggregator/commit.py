@@ -164,11 +164,12 @@ class Committer:
         """Commits wait for the replicas, and are announced after (`announce`)."""
         return self._durability.replicas > 0
 
-    async def commit(self, batch: Batch, now: float) -> None:
-        """Make `batch` durable, or find it already in place (a retry whose first reply was
-        lost); raises `Fenced` or `CommitConflict` without writing anything. In durable mode it
-        returns once the replicas hold the commit (else `NotReplicated`, transient: the retry
-        finds it in place and waits again), and the caller announces the version (`announce`).
+    async def commit(self, batch: Batch, now: float) -> CommitOutcome:
+        """Make `batch` durable (COMMITTED), or find it already in place (IN_PLACE: a retry
+        whose first reply was lost); raises `Fenced` or `CommitConflict` without writing
+        anything. In durable mode it returns once the replicas hold the commit (else
+        `NotReplicated`, transient: the retry finds it in place and waits again), and the caller
+        announces the version (`announce`).
         """
         outcome = await replicated(
             self._redis, self._durability, lambda client: self._run(batch, now, client)
@@ -176,6 +177,7 @@ class Committer:
         if outcome is CommitOutcome.IN_PLACE:
             log.info("commit %d was already in place (a retried commit)", self.seq + 1)
         self.seq += 1
+        return outcome
 
     async def announce(self, version: int) -> None:
         """Durable mode: offer `version` to the snapshot services (its commit is on the
