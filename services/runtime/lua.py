@@ -38,6 +38,9 @@ Value = bytes | str | int
 
 E = TypeVar("E", bound=StrEnum)
 
+#: the fields' JSON, compact: one encoder made once (json.dumps with options makes one per call)
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
 #: a named field: what JSON carries exactly (no None: cjson reads null as a value that is true)
 Field = str | int | float | bool
 
@@ -46,11 +49,11 @@ class ScriptArgs:
     """A script's ARGV: the named fields in ARGV[1], the values after it, named by index."""
 
     def __init__(self, **fields: Field) -> None:
-        self._fields: dict[str, Any] = {}
+        if None in fields.values() or "at" in fields:
+            raise TypeError(f"fields {sorted(fields)}: none may be None or named `at`")
+        self._fields: dict[str, Any] = fields
         self._at: dict[str, int] = {}
         self._values: list[Value] = []
-        for name, field in fields.items():
-            self.field(name, field)
 
     def field(self, name: str, value: Field) -> None:
         """A named field of the JSON object: the script reads `f.<name>`."""
@@ -69,11 +72,12 @@ class ScriptArgs:
     def section(self, name: str, **columns: Sequence[Value]) -> None:
         """Rows of values, one ARGV run per column: the script reads `f.<name>.n` (the rows) and
         `ARGV[f.<name>.<column> + k]`, row k from 0."""
-        lengths = {len(column) for column in columns.values()}
-        if len(lengths) > 1:
-            raise ValueError(f"section {name!r}: columns of unequal lengths {sorted(lengths)}")
+        rows = len(next(iter(columns.values()), ()))
+        if any(len(column) != rows for column in columns.values()):
+            lengths = sorted({len(column) for column in columns.values()})
+            raise ValueError(f"section {name!r}: columns of unequal lengths {lengths}")
         self._claim(name)
-        section: dict[str, int] = {"n": lengths.pop() if lengths else 0}
+        section: dict[str, int] = {"n": rows}
         for column, values in columns.items():
             section[column] = self._next()
             self._values.extend(values)
@@ -82,7 +86,7 @@ class ScriptArgs:
     def argv(self) -> list[Value]:
         """ARGV as sent: the JSON object, then the values in the order they were added."""
         fields = {**self._fields, "at": self._at} if self._at else self._fields
-        return [json.dumps(fields, separators=(",", ":"), sort_keys=True), *self._values]
+        return [_encode(fields), *self._values]
 
     def _claim(self, name: str) -> None:
         if name in self._fields or name == "at":

@@ -40,7 +40,7 @@ def test_a_name_is_given_once_and_columns_are_of_one_length() -> None:
         args.value("model", b"")
     with pytest.raises(ValueError, match="unequal lengths"):
         args.section("ledger", record=[b"r"], receipt=[])
-    with pytest.raises(TypeError, match="leave it out"):
+    with pytest.raises(TypeError, match="None"):
         args.field("switch", None)  # type: ignore[arg-type]
 
 
@@ -53,3 +53,10 @@ def test_the_prelude_names_every_member_of_the_enum() -> None:
     text = prelude(Answer)
     assert "YES = 'yes', NOT_NOW = 'not-now'" in text
     assert "Answer has no outcome" in text
+
+
+def test_no_field_is_none_or_named_at() -> None:
+    with pytest.raises(TypeError, match="None"):
+        ScriptArgs(switch=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="named `at`"):
+        ScriptArgs(at=1)
