@@ -83,6 +83,11 @@ def test_the_wheel_installs_exactly_one_top_level_package(installed: Installed) 
     for module in ("_import_guard.py", "services/__init__.py", "sim/__init__.py"):
         assert (site / "fedasync" / module).is_file(), module
     assert (site / "fedasync" / "services" / "control" / "dashboard.html").is_file()
+    # and every Lua script beside its caller, which loads it with importlib.resources
+    scripts = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "services").rglob("*.lua"))
+    assert scripts, "no .lua files found in services/"
+    for script in scripts:
+        assert (site / "fedasync" / script).is_file(), script
     assert not any((site / "fedasync").rglob("*.egg-info"))
 
 

@@ -1,5 +1,9 @@
 """The commit: one Lua script that makes a batch of decisions durable, all or nothing.
 
+The script is commit.lua, beside this file. It takes its arguments by name (one JSON object of
+fields, the batch's bytes as ARGV entries it names: services/runtime/lua.py) and ends in one of
+the outcomes `CommitOutcome` names; the Lua reads the same names, made from that enum at load.
+
 It writes the new checkpoint, the model snapshot of the new version, the ledger entries, their
 receipts and the dead letters, and acknowledges the stream entries they cover, in one atomic step.
 Two guards run before anything is written:
@@ -21,7 +25,7 @@ Announcing: a commit that makes a new version sets `{p}:announced` to it and pub
 versions channel, which is how the snapshot service learns of it. In durable mode
 (`FEDASYNC_REDIS__DURABLE_REPLICAS` = N) the commit announces nothing: `Committer.commit` returns
 only once WAIT says N replicas hold it (services/runtime/redis_conn.py, `replicated`), and then
-`announce` runs the small ANNOUNCE_SCRIPT. So no device is ever offered a version that a failover
+`announce` runs the small announce.lua. So no device is ever offered a version that a failover
 could take back (docs/architecture.md, "Past one machine"). A retried commit that finds itself in
 place writes its sequence number again, the same value, so that the WAIT after it covers the first
 attempt's writes.
@@ -43,132 +47,40 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import replicated
+from fedasync.services.runtime import lua
+from fedasync.services.runtime.redis_conn import as_text, replicated
 from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY, Durability
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.continuity import Check
 
 log = logging.getLogger(__name__)
 
-COMMIT_SCRIPT = """
-local seq_key, epoch_key, state_key, version_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local models_key, ledger_key, updates_key, dead_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local done_key, receipts_key, order_key = KEYS[9], KEYS[10], KEYS[11]
-local announced_key, dedup_key, memory_key = KEYS[12], KEYS[13], KEYS[14]
-local expected = tonumber(ARGV[1])
-local epoch = ARGV[2]
-if redis.call('GET', epoch_key) ~= epoch then
-  return {-1, redis.call('GET', epoch_key) or ''}
-end
-local seq = tonumber(redis.call('GET', seq_key) or '0')
-if seq == expected + 1 then
-  -- already in place: write the same sequence again, so a WAIT after it covers the first write
-  redis.call('SET', seq_key, seq)
-  return {0, seq}
-end
-if seq ~= expected then return {-2, seq} end
 
-local state, version, model = ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local keep, group, channel, model_prefix = tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9]
-local done_reason, now = ARGV[10], ARGV[11]
-local n_ledger, n_dead, n_acks = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local capacity = tonumber(ARGV[15])
-local announce = ARGV[16] == '1'
-local n_dedup, dedup_floor = tonumber(ARGV[17]), ARGV[18]
-local n_remember, n_forget = tonumber(ARGV[19]), tonumber(ARGV[20])
-local first_ack = 21 + 2 * n_dedup + 2 * n_remember + n_forget + 2 * n_ledger + 4 * n_dead
-for j = first_ack, first_ack + n_acks - 1 do
-  if #redis.call('XPENDING', updates_key, group, ARGV[j], ARGV[j], 1) == 0 then
-    return {-3, ARGV[j]}
-  end
-end
+class CommitOutcome(StrEnum):
+    """How the commit script ended: the value it returns, from the prelude made of this enum
+    (services/runtime/lua.py), so both sides read these names and nothing else."""
 
-redis.call('SET', state_key, state)
-if model ~= '' then
-  redis.call('SET', model_prefix .. version, model)
-  redis.call('ZADD', models_key, version, version)
-  local cutoff = version - keep
-  if cutoff > 0 then
-    for _, old in ipairs(redis.call('ZRANGEBYSCORE', models_key, '(0', cutoff)) do
-      redis.call('DEL', model_prefix .. old)
-    end
-    redis.call('ZREMRANGEBYSCORE', models_key, '(0', cutoff)
-  end
-  redis.call('SET', version_key, version)
-end
-local i = 21
-local added = 0
-while added < n_dedup do
-  local chunk = {}
-  for _ = 1, math.min(500, n_dedup - added) do
-    chunk[#chunk + 1] = ARGV[i + 1]
-    chunk[#chunk + 1] = ARGV[i]
-    i = i + 2
-    added = added + 1
-  end
-  redis.call('ZADD', dedup_key, unpack(chunk))
-end
-redis.call('ZREMRANGEBYSCORE', dedup_key, '-inf', '(' .. dedup_floor)
-for _ = 1, n_remember do
-  redis.call('HSET', memory_key, ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-for _ = 1, n_forget do
-  redis.call('HDEL', memory_key, ARGV[i])
-  i = i + 1
-end
-for _ = 1, n_ledger do
-  local ledger_id = redis.call('XADD', ledger_key, '*', 'd', ARGV[i])
-  if redis.call('HSETNX', receipts_key, ARGV[i + 1], ledger_id) == 1 then
-    redis.call('RPUSH', order_key, ARGV[i + 1])
-  end
-  i = i + 2
-end
-local excess = redis.call('LLEN', order_key) - capacity
-while excess > 0 do
-  local oldest = redis.call('LPOP', order_key, math.min(500, excess))
-  redis.call('HDEL', receipts_key, unpack(oldest))
-  excess = excess - #oldest
-end
-for _ = 1, n_dead do
-  redis.call('XADD', dead_key, '*', 'reason', ARGV[i], 'detail', ARGV[i + 1],
-             'stream_id', ARGV[i + 2], 'payload', ARGV[i + 3], 'at', now)
-  i = i + 4
-end
-local acked = 0
-while acked < n_acks do
-  local chunk = {}
-  for _ = 1, math.min(500, n_acks - acked) do
-    chunk[#chunk + 1] = ARGV[i]
-    i = i + 1
-    acked = acked + 1
-  end
-  redis.call('XACK', updates_key, group, unpack(chunk))
-end
-if done_reason ~= '' and redis.call('EXISTS', done_key) == 0 then
-  redis.call('HSET', done_key, 'reason', done_reason, 'version', version, 'at', now)
-end
-redis.call('SET', seq_key, expected + 1)
-if model ~= '' and announce then
-  redis.call('SET', announced_key, version)
-  redis.call('PUBLISH', channel, version)
-end
-return {1, expected + 1}
-"""
+    #: the batch is written; the commit sequence is one more
+    COMMITTED = "committed"
+    #: the sequence is already one more: a retry whose first reply was lost; nothing written again
+    IN_PLACE = "in-place"
+    #: the epoch is not the caller's: a later aggregator fenced this one off (`Fenced`)
+    FENCED = "fenced"
+    #: the sequence is neither the expected one nor one more (`CommitConflict`, commit-seq-moved)
+    SEQ_MOVED = "seq-moved"
+    #: an entry to acknowledge is not pending (`CommitConflict`, group-lost-delivery)
+    LOST_DELIVERY = "lost-delivery"
 
-#: durable mode's announcement, once the commit is on the replicas: the announced version only
-#: grows (an older aggregator's late announcement never takes it back)
-ANNOUNCE_SCRIPT = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
-local version = tonumber(ARGV[1])
-if version > current then redis.call('SET', KEYS[1], version) end
-redis.call('PUBLISH', ARGV[2], math.max(version, current))
-return current
-"""
+
+#: the commit itself (commit.lua, beside this file), and durable mode's announcement, once the
+#: commit is on the replicas (announce.lua): the announced version only grows
+COMMIT_SCRIPT = lua.load(__package__, "commit.lua", CommitOutcome)
+ANNOUNCE_SCRIPT = lua.load(__package__, "announce.lua")
 
 
 class Fenced(RuntimeError):
@@ -241,8 +153,6 @@ class Committer:
     ) -> None:
         self._redis = redis
         self._keys = keys
-        self._script = redis.register_script(COMMIT_SCRIPT)
-        self._announce = redis.register_script(ANNOUNCE_SCRIPT)
         self.epoch = epoch
         self.seq = seq
         self._keep = keep_versions
@@ -254,61 +164,70 @@ class Committer:
         """Commits wait for the replicas, and are announced after (`announce`)."""
         return self._durability.replicas > 0
 
-    async def commit(self, batch: Batch, now: float) -> None:
-        """Make `batch` durable, or find it already in place (a retry whose first reply was
-        lost); raises `Fenced` or `CommitConflict` without writing anything. In durable mode it
-        returns once the replicas hold the commit (else `NotReplicated`, transient: the retry
-        finds it in place and waits again), and the caller announces the version (`announce`).
+    async def commit(self, batch: Batch, now: float) -> CommitOutcome:
+        """Make `batch` durable (COMMITTED), or find it already in place (IN_PLACE: a retry
+        whose first reply was lost); raises `Fenced` or `CommitConflict` without writing
+        anything. In durable mode it returns once the replicas hold the commit (else
+        `NotReplicated`, transient: the retry finds it in place and waits again), and the caller
+        announces the version (`announce`).
         """
-        code = await replicated(
+        outcome = await replicated(
             self._redis, self._durability, lambda client: self._run(batch, now, client)
         )
-        if code == 0:
+        if outcome is CommitOutcome.IN_PLACE:
             log.info("commit %d was already in place (a retried commit)", self.seq + 1)
         self.seq += 1
+        return outcome
 
     async def announce(self, version: int) -> None:
         """Durable mode: offer `version` to the snapshot services (its commit is on the
         replicas). Idempotent: the announced version never goes down."""
-        await self._announce(
-            keys=[self._keys.announced], args=[version, self._keys.versions_channel]
-        )
+        args = lua.ScriptArgs(version=version, channel=self._keys.versions_channel)
+        await ANNOUNCE_SCRIPT(self._redis, keys=[self._keys.announced], args=args.argv())
 
-    async def _run(self, batch: Batch, now: float, client: aioredis.Redis) -> int:
+    async def _run(self, batch: Batch, now: float, client: aioredis.Redis) -> CommitOutcome:
         keys = self._keys
-        args: list[bytes | str | int | float] = [
-            self.seq,
-            self.epoch,
-            batch.state,
-            batch.version,
-            batch.model,
-            self._keep,
-            AGGREGATOR_GROUP,
-            keys.versions_channel,
-            keys.model(0)[:-1],
-            batch.done_reason,
-            repr(now),
-            len(batch.ledger),
-            len(batch.dead),
-            len(batch.acks),
-            self._receipts,
-            "0" if self.durable else "1",
-            len(batch.dedup),
-            batch.dedup_floor,
-            len(batch.remember),
-            len(batch.forget),
-        ]
-        for update_id, key in batch.dedup:
-            args += [update_id, key]
-        for device, delta in batch.remember:
-            args += [device, delta]
-        args += batch.forget
-        for entry in batch.ledger:
-            args += [entry.record, entry.receipt]
-        for dead in batch.dead:
-            args += [dead.reason, dead.detail, dead.stream_id, dead.payload]
-        args += batch.acks
-        redis_keys = [
+        args = lua.ScriptArgs(
+            expected=self.seq,
+            epoch=str(self.epoch),
+            version=batch.version,
+            keep=self._keep,
+            group=AGGREGATOR_GROUP,
+            channel=keys.versions_channel,
+            model_prefix=keys.model(0)[:-1],
+            done_reason=batch.done_reason,
+            now=repr(now),
+            capacity=self._receipts,
+            announce=not self.durable,
+            dedup_floor=str(batch.dedup_floor),
+        )
+        args.value("state", batch.state)
+        args.value("model", batch.model)
+        args.section(
+            "dedup",
+            id=[update_id for update_id, _ in batch.dedup],
+            key=[key for _, key in batch.dedup],
+        )
+        args.section(
+            "remember",
+            client=[device for device, _ in batch.remember],
+            delta=[delta for _, delta in batch.remember],
+        )
+        args.section("forget", client=batch.forget)
+        args.section(
+            "ledger",
+            record=[entry.record for entry in batch.ledger],
+            receipt=[entry.receipt for entry in batch.ledger],
+        )
+        args.section(
+            "dead",
+            reason=[dead.reason for dead in batch.dead],
+            detail=[dead.detail for dead in batch.dead],
+            stream_id=[dead.stream_id for dead in batch.dead],
+            payload=[dead.payload for dead in batch.dead],
+        )
+        args.section("acks", id=batch.acks)
+        redis_keys = [  # as commit.lua names them at its top
             keys.commit_seq,
             keys.epoch,
             keys.state,
@@ -324,18 +243,17 @@ class Committer:
             keys.dedup,
             keys.memory,
         ]
-        reply: Any = await self._script(keys=redis_keys, args=args, client=client)
-        code, value = reply
-        if code == -1:
+        reply: Any = await COMMIT_SCRIPT(client, keys=redis_keys, args=args.argv())
+        outcome, value = lua.outcome(CommitOutcome, reply[0]), reply[1]
+        if outcome is CommitOutcome.FENCED:
             raise Fenced(f"aggregator epoch {self.epoch} was fenced off by epoch {value!r}")
-        if code == -2:
+        if outcome is CommitOutcome.SEQ_MOVED:
             raise CommitConflict(
                 Check.COMMIT_SEQ_MOVED, f"commit sequence is {value}, expected {self.seq}"
             )
-        if code == -3:
-            lost = value.decode() if isinstance(value, bytes) else str(value)
+        if outcome is CommitOutcome.LOST_DELIVERY:
             raise CommitConflict(
                 Check.GROUP_LOST_DELIVERY,
-                f"entry {lost} is not pending in the group: its delivery was lost",
+                f"entry {as_text(value)} is not pending in the group: its delivery was lost",
             )
-        return int(code)
+        return outcome

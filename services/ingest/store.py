@@ -1,10 +1,11 @@
 """The idempotent XADD: one stream entry per (client, update id), however often it is retried.
 
-One Lua script looks up the marker `{p}:ingested:<digest>`; if absent it XADDs the entry and sets
-the marker (entry id + body digest, with a TTL) in the same atomic step, so two concurrent
-retries cannot both add an entry, and a crash cannot leave an entry without its marker. A retry
-with the same body gets the first entry id; the same update id with a *different* body is a
-conflict, never silently dropped. Never trims the stream (no MAXLEN).
+One Lua script (ingest.lua, beside this file; named fields, outcomes `IngestOutcome`) looks up
+the marker `{p}:ingested:<digest>`; if absent it XADDs the entry and sets the marker (entry id +
+body digest, with a TTL) in the same atomic step, so two concurrent retries cannot both add an
+entry, and a crash cannot leave an entry without its marker. A retry with the same body gets the
+first entry id; the same update id with a *different* body is a conflict, never silently dropped.
+Never trims the stream (no MAXLEN).
 
 The signing time is judged in the same step, against the new entry id's milliseconds: Redis's
 clock, the one the aggregator judges the entry by (shared/device_auth.py `verify`, with the entry
@@ -25,36 +26,35 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.runtime.redis_conn import replicated
+from fedasync.services.runtime import lua
+from fedasync.services.runtime.redis_conn import as_text, replicated
 from fedasync.services.runtime.settings import Durability
 from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import Proof
 
-INGEST_SCRIPT = """
-local existing = redis.call('GET', KEYS[1])
-if existing then
-  local sep = string.find(existing, ' ', 1, true)
-  local id = string.sub(existing, 1, sep - 1)
-  if string.sub(existing, sep + 1) == ARGV[1] then
-    redis.call('SET', KEYS[1], existing, 'KEEPTTL')
-    return {0, id}
-  end
-  return {-1, id}
-end
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5))
-local ms = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
-if math.abs(ms - tonumber(ARGV[3])) > tonumber(ARGV[4]) then
-  redis.call('XDEL', KEYS[2], id)
-  return {-2, id}
-end
-redis.call('SET', KEYS[1], id .. ' ' .. ARGV[1], 'EX', ARGV[2])
-return {1, id}
-"""
+
+class IngestOutcome(StrEnum):
+    """How the ingest script ended: the value it returns, from the prelude made of this enum
+    (services/runtime/lua.py), so both sides read these names and nothing else."""
+
+    #: the entry is added and its marker set
+    ADDED = "added"
+    #: the marker is there with this body's digest: a retry, answered with the first entry id
+    ALREADY_ADDED = "already-added"
+    #: the marker is there with another body's digest (`UpdateIdReused`)
+    UPDATE_ID_REUSED = "update-id-reused"
+    #: signed outside the window of the XADD's time: the entry deleted again (`SignedOutsideWindow`)
+    SIGNED_OUTSIDE_WINDOW = "signed-outside-window"
+
+
+#: the idempotent XADD: ingest.lua, beside this file
+INGEST_SCRIPT = lua.load(__package__, "ingest.lua", IngestOutcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,6 @@ class IngestStore:
         self._keys = keys
         self._ttl_s = ttl_s
         self._window_ms = window_ms
-        self._script = redis.register_script(INGEST_SCRIPT)
         self._durability = durability or Durability()
 
     async def add(self, client_id: str, update_id: str, body: bytes, proof: Proof) -> Ingested:
@@ -105,17 +104,22 @@ class IngestStore:
         marker = update_digest(client_id, update_id)
         digest = hashlib.sha256(body).hexdigest()
         fields = stream_entry.build(body, proof)
-        parts = (part for pair in fields.items() for part in pair)
-        args = [digest, self._ttl_s, proof.signed_at_ms, self._window_ms, *parts]
+        args = lua.ScriptArgs(
+            digest=digest,
+            ttl_s=self._ttl_s,
+            signed_at_ms=proof.signed_at_ms,
+            window_ms=self._window_ms,
+        )
+        args.section("entry", part=[part for pair in fields.items() for part in pair])
         keys = [self._keys.ingested(marker), self._keys.updates]
 
         async def add(client: aioredis.Redis) -> Any:
-            return await self._script(keys=keys, args=args, client=client)
+            return await INGEST_SCRIPT(client, keys=keys, args=args.argv())
 
         reply: Any = await replicated(self._redis, self._durability, add)
-        code, entry_id = int(reply[0]), bytes(reply[1]).decode()
-        if code == -1:
+        outcome, entry_id = lua.outcome(IngestOutcome, reply[0]), as_text(reply[1])
+        if outcome is IngestOutcome.UPDATE_ID_REUSED:
             raise UpdateIdReused(entry_id)
-        if code == -2:
+        if outcome is IngestOutcome.SIGNED_OUTSIDE_WINDOW:
             raise SignedOutsideWindow(entry_id)
-        return Ingested(entry_id, new=code == 1)
+        return Ingested(entry_id, new=outcome is IngestOutcome.ADDED)

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from fedasync.services.runtime import lua
 from fedasync.services.runtime.redis_conn import as_text, stream_entries
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 
@@ -26,33 +27,8 @@ LAG_COUNT_CAP = 10_000
 #: entries per XRANGE while counting
 LAG_COUNT_PAGE = 1_000
 
-#: KEYS[1] the updates stream, ARGV[1] the group. When the group's last-delivered-id is the
-#: stream's last generated id, nothing was ever added after it: the group has read all
-#: `entries-added` entries, whatever `entries-read` says. Then (only then) that counter is set
-#: to `entries-added`, atomically with the check, the group's position set to where it is. Returns
-#: the lag Redis reported before (0: nothing to correct; Redis 6.2 has no counter, no `lag`).
-CORRECT_LAG_SCRIPT = """
-local function field(flat, name)
-  for i = 1, #flat, 2 do
-    if flat[i] == name then return flat[i + 1] end
-  end
-  return nil
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  if field(group, 'name') == ARGV[1] then
-    local lag = field(group, 'lag')
-    if not lag or lag == 0 then return 0 end
-    local delivered = field(group, 'last-delivered-id')
-    local stream = redis.call('XINFO', 'STREAM', KEYS[1])
-    if field(stream, 'last-generated-id') ~= delivered then return 0 end
-    redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], delivered,
-               'ENTRIESREAD', field(stream, 'entries-added'))
-    return lag
-  end
-end
-return 0
-"""
+#: the lag correction: correct_lag.lua, beside this file; made once, run by every call
+CORRECT_LAG_SCRIPT = lua.load(__package__, "correct_lag.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +75,8 @@ async def correct_lag(redis: aioredis.Redis, keys: Keys) -> int:
     Run by the aggregator, the group's one reader, which may run XINFO STREAM and XGROUP SETID
     (stores/acl.py); the control user, which may not read payloads, then reads a true figure.
     """
-    script = redis.register_script(CORRECT_LAG_SCRIPT)
-    return int(await script(keys=[keys.updates], args=[AGGREGATOR_GROUP]))
+    args = lua.ScriptArgs(group=AGGREGATOR_GROUP)
+    return int(await CORRECT_LAG_SCRIPT(redis, keys=[keys.updates], args=args.argv()))
 
 
 async def count_after(

@@ -2,7 +2,8 @@
 
 The current policy is one JSON value; every version ever in force is also kept by number, so a
 ledger replay can use the exact policy each decision names. Changes go through `change_policy`,
-a compare-and-set on the version, with who, when and why appended to the policy log.
+a compare-and-set on the version, with who, when and why appended to the policy log, in one
+script (policy_change.lua, beside this file; its outcomes are `PolicyChange`).
 
 The history is append-only by construction, not by convention: versions are added with HSETNX
 (never overwritten) and the log is a list appended with RPUSH (no command that may append to it
@@ -16,44 +17,33 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
+from fedasync.services.runtime import lua
 from fedasync.services.stores.keys import Keys
 from fedasync.shared.policy import Policy
 
-# KEYS: policy, policies, policy log[, switches]
-# ARGV: version in force, new policy, new version, log entry[, switch, its record as read
-#       ('' if none), its new record ('' to delete it)]
-# Returns 1 done, 0 the policy version moved on, -1 the switch's record changed since it was read,
-# -2 the new version is already in the history (nothing is overwritten).
-# With the switches hash the flip is one step: a policy changed by a switch always has the record
-# that restores it, and a crash can never leave one without the other.
-_CHANGE_SCRIPT = """
-local current = redis.call('GET', KEYS[1])
-if current and cjson.decode(current)['version'] ~= tonumber(ARGV[1]) then
-  return 0
-end
-local switched = #KEYS == 4
-if switched and (redis.call('HGET', KEYS[4], ARGV[5]) or '') ~= ARGV[6] then
-  return -1
-end
-if redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[2]) == 0 then
-  return -2
-end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('RPUSH', KEYS[3], ARGV[4])
-if switched then
-  if ARGV[7] == '' then
-    redis.call('HDEL', KEYS[4], ARGV[5])
-  else
-    redis.call('HSET', KEYS[4], ARGV[5], ARGV[7])
-  end
-end
-return 1
-"""
+
+class PolicyChange(StrEnum):
+    """How the policy change script ended: the value it returns, from the prelude made of this
+    enum (services/runtime/lua.py), so both sides read these names and nothing else."""
+
+    #: the new policy is in force, in the history and in the log (and the switch's record set)
+    CHANGED = "changed"
+    #: the policy in force is not the version read (`PolicyConflict`)
+    VERSION_MOVED = "version-moved"
+    #: the switch's record changed since it was read (`PolicyConflict`)
+    SWITCH_MOVED = "switch-moved"
+    #: the new version is already in the history, which is never overwritten (`PolicyConflict`)
+    VERSION_RECORDED = "version-recorded"
+
+
+#: the compare-and-set of a change: policy_change.lua, beside this file; made once
+CHANGE_SCRIPT = lua.load(__package__, "policy_change.lua", PolicyChange)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,24 +178,22 @@ async def change_policy(
 ) -> None:
     """Install `new`, whose version must be one more than the policy in force, and with it
     `switch`'s record, atomically: nothing is written unless both are as they were read."""
-    script = redis.register_script(_CHANGE_SCRIPT)
     names = [keys.policy, keys.policies, keys.policy_log]
-    args: list[bytes | str | int] = [
-        new.version - 1,
-        _encode(new),
-        str(new.version),
-        log_entry(new.version, new, who, why, at),
-    ]
+    args = lua.ScriptArgs(in_force=new.version - 1, version=str(new.version))
+    args.value("policy", _encode(new))
+    args.value("entry", log_entry(new.version, new, who, why, at))
     if switch is not None:
         names.append(keys.switches)
-        args += [switch.name, switch.before or "", switch.after or ""]
-    done = await script(keys=names, args=args)
-    if done == 0:
+        args.field("switch", switch.name)
+        args.value("before", switch.before or "")
+        args.value("after", switch.after or "")
+    done = lua.outcome(PolicyChange, await CHANGE_SCRIPT(redis, keys=names, args=args.argv()))
+    if done is PolicyChange.VERSION_MOVED:
         raise PolicyConflict(f"policy version {new.version - 1} is no longer the one in force")
-    if done == -1:
+    if done is PolicyChange.SWITCH_MOVED:
         assert switch is not None
         raise PolicyConflict(f"switch {switch.name} changed since it was read")
-    if done == -2:
+    if done is PolicyChange.VERSION_RECORDED:
         raise PolicyConflict(
             f"policy version {new.version} is already in the history but not in force: "
             "the records disagree; nothing was changed"

@@ -1,0 +1,23 @@
+-- The idempotent XADD (services/ingest/store.py says what and why). `Outcome` is prepended at
+-- load, from `IngestOutcome`. KEYS[1] the marker, KEYS[2] the updates stream; fields: digest
+-- (the body's), ttl_s (the marker's), signed_at_ms, window_ms, and the entry's name/value parts.
+local f = cjson.decode(ARGV[1])
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  local sep = string.find(existing, ' ', 1, true)
+  local id = string.sub(existing, 1, sep - 1)
+  if string.sub(existing, sep + 1) == f.digest then
+    redis.call('SET', KEYS[1], existing, 'KEEPTTL')
+    return {Outcome.ALREADY_ADDED, id}
+  end
+  return {Outcome.UPDATE_ID_REUSED, id}
+end
+local entry = f.entry
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, entry.part, entry.part + entry.n - 1))
+local ms = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
+if math.abs(ms - f.signed_at_ms) > f.window_ms then
+  redis.call('XDEL', KEYS[2], id)
+  return {Outcome.SIGNED_OUTSIDE_WINDOW, id}
+end
+redis.call('SET', KEYS[1], id .. ' ' .. f.digest, 'EX', f.ttl_s)
+return {Outcome.ADDED, id}
