@@ -16,10 +16,17 @@ from tests.integration.helpers import make_update, publish
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 
-def reads_of_two(settings: Settings) -> Settings:
-    return settings.model_copy(
+async def reader_of(
+    settings: Settings, redis: aioredis.Redis, updates: int
+) -> tuple[Reader, Keys, list[bytes]]:
+    """A reader taking two entries a read, of a stream holding `updates` entries."""
+    settings = settings.model_copy(
         update={"aggregator": settings.aggregator.model_copy(update={"read_count": 2})}
     )
+    keys = Keys(settings.redis.key_prefix)
+    await redis.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
+    published = [await publish(redis, keys, make_update(f"r{i}", 0)) for i in range(updates)]
+    return Reader(redis, keys, settings), keys, published
 
 
 def ids(entries: list[Entry]) -> list[bytes]:
@@ -29,11 +36,7 @@ def ids(entries: list[Entry]) -> list[bytes]:
 async def test_a_full_read_sends_the_next_ahead_and_a_dropped_one_is_re_read_from_0(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    settings = reads_of_two(settings)
-    keys = Keys(settings.redis.key_prefix)
-    await redis.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
-    published = [await publish(redis, keys, make_update(f"r{i}", base=0)) for i in range(5)]
-    reader = Reader(redis, keys, settings)
+    reader, keys, published = await reader_of(settings, redis, 5)
 
     assert (reader.start, reader.in_backlog) == ("0", True)  # a start re-reads its own first
     assert await reader.read(reader.start, 0, None, None) == []
@@ -61,11 +64,7 @@ async def test_a_full_read_sends_the_next_ahead_and_a_dropped_one_is_re_read_fro
 async def test_a_read_ahead_sent_for_another_start_is_settled_not_used(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    settings = reads_of_two(settings)
-    keys = Keys(settings.redis.key_prefix)
-    await redis.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0", mkstream=True)
-    published = [await publish(redis, keys, make_update(f"s{i}", base=0)) for i in range(4)]
-    reader = Reader(redis, keys, settings)
+    reader, _, published = await reader_of(settings, redis, 4)
     reader.backlog_done()
 
     assert ids(await reader.read(">", 0, None, None)) == published[:2]  # and two sent ahead
