@@ -104,13 +104,13 @@ async def test_a_commit_refused_for_want_of_memory_is_retried_counted_and_alerte
     before = config["maxmemory"]
     aggregator = Aggregator(quiet, redis, keys)
     refused = asyncio.Event()
-    count_and_alert = aggregator._out_of_memory
+    count_and_alert = aggregator.memory.refused
 
     async def on_oom(exc: BaseException) -> None:
         await count_and_alert(exc)
         refused.set()
 
-    aggregator._out_of_memory = on_oom  # type: ignore[method-assign]
+    aggregator.memory.refused = on_oom  # type: ignore[method-assign]
     await redis.config_set("maxmemory", 1)  # every write that allocates is refused
     try:
         task = asyncio.create_task(_start_and_run(aggregator))

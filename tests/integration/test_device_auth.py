@@ -191,7 +191,7 @@ async def test_keys_added_and_revoked_at_runtime_take_effect_without_restart(
     aggregator = Aggregator(settings, redis, keys)
     await aggregator.start(initial_state(settings))
     # the same cache as in production, with a clock the test moves instead of sleeping
-    aggregator.device_keys = KeyCache(redis, keys, refresh_s, clock=lambda: clock[0])
+    aggregator.decider.device_keys = KeyCache(redis, keys, refresh_s, clock=lambda: clock[0])
     stopping = asyncio.Event()
     not_yet = bytes(range(32))
 

@@ -7,13 +7,15 @@ while we decide, then we would wait while Redis serves (docs/architecture.md, "T
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from fedasync.services.aggregator.service import Aggregator, run
+from fedasync.services.aggregator.deciding import Decider
+from fedasync.services.aggregator.service import run
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
@@ -46,15 +48,16 @@ async def test_the_read_ahead_waits_for_its_reply_while_a_read_is_decided(
         await publish(redis, keys, make_update(f"a{i}", base=0))
 
     seen: list[list[str]] = []
-    decide_all = Aggregator._decide_all
+    decide_all = Decider.decide_all
 
-    def watching(self: Aggregator, entries: Any, batch: Any) -> None:
-        ahead = self._ahead
+    def watching(self: Decider, entries: Any, batch: Any, policy: Any) -> None:
+        # the read-ahead on its way, if any (the reader's task of that name)
+        ahead = [t for t in asyncio.all_tasks() if t.get_name() == "read-ahead"]
         if entries:  # (the start's re-read of our own pending entries finds none)
-            seen.append(awaited_chain(ahead[1].get_coro()) if ahead is not None else [])
-        decide_all(self, entries, batch)
+            seen.append(awaited_chain(ahead[0].get_coro()) if ahead else [])
+        decide_all(self, entries, batch, policy)
 
-    monkeypatch.setattr(Aggregator, "_decide_all", watching)
+    monkeypatch.setattr(Decider, "decide_all", watching)
     await run(settings, redis=redis, handle_signals=False, burst=True)
 
     # reads of 2: the first three each had a read-ahead sent, its command already written and
