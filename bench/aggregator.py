@@ -58,9 +58,9 @@ from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.claim_check import ClaimStore
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.layout import Layout
 from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update

@@ -50,9 +50,9 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings, settings_env
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import CLIENT_HEADER, CONTENT_TYPE, PATH, signed_headers
+from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 

@@ -74,10 +74,10 @@ from fedasync.services.runtime.settings import Settings, load_settings, settings
 from fedasync.services.runtime.supervisor import ServiceSpec, Supervisor
 from fedasync.services.snapshot.__main__ import new_event_loop
 from fedasync.services.stores.exactly_once import Decided, check
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.services.stores.policy_store import policy_log as read_policy_log
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update

@@ -37,8 +37,8 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect, get_bytes
 from fedasync.services.runtime.settings import load_settings
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.keys import Keys
 from fedasync.shared.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,12 +35,12 @@ from fedasync.services.runtime.redis_conn import connect, get_bytes, is_out_of_m
 from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.backlog import read_backlog
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.services.stores.memory import read_memory
 from fedasync.services.stores.policy_store import read_policy
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.keys import Keys
 from fedasync.shared.layout import Layout
 from fedasync.shared.update import Update
 from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES, encode_update

@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.commit import Fenced
 from fedasync.services.runtime.redis_conn import retrying
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 
 #: pending entries listed per XPENDING
 PAGE = 1000

@@ -55,8 +55,8 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime import lua
 from fedasync.services.runtime.redis_conn import as_text, replicated
 from fedasync.services.runtime.settings import DEFAULT_RECEIPTS_CAPACITY, Durability
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.continuity import Check
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import ADDRESS_MARK
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.services.stores.keys import update_digest
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.decision import Outcome
@@ -35,6 +34,7 @@ from fedasync.shared.device_auth import (
     stream_id_ms,
     verify,
 )
+from fedasync.shared.keys import update_digest
 from fedasync.shared.policy import Policy
 from fedasync.shared.wire import WireError, decode_update, pack
 

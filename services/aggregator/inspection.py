@@ -19,12 +19,12 @@ from redis.exceptions import ResponseError
 
 from fedasync.services.runtime.redis_conn import as_text, get_bytes
 from fedasync.services.stores.committed import dedup_ids
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import last_record
 from fedasync.services.stores.memory_store import read_memory
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, saved_version
 from fedasync.shared.continuity import Found, GroupPosition, Mismatch
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.model_format import decode_model
 
 

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.stores.alerts import REDIS_OOM, try_add_alert
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 #: at most one out-of-memory alert per this many seconds while Redis refuses commits
 OOM_ALERT_INTERVAL_S = 60.0

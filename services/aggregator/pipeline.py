@@ -26,10 +26,10 @@ from fedasync.services.runtime.redis_conn import best_effort, retrying
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.backlog import trim_decided
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.aggregation import AggregationState, ModelSnapshot
 from fedasync.shared.checkpoint import save_state
 from fedasync.shared.continuity import Mismatch
+from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import encode_model
 
 

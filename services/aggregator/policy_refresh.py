@@ -18,8 +18,8 @@ from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.redis_conn import retrying
 from fedasync.services.runtime.settings import RedisSettings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import read_policy
+from fedasync.shared.keys import Keys
 from fedasync.shared.policy import Policy
 
 #: how often the policy record is re-read between batches, seconds

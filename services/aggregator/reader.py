@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.redis_conn import TRANSIENT, replicated, retrying, until_sent
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 
 #: a stream entry as XREADGROUP gives it: its id, and its fields (None once trimmed)
 Entry = tuple[bytes, dict[bytes, bytes] | None]

@@ -18,8 +18,8 @@ from fedasync.services.aggregator.inspection import StateMismatch
 from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.stores.alerts import STATE_MISMATCH, try_add_alert
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Mismatch
+from fedasync.shared.keys import Keys
 
 
 class Refusal:

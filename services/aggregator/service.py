@@ -64,13 +64,13 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.claim_check import ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy
 from fedasync.services.stores.run_record import check_task, record_run
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import MemoryMissing, save_state
 from fedasync.shared.continuity import Check, Mismatch, mismatches
 from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.policy import Policy
 from fedasync.shared.seeds import Stream, stream
 

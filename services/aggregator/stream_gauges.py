@@ -17,7 +17,7 @@ from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.redis_conn import best_effort
 from fedasync.services.stores.backlog import correct_lag, read_backlog
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 #: the gauges are read at most once per this many seconds
 GAUGES_INTERVAL_S = 1.0

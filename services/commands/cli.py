@@ -166,7 +166,7 @@ async def _ledger_job(
     from fedasync.services.stores.archive import PayloadArchive
     from fedasync.services.stores.claim_check import ClaimStore
     from fedasync.services.stores.committed import CommitsTooFast
-    from fedasync.services.stores.keys import Keys
+    from fedasync.shared.keys import Keys
 
     redis = connect(redis_settings)
     keys = Keys(redis_settings.key_prefix)

@@ -32,8 +32,8 @@ def _devices(args: argparse.Namespace) -> int:
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.runtime.settings import load_settings
     from fedasync.services.stores.device_keys import add_device, list_devices, revoke_device
-    from fedasync.services.stores.keys import Keys
     from fedasync.shared.device_auth import AuthError, check_client_id
+    from fedasync.shared.keys import Keys
 
     settings = load_settings()
     if args.devices_command != "list":

@@ -21,8 +21,8 @@ def _migrate(args: argparse.Namespace) -> int:
     from fedasync.services.commands.redis_target import configured, talking_to
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.runtime.settings import load_settings
-    from fedasync.services.stores.keys import Keys
     from fedasync.services.stores.policy_store import migrate_policy_log
+    from fedasync.shared.keys import Keys
 
     redis_settings = configured(load_settings().redis, "migrate")
 

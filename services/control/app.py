@@ -39,7 +39,6 @@ from fedasync.services.runtime.settings import BudgetSettings, Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.backlog import read_backlog
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import (
     NoPolicy,
     PolicyConflict,
@@ -48,6 +47,7 @@ from fedasync.services.stores.policy_store import (
     read_policy,
 )
 from fedasync.services.stores.run_record import recorded_budget
+from fedasync.shared.keys import Keys
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import POLICY_RANGES, SCHEMA, Policy
 from fedasync.shared.switches import SWITCHES

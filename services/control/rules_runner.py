@@ -24,9 +24,9 @@ from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import ControlSettings
 from fedasync.services.stores.alerts import add_alert
 from fedasync.services.stores.backlog import read_backlog
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.memory import read_memory
 from fedasync.services.stores.policy_store import PolicyConflict
+from fedasync.shared.keys import Keys
 from fedasync.shared.rules import Action, ActionKind, Rule, rule_actor, sync_switch_rules
 from fedasync.shared.rules import build_rules as shared_build_rules
 from fedasync.shared.switches import SwitchError

@@ -8,8 +8,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import SwitchChange, change_policy, read_policy
+from fedasync.shared.keys import Keys
 from fedasync.shared.policy import Policy
 from fedasync.shared.switches import SWITCHES, SwitchError, switch_off, switch_on
 

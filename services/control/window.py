@@ -10,8 +10,8 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from fedasync.services.stores import ledger
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.acceptance import acceptance_rows, closing_drop
+from fedasync.shared.keys import Keys
 from fedasync.shared.rules import DecisionWindow, Figures
 from fedasync.shared.stats import AppliedRate, percentiles
 

@@ -41,8 +41,8 @@ from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings, SettingsError
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.run_record import RunCheck
+from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import ModelMessage, decode_model
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.snapshot_protocol import LATEST_PATH, MODEL_CONTENT_TYPE, VERSION_HEADER

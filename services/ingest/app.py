@@ -50,7 +50,6 @@ from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import PolicyCache
 from fedasync.shared.device_auth import (
     AuthError,
@@ -70,6 +69,7 @@ from fedasync.shared.ingest_protocol import (
     RECEIPT_PATH,
     REDIS_OUT_OF_MEMORY,
 )
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from fedasync.shared.layout import LayoutError
 from fedasync.shared.update_size import layout_in_head, max_update_bytes
 

@@ -26,9 +26,9 @@ from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import receipts
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import READ_DOMAIN, AuthError, read_message, verify
 from fedasync.shared.ingest_protocol import NOT_DECIDED
+from fedasync.shared.keys import Keys
 from fedasync.shared.update import MAX_ID_LENGTH
 
 

@@ -34,9 +34,9 @@ import redis.asyncio as aioredis
 from fedasync.services.runtime import lua
 from fedasync.services.runtime.redis_conn import as_text, replicated
 from fedasync.services.runtime.settings import Durability
-from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import Proof
+from fedasync.shared.keys import Keys, update_digest
 
 
 class IngestOutcome(StrEnum):

@@ -43,8 +43,8 @@ from fedasync.services.snapshot.fast import HotAnswers
 from fedasync.services.snapshot.metrics import SnapshotMetrics
 from fedasync.services.snapshot.openapi import spec
 from fedasync.services.stores.alerts import VERSION_REGRESSED, try_add_alert
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import regressed
+from fedasync.shared.keys import Keys
 from fedasync.shared.snapshot_protocol import (
     DONE_HEADER,
     LATEST_META_PATH,

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedasync.services.runtime.sentinel_channels import SENTINEL_HELLO, SWITCH_MASTER
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 #: passwords go into Redis URLs and ACL lines: URL-unreserved characters only, and long enough
 PASSWORD_RE = re.compile(r"[A-Za-z0-9._~-]{16,}")

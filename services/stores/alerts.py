@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.redis_conn import TRANSIENT, as_text
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 log = logging.getLogger(__name__)
 

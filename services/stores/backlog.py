@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from fedasync.services.runtime import lua
 from fedasync.services.runtime.redis_conn import as_text, stream_entries
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 
 #: the most entries counted when the server cannot say the lag itself (Redis 6.2): ten times the
 #: default `lag_high`, so the lag rule still sees both its thresholds, while one count never

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from fedasync.services.runtime.redis_conn import as_text
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 #: tries before giving up on a system that commits faster than one transaction round trip
 ATTEMPTS = 100

@@ -20,8 +20,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import KEY_BYTES, AuthError, AuthReason, parse_key
+from fedasync.shared.keys import Keys
 
 
 def new_key() -> str:

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from fedasync.learning.evaluation import Evaluation
 from fedasync.services.runtime.redis_conn import stream_entries
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 FIELD = "e"
 

@@ -25,13 +25,13 @@ from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entr
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.committed import Committed, read_committed
-from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.services.stores.memory_store import remembered
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import ledger_record, stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import FORMAT_VERSION, load_state, save_state
 from fedasync.shared.decision import DropReason
+from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.policy import Policy
 from fedasync.shared.wire import WireError, decode_update, unpack

@@ -11,8 +11,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from fedasync.services.stores.committed import memory_from
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.keys import Keys
 
 
 async def read_memory(redis: aioredis.Redis, keys: Keys) -> dict[str, bytes]:

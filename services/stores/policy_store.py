@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from fedasync.services.runtime import lua
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from fedasync.shared.policy import Policy
 
 

@@ -29,7 +29,7 @@ from fedasync.services.runtime.settings import (
     SettingsError,
     TaskSettings,
 )
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 log = logging.getLogger(__name__)
 

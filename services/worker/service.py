@@ -33,10 +33,10 @@ from fedasync.client import (
 from fedasync.services.runtime.lifecycle import stop_on_signals
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.run_record import RunCheck
 from fedasync.services.worker.device import Device, build_device, default_client_id, run_rng
 from fedasync.services.worker.journal import Journal
+from fedasync.shared.keys import Keys
 
 log = logging.getLogger(__name__)
 

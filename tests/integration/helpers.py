@@ -11,11 +11,11 @@ import redis.asyncio as aioredis
 
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.dedup import DedupMemory
+from fedasync.shared.keys import Keys
 from fedasync.shared.layout import Layout
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update

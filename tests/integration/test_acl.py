@@ -52,11 +52,11 @@ from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.acl import acl_file, all_users
 from fedasync.services.stores.device_keys import add_device, list_devices
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.stores.policy_store import OldPolicyLog, PolicyConflict, policy_log
 from fedasync.services.worker.service import run as run_worker
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update

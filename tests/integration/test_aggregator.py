@@ -14,9 +14,9 @@ from fedasync.services.aggregator.commit import Fenced
 from fedasync.services.aggregator.service import Aggregator, run
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.stores.policy_store import change_policy, read_policy
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.wire import pack
 from tests.integration.helpers import (

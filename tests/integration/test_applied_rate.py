@@ -15,8 +15,8 @@ from fedasync.services.commands.up import view
 from fedasync.services.commands.up.summary import summarize
 from fedasync.services.control.app import create_app
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

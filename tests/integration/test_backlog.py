@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.stores.backlog import count_after, read_backlog
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -17,9 +17,9 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import REDIS_OOM
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.claim_check import ClaimStore, address_of
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update, unpack
 from tests.integration.helpers import dead_letters, initial_state, ledger, make_update, publish
 

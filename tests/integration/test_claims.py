@@ -20,8 +20,8 @@ from fedasync.services.aggregator.commit import Fenced
 from fedasync.services.aggregator.service import Aggregator, run
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration.helpers import (
     initial_state,
     ledger,

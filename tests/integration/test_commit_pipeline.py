@@ -17,7 +17,7 @@ from fedasync.services.aggregator.pipeline import CommitPipeline
 from fedasync.services.aggregator.refusal import Refusal
 from fedasync.services.aggregator.stream_gauges import StreamGauges
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -22,8 +22,8 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import policy_log
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

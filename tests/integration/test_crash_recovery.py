@@ -31,9 +31,9 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.runtime.redis_conn import stream_entries
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.exactly_once import TERMINAL, Decided, check
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import wait_for_ledger

@@ -24,8 +24,8 @@ from fedasync.services.control.app import create_app
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import read_policy
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -16,8 +16,8 @@ from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.reader import Entry
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.wire import unpack
 from tests.integration.helpers import initial_state, make_update, publish
 

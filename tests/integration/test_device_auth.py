@@ -16,10 +16,10 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.service import Aggregator, run
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache, add_device, revoke_device
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify as verify_ledger
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import parse_key, sign
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import dead_letters, initial_state, ledger, make_update

@@ -37,7 +37,6 @@ from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import (
@@ -47,6 +46,7 @@ from fedasync.shared.ingest_protocol import (
     receipt_path,
     signed_headers,
 )
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from fedasync.client import DeviceClient, RetryPolicy
 from fedasync.learning.tasks import get_task
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -37,8 +37,8 @@ from fedasync.services.runtime.redis_conn import (
     retrying,
 )
 from fedasync.services.runtime.settings import Durability, RedisSettings
-from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.shared.device_auth import Proof
+from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.wire import pack
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

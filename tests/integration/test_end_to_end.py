@@ -15,9 +15,9 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.worker.service import run as run_worker
+from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.seeds import Stream, stream
 from tests.integration.helpers import next_entries

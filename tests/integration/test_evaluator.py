@@ -24,9 +24,9 @@ from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import FIELD, EvaluationRecord
-from fedasync.services.stores.keys import Keys
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import ModelSnapshot
+from fedasync.shared.keys import Keys
 from fedasync.shared.layout import Layout
 from fedasync.shared.model_format import decode_model, encode_model
 from fedasync.shared.seeds import Stream, stream

@@ -24,7 +24,7 @@ from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER
 from tests.integration.test_evaluator import model_bytes
 

@@ -11,8 +11,8 @@ from fedasync.services.aggregator.service import run
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.exactly_once import Decided, check
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
+from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.policy import Mode, ServerOptimizer
 from fedasync.shared.update import Update

@@ -66,9 +66,9 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.services.stores.policy_store import change_policy, read_policy
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import SIZE, initial_state, next_entries, publish

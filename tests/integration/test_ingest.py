@@ -28,7 +28,6 @@ from fedasync.services.ingest.app import INGEST, create_app
 from fedasync.services.ingest.openapi import spec
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import add_device, revoke_device
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import (
     CONTENT_TYPE,
@@ -37,6 +36,7 @@ from fedasync.shared.ingest_protocol import (
     receipt_path,
     signed_headers,
 )
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update
 

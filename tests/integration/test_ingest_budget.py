@@ -22,7 +22,6 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.ingest.app import INGEST, create_app
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import (
     CLIENT_HEADER,
@@ -32,6 +31,7 @@ from fedasync.shared.ingest_protocol import (
     TIME_HEADER,
     signed_headers,
 )
+from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
 from fedasync.shared.update_size import max_update_bytes
 from fedasync.shared.wire import encode_update

@@ -14,9 +14,9 @@ from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.worker.service import run as run_worker
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import dead_letters, ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

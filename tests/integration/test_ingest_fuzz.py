@@ -28,7 +28,6 @@ from fedasync.services.ingest.app import INGEST, Ingest, create_app
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import (
     CLIENT_HEADER,
@@ -38,6 +37,7 @@ from fedasync.shared.ingest_protocol import (
     TIME_HEADER,
     signed_headers,
 )
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update, pack
 from tests.integration.helpers import make_update
 

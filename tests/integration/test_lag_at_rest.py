@@ -25,8 +25,8 @@ from fedasync.services.commands.redis_launch.server import RedisServer, server_v
 from fedasync.services.control.app import create_app as create_control_app
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.backlog import correct_lag, read_backlog
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration import test_acl
 from tests.integration.helpers import wait_for_ledger
 from tests.integration.test_acl import (

@@ -19,7 +19,7 @@ from fedasync.services.control.window import LedgerWindow
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import ledger
 from fedasync.services.stores.committed import read_committed
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

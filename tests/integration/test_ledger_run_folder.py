@@ -19,7 +19,7 @@ from fedasync.services.commands.cli import main
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from fedasync.learning.tasks import get_task
 from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared import stream_entry
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import ledger, make_update, wait_for_ledger

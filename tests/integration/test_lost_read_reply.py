@@ -18,8 +18,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -11,11 +11,11 @@ import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.service import run
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.stores.memory_store import read_memory
 from fedasync.services.stores.policy_store import change_policy, read_policy
 from fedasync.shared.decision import Outcome
+from fedasync.shared.keys import Keys
 from fedasync.shared.staleness import Decay
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 

@@ -15,7 +15,7 @@ from fedasync.services.aggregator.memory_pressure import OOM_ALERT_INTERVAL_S, M
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import REDIS_OOM
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

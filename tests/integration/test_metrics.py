@@ -24,7 +24,7 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import create_app as create_snapshot_app
 from fedasync.services.snapshot.app import wait_ready
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
 from tests.integration.helpers import initial_state, make_update, publish
 

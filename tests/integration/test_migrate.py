@@ -15,13 +15,13 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main as cli
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import (
     OldPolicyLog,
     change_policy,
     policy_log,
     read_policy,
 )
+from fedasync.shared.keys import Keys
 from fedasync.shared.policy import Policy
 from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
 

@@ -44,8 +44,8 @@ from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.snapshot.app import CACHE, METRICS, create_app, refresh, wait_ready
 from fedasync.services.stores.acl import acl_file, all_users, users
 from fedasync.services.stores.alerts import STATE_MISMATCH, VERSION_REGRESSED
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check
+from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import decode_model
 from tests.integration.aof import drop_transactions, incremental_files
 from tests.integration.helpers import (

@@ -16,9 +16,9 @@ from prometheus_client import generate_latest
 from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.control.app import create_app
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import verify
 from fedasync.services.stores.policy_store import ensure_policy
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import dead_letters, initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -46,9 +46,9 @@ from fedasync.services.evaluator.service import create_app as create_evaluator_a
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import CONTENT_TYPE, read_headers, signed_headers
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update
 from tests.integration.test_slow_clients import TOKEN, configured, running

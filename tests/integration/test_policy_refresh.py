@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.policy_refresh import POLICY_REFRESH_S, PolicyRefresh
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import change_policy, ensure_policy
+from fedasync.shared.keys import Keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

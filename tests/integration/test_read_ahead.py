@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.deciding import Decider
 from fedasync.services.aggregator.service import run
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import verify
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

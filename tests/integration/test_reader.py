@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.reader import Entry, Reader
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration.helpers import make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

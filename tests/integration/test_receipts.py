@@ -12,8 +12,8 @@ from fedasync.services.aggregator.commit import Batch, Committer, LedgerEntry
 from fedasync.services.aggregator.service import run
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import receipts
-from fedasync.services.stores.keys import Keys, update_digest
 from fedasync.services.stores.ledger import verify
+from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.wire import pack
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 

@@ -39,10 +39,10 @@ from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import parse_key, sign
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update, publish
 

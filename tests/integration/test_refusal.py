@@ -15,8 +15,8 @@ from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.refusal import Refusal
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import STATE_MISMATCH
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.continuity import Check, Mismatch
+from fedasync.shared.keys import Keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -24,8 +24,8 @@ from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.control.switchboard import set_switch, switch_owners
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import policy_log, read_policy
+from fedasync.shared.keys import Keys
 from fedasync.shared.rules import ActionKind
 from tests.integration.helpers import initial_state, make_update, publish
 

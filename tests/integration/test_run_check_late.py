@@ -26,9 +26,9 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.settings import Settings, SettingsError
 from fedasync.services.stores import evaluations
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.run_record import RunCheck, recorded_task
 from fedasync.services.worker.service import run as run_worker
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, start_snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

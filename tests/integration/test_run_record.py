@@ -20,8 +20,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.app import create_app
 from fedasync.services.runtime.settings import Settings, SettingsError
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.run_record import check_task, recorded_task
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -32,7 +32,6 @@ from fedasync.services.ingest.store import (
 )
 from fedasync.services.runtime import lua
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
 from fedasync.services.stores.policy_store import (
     PolicyChange,
     PolicyConflict,
@@ -42,6 +41,7 @@ from fedasync.services.stores.policy_store import (
 )
 from fedasync.shared.continuity import Check
 from fedasync.shared.device_auth import Proof
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.policy import Policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -31,9 +31,9 @@ from fedasync.services.stores.acl import (
     sentinel_users,
 )
 from fedasync.services.stores.alerts import STATE_MISMATCH
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records, verify
 from fedasync.shared.continuity import Check
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish, wait_for_ledger
 
 pytestmark = pytest.mark.integration

@@ -32,9 +32,9 @@ from fedasync.services.runtime.http_guard import log as guard_log
 from fedasync.services.runtime.settings import HttpSettings, Settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import PATH, signed_headers
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import initial_state, make_update
 

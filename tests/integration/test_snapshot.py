@@ -30,7 +30,7 @@ from fedasync.services.snapshot.app import (
     wait_ready,
 )
 from fedasync.services.snapshot.openapi import spec
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import decode_model
 from tests.integration.helpers import initial_state, make_update, publish
 

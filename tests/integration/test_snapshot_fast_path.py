@@ -32,7 +32,7 @@ from fedasync.services.runtime.http_service import FAST_PATH
 from fedasync.services.runtime.settings import HttpSettings, Settings
 from fedasync.services.snapshot.app import CACHE, create_app, wait_ready
 from fedasync.services.snapshot.service import run as run_snapshot
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from tests.integration.helpers import initial_state, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.stream_gauges import GAUGES_INTERVAL_S, StreamGauges
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from tests.integration.helpers import make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -11,7 +11,6 @@ import redis.asyncio as aioredis
 
 from fedasync.services.control.switchboard import set_switch
 from fedasync.services.runtime.settings import Settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.policy_store import (
     PolicyConflict,
     SwitchChange,
@@ -20,6 +19,7 @@ from fedasync.services.stores.policy_store import (
     policy_log,
     read_policy,
 )
+from fedasync.shared.keys import Keys
 from fedasync.shared.switches import switch_off
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

@@ -31,7 +31,7 @@ def run_in_root(*args: str) -> subprocess.CompletedProcess[str]:
         ("import shared.policy", "shared.policy", "fedasync.shared.policy"),
         ("from shared.policy import Mode", "shared.policy", "fedasync.shared.policy"),
         ("from shared import policy", "shared", "fedasync.shared"),
-        ("import services.stores.keys", "services.stores.keys", "fedasync.services.stores.keys"),
+        ("import services.stores.acl", "services.stores.acl", "fedasync.services.stores.acl"),
         ("import learning.task", "learning.task", "fedasync.learning.task"),
         ("import sim.config", "sim.config", "fedasync.sim.config"),
         (
@@ -67,7 +67,7 @@ def test_the_fedasync_names_work_from_the_root_and_load_each_module_once() -> No
         "-c",
         "import sys\n"
         "import fedasync.shared.aggregation, fedasync.shared.policy as p\n"
-        "import fedasync.services.stores.keys, fedasync.learning.task, fedasync.sim.config\n"
+        "import fedasync.shared.keys, fedasync.learning.task, fedasync.sim.config\n"
         "bare = {'shared', 'services', 'learning', 'sim'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in bare))\n"
         "print(p.Policy().mode is p.Mode.FEDASYNC, p.__name__)\n",

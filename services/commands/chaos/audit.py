@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 
 from fedasync.services.runtime.redis_conn import as_text, connect, stream_entries
 from fedasync.services.runtime.settings import RedisSettings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import VerifyReport, records, verify
+from fedasync.shared.keys import Keys
 from fedasync.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedasync.services.stores.keys import AGGREGATOR_GROUP, Keys
+from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.model_format import decode_model
 
 POLL_S = 0.1

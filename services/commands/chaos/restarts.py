@@ -26,9 +26,9 @@ import redis
 from fedasync.services.aggregator.inspection import inspect
 from fedasync.services.runtime.redis_conn import as_text, connect, get_bytes
 from fedasync.services.runtime.settings import RedisSettings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import export_line, last_record, record_at
 from fedasync.shared.continuity import Found, entry_id, mismatches
+from fedasync.shared.keys import Keys
 
 #: longest a reading holds every write, ms (it takes a few; the pause is lifted as soon as done)
 PAUSE_MS = 5_000

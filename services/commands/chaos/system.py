@@ -58,7 +58,7 @@ from fedasync.services.stores.acl import (
     all_users,
     sentinel_users,
 )
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 
 KEY_PREFIX = "chaos"
 AGGREGATOR = "aggregator"

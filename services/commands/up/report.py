@@ -22,7 +22,7 @@ from fedasync.services.runtime.redis_conn import as_text, connect, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations, ledger
 from fedasync.services.stores.alerts import alert_record
-from fedasync.services.stores.keys import Keys
+from fedasync.shared.keys import Keys
 from fedasync.shared.per_class import describe_lagging, lagging_classes
 
 

@@ -43,8 +43,8 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import ENV_PREFIX, Settings
 from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
 from fedasync.services.stores.device_keys import add_device
-from fedasync.services.stores.keys import Keys
 from fedasync.services.worker.device import default_client_id
+from fedasync.shared.keys import Keys
 
 #: how long after the end of training the evaluator may take to score the final version
 FINAL_EVALUATION_S = 30.0

@@ -25,8 +25,8 @@ from typing import Any
 from fedasync.services.commands.chaos.audit import entry_ids, refusals
 from fedasync.services.runtime.redis_conn import connect, get_bytes
 from fedasync.services.runtime.settings import load_settings
-from fedasync.services.stores.keys import Keys
 from fedasync.services.stores.ledger import records, verify
+from fedasync.shared.keys import Keys
 
 #: the fields of a ledger record the exactly-once check reads (stores/exactly_once.py, Decided)
 DECIDED_FIELDS = ("update_id", "outcome", "version", "stream_id", "server_step")
