@@ -215,7 +215,9 @@ class AggregationState:
         settled model (FedAsync's norm bound) commits only once it takes the update in.
         """
         incoming = STRATEGIES[policy.mode]
-        holders = tuple(holder for holder in HOLDERS if holder.held(self, incoming, policy))
+        holders = [holder for holder in HOLDERS if holder.held(self, incoming, policy)]
+        if not holders:  # the common case, every update: nothing to settle, nothing to commit
+            return Settlement(self._weights, self.optimizer, 0, False, _nothing)
         x, optimizer, steps = self._weights, self.optimizer, 0
         for holder in holders:
             x, optimizer, took = holder.settled(self, x, optimizer, policy)
@@ -227,7 +229,7 @@ class AggregationState:
                 holder.empty(self)
             self.counters["server_steps"] += steps
 
-        return Settlement(x, optimizer, steps, bool(holders), commit)
+        return Settlement(x, optimizer, steps, True, commit)
 
     # ----------------------------------------------------------------------------- poisoning bound
     def norm_bound(self, policy: Policy) -> float | None:
@@ -386,6 +388,10 @@ class AggregationState:
             delta_norm=delta_norm,
             clipped=clipped,
         )
+
+
+def _nothing() -> None:
+    """Committing a settlement of nothing."""
 
 
 def _valid_id(value: object) -> bool:

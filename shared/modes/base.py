@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,9 +35,11 @@ from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import Update
 
 
-@dataclass(frozen=True, slots=True)
-class Clip:
-    """The poisoning bound's verdict on an update it lets through (`State.clip`)."""
+class Clip(NamedTuple):
+    """The poisoning bound's verdict on an update it lets through (`State.clip`).
+
+    Tuples, not dataclasses: made for every update, and a frozen dataclass costs microseconds.
+    """
 
     #: the delta norm the update counts with: the bound when clipped, else its own
     norm: float
@@ -50,8 +51,7 @@ class Clip:
         return self.scale is not None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Settlement:
+class Settlement(NamedTuple):
     """What a mode switch makes of what the previous modes held (`AggregationState.settle`):
     the weights and server optimizer once it is applied, and the server steps that took.
     Nothing has changed until `commit()`; `settling` says whether anything was held."""
