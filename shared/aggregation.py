@@ -331,28 +331,27 @@ class AggregationState:
         policy: Policy,
         tau: int,
         alpha: float,
-        norm: float,
-        delta_norm: float,
-        clipped: bool,
+        step_norm: float,
+        clip: Clip,
         *,
         server_step: bool,
     ) -> Decision:
         """Record an applied update: a new version when it made a server step, its delta norm
-        in the bound's history, and its decision."""
+        (`clip.norm`) in the bound's history, and its decision."""
         if server_step:  # the weights changed: a new version (every applied update in FedAsync)
             self.version += 1
             self.dedup.advance(self.version)
-        self.norms.append(delta_norm)
+        self.norms.append(clip.norm)
         return self.decide(
             update,
             policy,
             Outcome.APPLIED,
             tau=tau,
             alpha=alpha,
-            step_norm=norm,
+            step_norm=step_norm,
             server_step=server_step,
-            delta_norm=delta_norm,
-            clipped=clipped,
+            delta_norm=clip.norm,
+            clipped=clip.clipped,
         )
 
     def decide(

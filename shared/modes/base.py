@@ -98,9 +98,8 @@ class State(Protocol):
         policy: Policy,
         tau: int,
         alpha: float,
-        norm: float,
-        delta_norm: float,
-        clipped: bool,
+        step_norm: float,
+        clip: Clip,
         *,
         server_step: bool,
     ) -> Decision: ...
@@ -112,14 +111,11 @@ class State(Protocol):
         outcome: Outcome,
         *,
         tau: int | None = None,
-        alpha: float | None = None,
-        step_norm: float | None = None,
-        server_step: bool = False,
         reason: str | None = None,
         detail: str = "",
         delta_norm: float | None = None,
-        clipped: bool = False,
-    ) -> Decision: ...
+    ) -> Decision:
+        """A decision that applies nothing (a strategy's refusals; `advance` records the rest)."""
 
 
 class Strategy(ABC):

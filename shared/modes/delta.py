@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,18 @@ from fedasync.shared.modes.base import State, Strategy, sum_of_squares
 from fedasync.shared.policy import Policy
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import Update
+
+
+class Taking(NamedTuple):
+    """The update a delta mode is taking in, and what it was measured with."""
+
+    update: Update
+    tau: int
+    #: s(τ), the policy's decay at this τ
+    s: float
+    #: ‖Δ‖ after the norm bound (the bound when clipped)
+    delta_norm: float
+    policy: Policy
 
 
 class DeltaStrategy(Strategy):
@@ -42,8 +55,8 @@ class DeltaStrategy(Strategy):
             return clip
         if clip.scale is not None:
             delta *= clip.scale
-        s = policy.staleness(tau, state.version)
-        taken = self.prepare(state, update, delta, s, tau, clip.norm, policy)
+        taking = Taking(update, tau, policy.staleness(tau, state.version), clip.norm, policy)
+        taken = self.prepare(state, taking, delta)
         if isinstance(taken, Decision):
             return taken
         # nothing below can refuse the update: the state may change from here on
@@ -51,7 +64,7 @@ class DeltaStrategy(Strategy):
         settlement = state.settle(policy)
         settlement.commit()
         alpha, x, optimizer, step = self.fold(
-            state, update, taken, settlement.weights, settlement.optimizer, tau, s, policy
+            state, taking, taken, settlement.weights, settlement.optimizer
         )
         stepped = step or settlement.steps > 0
         norm = 0.0
@@ -59,9 +72,7 @@ class DeltaStrategy(Strategy):
             state.replace_weights(x)
             state.optimizer = optimizer
             norm = math.sqrt(sum_of_squares(state.weights_view() - before))
-        decision = state.advance(
-            update, policy, tau, alpha, norm, clip.norm, clip.clipped, server_step=stepped
-        )
+        decision = state.advance(update, policy, tau, alpha, norm, clip, server_step=stepped)
         if stepped:
             state.history.append((state.version, state.weights_view()))
         _prune_history(state, policy.tau_max)
@@ -69,30 +80,18 @@ class DeltaStrategy(Strategy):
         return decision
 
     @abstractmethod
-    def prepare(
-        self,
-        state: State,
-        update: Update,
-        delta: np.ndarray,
-        s: float,
-        tau: int,
-        delta_norm: float,
-        policy: Policy,
-    ) -> np.ndarray | Decision:
-        """What this mode takes in of Δ (`delta`, float64, clipped; s = s(τ), `delta_norm` its
-        norm), or the decision refusing it. Changes nothing."""
+    def prepare(self, state: State, taking: Taking, delta: np.ndarray) -> np.ndarray | Decision:
+        """What this mode takes in of Δ (`delta`, float64, clipped), or the decision refusing
+        it. Changes nothing."""
 
     @abstractmethod
     def fold(
         self,
         state: State,
-        update: Update,
+        taking: Taking,
         taken: np.ndarray,
         x: np.ndarray,
         optimizer: OptimizerState,
-        tau: int,
-        s: float,
-        policy: Policy,
     ) -> tuple[float, np.ndarray, OptimizerState, bool]:
         """Take `taken` (what `prepare` made) into what this mode holds, and step the server
         from `x` and `optimizer` (the model once a switch is settled) when the rule says so.

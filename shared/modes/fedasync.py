@@ -64,6 +64,4 @@ class FedAsync(Strategy):
         state.replace_weights(mixed)
         state.history.clear()
         state.counters["server_steps"] += 1
-        return state.advance(
-            update, policy, tau, alpha, alpha * clip.norm, clip.norm, clip.clipped, server_step=True
-        )
+        return state.advance(update, policy, tau, alpha, alpha * clip.norm, clip, server_step=True)

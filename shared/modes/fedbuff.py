@@ -6,7 +6,7 @@ import numpy as np
 
 from fedasync.shared.decision import Decision
 from fedasync.shared.modes.base import State, Strategy, frozen
-from fedasync.shared.modes.delta import DeltaStrategy
+from fedasync.shared.modes.delta import DeltaStrategy, Taking
 from fedasync.shared.policy import Mode, Policy
 from fedasync.shared.server_optimizer import OptimizerState, server_step
 from fedasync.shared.update import Update
@@ -27,29 +27,18 @@ class FedBuff(DeltaStrategy):
         """w, the update's weight in the buffer: 1 in FedBuff."""
         return 1.0
 
-    def prepare(
-        self,
-        state: State,
-        update: Update,
-        delta: np.ndarray,
-        s: float,
-        tau: int,
-        delta_norm: float,
-        policy: Policy,
-    ) -> np.ndarray | Decision:
+    def prepare(self, state: State, taking: Taking, delta: np.ndarray) -> np.ndarray | Decision:
         return delta
 
     def fold(
         self,
         state: State,
-        update: Update,
+        taking: Taking,
         taken: np.ndarray,
         x: np.ndarray,
         optimizer: OptimizerState,
-        tau: int,
-        s: float,
-        policy: Policy,
     ) -> tuple[float, np.ndarray, OptimizerState, bool]:
+        update, tau, s, _, policy = taking
         weight = self.weight(state, update, tau, policy)
         buffer = state.buffer
         buffer.total += (weight * s) * taken if weight != 1.0 else s * taken

@@ -7,11 +7,10 @@ import numpy as np
 from fedasync.shared.clients import ClientEntry
 from fedasync.shared.decision import Decision, Outcome, RejectReason
 from fedasync.shared.modes.base import State, Strategy, frozen
-from fedasync.shared.modes.delta import DeltaStrategy
+from fedasync.shared.modes.delta import DeltaStrategy, Taking
 from fedasync.shared.modes.holdings import Memory
 from fedasync.shared.policy import Mode, Policy
 from fedasync.shared.server_optimizer import OptimizerState, server_step
-from fedasync.shared.update import Update
 
 
 class MemoryMode(DeltaStrategy):
@@ -41,26 +40,17 @@ class MemoryMode(DeltaStrategy):
     mode = Mode.MEMORY
     holding = "memory"
 
-    def prepare(
-        self,
-        state: State,
-        update: Update,
-        delta: np.ndarray,
-        s: float,
-        tau: int,
-        delta_norm: float,
-        policy: Policy,
-    ) -> np.ndarray | Decision:
+    def prepare(self, state: State, taking: Taking, delta: np.ndarray) -> np.ndarray | Decision:
         """m_i = s(τ)·Δ as float32, refused when it does not fit."""
         with np.errstate(over="ignore"):
-            remembered = frozen((s * delta).astype(np.float32))
+            remembered = frozen((taking.s * delta).astype(np.float32))
         if not np.isfinite(remembered).all():  # finite weights, a delta beyond float32
             return state.decide(
-                update,
-                policy,
+                taking.update,
+                taking.policy,
                 Outcome.REJECTED,
-                tau=tau,
-                delta_norm=delta_norm,
+                tau=taking.tau,
+                delta_norm=taking.delta_norm,
                 reason=RejectReason.NON_FINITE,
                 detail="its delta overflows float32 (the memory keeps float32)",
             )
@@ -69,15 +59,13 @@ class MemoryMode(DeltaStrategy):
     def fold(
         self,
         state: State,
-        update: Update,
+        taking: Taking,
         taken: np.ndarray,
         x: np.ndarray,
         optimizer: OptimizerState,
-        tau: int,
-        s: float,
-        policy: Policy,
     ) -> tuple[float, np.ndarray, OptimizerState, bool]:
         """Returns α, the update's weight in each step it takes part in: η·s(τ)·n_i/W."""
+        update, tau, s, _, policy = taking
         client = str(update.client_id)
         memory = state.memory
         entry = state.clients.get(client)

@@ -82,9 +82,7 @@ class Tiered(Strategy):
             state.replace_weights(x)
             norm = math.sqrt(sum_of_squares(state.weights_view() - before))
             state.history.clear()
-        decision = state.advance(
-            update, policy, tau, alpha, norm, clip.norm, clip.clipped, server_step=stepped
-        )
+        decision = state.advance(update, policy, tau, alpha, norm, clip, server_step=stepped)
         state.forget_idle(policy)
         return decision
 
