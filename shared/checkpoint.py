@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from fedasync.shared.aggregation import AggregationState, Tier
+from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.clients import ClientEntry
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
+from fedasync.shared.modes.holdings import Tier
 from fedasync.shared.policy import ServerOptimizer
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.wire import WireError, pack, unpack

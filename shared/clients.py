@@ -1,7 +1,7 @@
 """What the server remembers about each client: the book the fairness modes keep.
 
 FedAsync and FedBuff forget a client the moment its update is decided. The three modes that keep a
-slow client's data in the model (shared/aggregation.py: `memory`, `tiered`, `fedbuff-fair`) need
+slow client's data in the model (shared/modes/: `memory`, `tiered`, `fedbuff-fair`) need
 something per client between its updates: its latest delta (memory), the staleness of its latest
 update, which ranks it into a latency tier (tiered), how often it contributed (fedbuff-fair).
 

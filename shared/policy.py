@@ -35,7 +35,7 @@ from fedasync.shared.staleness import Decay
 
 
 class Mode(StrEnum):
-    """How accepted updates reach the model (shared/aggregation.py has each rule's formula)."""
+    """How accepted updates reach the model (shared/modes/ has each rule's formula)."""
 
     #: mix each update into the model at once: x ← (1 − α)x + α·x_new
     FEDASYNC = "fedasync"

@@ -348,7 +348,7 @@ class FedBuffConfig(_AsyncPolicyConfig):
 
 
 class FairModeConfig(_AsyncPolicyConfig):
-    """The modes that keep a slow client's data in the model (shared/aggregation.py)."""
+    """The modes that keep a slow client's data in the model (shared/modes/)."""
 
     kind: Literal["memory", "tiered", "fedbuff-fair"]
     name: str | None = Field(None, description=_NAME)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE = sorted((ROOT / "shared").glob("*.py"))
+CORE = sorted((ROOT / "shared").rglob("*.py"))
 ALL_CODE = sorted(
     p
     for d in ("shared", "services", "learning", "sim", "tests", "bench")
@@ -67,7 +67,7 @@ def test_no_pickle_anywhere(path: Path) -> None:
 
 
 def test_mixing_rule_is_written_once() -> None:
-    """Only shared/aggregation.py may compute α = α0·s(τ) and mix; everything else calls it."""
+    """Only FedAsync's strategy may compute α = α0·s(τ) and mix; everything else calls it."""
     callers_of_staleness = [
         p.relative_to(ROOT)
         for p in ALL_CODE
@@ -81,7 +81,7 @@ def test_mixing_rule_is_written_once() -> None:
         and not p.name.startswith("test_")
         and p.parts[-2] != "bench"
     ]
-    assert mixers == [Path("shared/aggregation.py")]
+    assert mixers == [Path("shared/modes/fedasync.py")]
 
 
 def test_the_ledger_stream_is_read_in_one_place() -> None:

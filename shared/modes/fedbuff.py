@@ -1,0 +1,69 @@
+"""FedBuff (Nguyen et al. 2022): K staleness-weighted deltas buffered, then one server step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedasync.shared.decision import Decision
+from fedasync.shared.modes.base import State, Strategy, frozen
+from fedasync.shared.modes.delta import DeltaStrategy, Taking
+from fedasync.shared.policy import Mode, Policy
+from fedasync.shared.server_optimizer import OptimizerState, server_step
+from fedasync.shared.update import Update
+
+
+class FedBuff(DeltaStrategy):
+    """Buffer w·s(τ)·Δ with w = 1 (`weight`) and take one server step, through the server
+    optimizer, once K are in: x ← opt(x, Σ w_i·s(τ_i)·Δ_i / Σ w_i).
+
+    Holds the buffer; a switch to a mode that does not buffer steps a partial buffer with the
+    policy now in force.
+    """
+
+    mode = Mode.FEDBUFF
+    holding = "buffer"
+
+    def weight(self, state: State, update: Update, tau: int, policy: Policy) -> float:
+        """w, the update's weight in the buffer: 1 in FedBuff."""
+        return 1.0
+
+    def prepare(self, state: State, taking: Taking, delta: np.ndarray) -> np.ndarray | Decision:
+        return delta
+
+    def fold(
+        self,
+        state: State,
+        taking: Taking,
+        taken: np.ndarray,
+        x: np.ndarray,
+        optimizer: OptimizerState,
+    ) -> tuple[float, np.ndarray, OptimizerState, bool]:
+        update, tau, s, _, policy = taking
+        weight = self.weight(state, update, tau, policy)
+        buffer = state.buffer
+        buffer.total += (weight * s) * taken if weight != 1.0 else s * taken
+        buffer.count += 1
+        buffer.weight += weight
+        alpha = policy.server_lr * weight * s / policy.buffer_size
+        if buffer.count < policy.buffer_size:
+            return alpha, x, optimizer, False
+        x, optimizer = server_step(x, buffer.total, buffer.weight, optimizer, policy)
+        self.empty(state)
+        state.counters["server_steps"] += 1
+        return alpha, x, optimizer, True
+
+    def held(self, state: State, incoming: Strategy, policy: Policy) -> bool:
+        return state.buffer.count > 0 and incoming.holding != self.holding
+
+    def settled(
+        self, state: State, x: np.ndarray, optimizer: OptimizerState, policy: Policy
+    ) -> tuple[np.ndarray, OptimizerState, int]:
+        buffer = state.buffer
+        weights, optimizer = server_step(x, buffer.total, buffer.weight, optimizer, policy)
+        return frozen(weights), optimizer, 1
+
+    def empty(self, state: State) -> None:
+        buffer = state.buffer
+        buffer.total[:] = 0.0
+        buffer.count = 0
+        buffer.weight = 0.0
