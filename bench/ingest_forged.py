@@ -18,9 +18,8 @@ own peak, reset before the load), before the load (after a warm-up of genuine up
 peak, and one second after. The acceptance of issue 25: the peak exceeds the figure before by
 less than 2 × the model's update size + 16 MiB, and the genuine device's updates are accepted.
 
-The bench imports fedasync from wherever Python finds it first, so the same script measures an
-older checkout: `PYTHONPATH=<checkout> python bench/ingest_forged.py` run from that checkout
-(the commit printed is the imported code's).
+To measure an older checkout, run that checkout's own copy of this script from it (modules it
+imports have moved since: issue 26); the commit printed is the imported code's.
 
 Run: python bench/ingest_forged.py [--parameters 1000000] [--seconds 10] [--forgers 6]
                                    [--forged-mib 60] [--mode declared chunked]

@@ -3,8 +3,9 @@
 The repository keeps `shared/`, `services/`, `learning/` and `sim/` at its top and `fedasync/`
 links to each, so from the repository's root `import shared.policy` would find the same file as
 `import fedasync.shared.policy` and load it a second time, as a different module. Its classes and
-enums would not be the ones the rest of fedasync holds (`fedasync.shared.aggregation` tells the
-modes apart with `is`: a FedAsync policy built from `shared.policy` was decided as FedBuff). So the
+enums would not be the ones the rest of fedasync holds, and the core compares enum members with
+`is` (the norm bound's action, the server optimizer's kind; before the strategies, the modes too:
+a FedAsync policy built from `shared.policy` was decided as FedBuff). So the
 `__init__.py` of each of the four folders checks the name it is being imported under and, for any
 name but `fedasync.<folder>`, calls `refuse` before it runs anything else.
 

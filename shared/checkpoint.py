@@ -23,7 +23,8 @@ from fedasync.shared.wire import WireError, pack, unpack
 
 #: 2 added FedBuff's server optimizer state; a build that cannot step it must not restore it.
 #: Format 1 (no optimizer state) is still read: its FedBuff versions were numbered per update,
-#: and go on one per server step from there (`AggregationState._base_weights` finds their models).
+#: and go on one per server step from there (`base_weights` in shared/modes/delta.py finds their
+#: models).
 #: 3 added the client book, the memory and the tiers (modes memory, tiered, fedbuff-fair) and
 #: the buffer's weight sum; formats 1 and 2 are read with all of them empty. A format-3 checkpoint
 #: may also leave the dedup ids to the caller (`"ids": None`, the aggregator's sorted set).

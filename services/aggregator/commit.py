@@ -30,7 +30,7 @@ could take back (docs/architecture.md, "Past one machine"). A retried commit tha
 place writes its sequence number again, the same value, so that the WAIT after it covers the first
 attempt's writes.
 
-Per-client memory (the `memory` mode, shared/aggregation.py): the checkpoint leaves the clients'
+Per-client memory (the `memory` mode, shared/modes/memory.py): the checkpoint leaves the clients'
 remembered deltas out; each commit writes to `{p}:memory` only the clients whose delta changed
 in its batch (HSET) or that were forgotten (HDEL), in the same script as the state that names
 them, so the hash and the state always belong to the same commit.
