@@ -68,8 +68,15 @@ class CommitPipeline:
         self._closed_committed = False
 
     def begin(self, committer: Committer) -> None:
-        """Commit through `committer`: this start's epoch, from the commit sequence found."""
+        """Commit through `committer`: this start's epoch, from the commit sequence found.
+
+        Each start attempt begins knowing nothing committed: an attempt whose genesis commit
+        never landed must not leave the next one believing version 0's model is in Redis (it
+        would seal version 0 without its model).
+        """
         self.committer = committer
+        self._committed_version = -1
+        self._closed_committed = False
 
     def restored(self, state: AggregationState) -> None:
         """`state` is what the last commit holds: its version and close are committed."""

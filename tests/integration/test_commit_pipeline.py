@@ -59,6 +59,24 @@ async def test_a_batch_carries_a_model_only_for_a_new_version_and_a_close_once(
     assert not pipeline.newly_closed(state)  # its close is in the batch sealed
 
 
+async def test_a_start_retried_after_its_genesis_commit_failed_seals_the_model_again(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    pipeline = pipeline_of(settings, redis, AggregatorMetrics(), Readiness())
+    state = initial_state(settings)
+    committer = Committer(redis, keys, 1, 0, settings.aggregator.keep_versions)
+
+    pipeline.begin(committer)
+    lost = Batch(b"", 0, b"")
+    pipeline.seal(lost, state)  # the first attempt's genesis, sealed; its commit never lands
+    assert lost.model
+    pipeline.begin(committer)  # the start is retried as a whole
+    genesis = Batch(b"", 0, b"")
+    pipeline.seal(genesis, state)
+    assert (genesis.version, bool(genesis.model)) == (0, True)  # version 0 with its model
+
+
 async def test_commits_land_in_order_with_one_in_flight(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
