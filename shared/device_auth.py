@@ -14,6 +14,14 @@ same way under its own domain tag, `b"fedasync-receipt-v1\\n"`, over `read_messa
 `b"GET /v1/updates/" + update_id`. The two domain tags differ, so a read signature can never pass
 as an update signature, nor the other way round.
 
+A device may instead hold an Ed25519 private key (`ed25519:<base64 of its 32-byte seed>`); Redis
+then holds only its public key (`ed25519:<base64 of 32 bytes>`), so read access to Redis no longer
+lets anyone forge that device's updates. Ed25519 is not a streaming signature, so what it signs is
+the same head (domain, client id, time) followed by the SHA-256 digest of the message (32 bytes),
+computed as the message streams in: `signature_base`. Its signature travels in the same field `s`,
+as 128 hex characters rather than the MAC's 64. Which check applies is decided by the key stored
+for the client, never by the signature: a 64-byte signature against an HMAC key is just wrong.
+
 Pure: the key, the message and the current time are all passed in; nothing here reads a clock,
 the network or Redis. The services decide *which* time is "now": the aggregator uses the time
 Redis received the entry (its stream id), so a redelivery after an aggregator outage is judged
@@ -22,10 +30,16 @@ by when the device sent it, not by when the aggregator came back.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from dataclasses import dataclass
 from enum import StrEnum
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from fedasync.shared.update import MAX_ID_LENGTH
 
@@ -39,6 +53,15 @@ KEY_BYTES = 32
 #: Digits of a signing time, at most (Unix ms fits in 13 digits until the year 2286).
 MAX_TIME_DIGITS = 15
 SIGNATURE_HEX = 64
+#: An Ed25519 signature's length in hex (64 bytes), the other length `s` may have.
+ED25519_SIGNATURE_HEX = 128
+#: The prefix of an Ed25519 key's text form (a device's private key, or the public key in Redis).
+ED25519_PREFIX = "ed25519:"
+
+#: What a device signs with: an HMAC key (32 bytes) or an Ed25519 private key.
+SigningKey = bytes | Ed25519PrivateKey
+#: What a verifier checks with: the same HMAC key, or the device's Ed25519 public key.
+VerifyKey = bytes | Ed25519PublicKey
 
 
 class AuthReason(StrEnum):
@@ -71,7 +94,8 @@ class AuthError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Proof:
-    """The signature fields, parsed: who signed, when (Unix ms), and the 32-byte MAC."""
+    """The signature fields, parsed: who signed, when (Unix ms), and the 32-byte MAC (or the
+    64-byte Ed25519 signature: the field keeps its name)."""
 
     client_id: str
     signed_at_ms: int
@@ -85,12 +109,102 @@ def parse_key(text: str) -> bytes:
     return bytes.fromhex(text)
 
 
+def parse_signing_key(text: str) -> SigningKey:
+    """A device's key as `fedasync devices add` printed it → what it signs with: 64 hex (HMAC,
+    parsed exactly as `parse_key`) or `ed25519:<base64 seed>`; ValueError otherwise."""
+    if text.startswith(ED25519_PREFIX):
+        return Ed25519PrivateKey.from_private_bytes(_b64_32(text[len(ED25519_PREFIX) :]))
+    return parse_key(text)
+
+
+def parse_verify_key(text: str) -> VerifyKey:
+    """A key as stored in Redis → what verifies with it: 64 hex (HMAC) or `ed25519:<base64
+    public key>`; ValueError otherwise."""
+    if text.startswith(ED25519_PREFIX):
+        return Ed25519PublicKey.from_public_bytes(_b64_32(text[len(ED25519_PREFIX) :]))
+    return parse_key(text)
+
+
+def ed25519_texts(seed: bytes) -> tuple[str, str]:
+    """The private key of a 32-byte seed as the device holds it, and its public key as Redis
+    holds it: (`ed25519:<base64 seed>`, `ed25519:<base64 public>`). The caller draws the seed."""
+    private = Ed25519PrivateKey.from_private_bytes(seed)
+    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return _ed25519_text(seed), _ed25519_text(public)
+
+
+def _ed25519_text(raw: bytes) -> str:
+    return ED25519_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def _b64_32(text: str) -> bytes:
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise ValueError("an ed25519 key is base64 after 'ed25519:'") from None
+    if len(raw) != KEY_BYTES:
+        raise ValueError(f"an ed25519 key is {KEY_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+def _head(client_id: str, signed_at_ms: int, domain: bytes) -> bytes:
+    return b"".join((domain, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n"))
+
+
+def signature_base(
+    client_id: str, signed_at_ms: int, digest: bytes, domain: bytes = DOMAIN
+) -> bytes:
+    """What an Ed25519 key signs: the HMAC's head (domain, client id, time), then the SHA-256
+    digest of the message, so that a body can be hashed while it streams in."""
+    return _head(client_id, signed_at_ms, domain) + digest
+
+
+class BodyCheck:
+    """A signature check fed the message in pieces as they arrive, for either kind of key:
+    an HMAC fed the bytes, or a SHA-256 of them for an Ed25519 signature base."""
+
+    def __init__(self, key: VerifyKey, client_id: str, signed_at_ms: int, domain: bytes) -> None:
+        self._key = key
+        self._head = (client_id, signed_at_ms, domain)
+        self._state = (
+            signer(key, client_id, signed_at_ms, domain)
+            if isinstance(key, bytes)
+            else hashlib.sha256()
+        )
+
+    def update(self, chunk: bytes) -> None:
+        """Feed the next piece of the message."""
+        self._state.update(chunk)
+
+    def check(self, proof: Proof, received_ms: int, window_ms: int) -> None:
+        """`verify`, once the whole message was fed."""
+        if isinstance(self._key, bytes):
+            check_mac(proof, self._state.digest(), received_ms, window_ms)
+            return
+        client_id, signed_at_ms, domain = self._head
+        base = signature_base(client_id, signed_at_ms, self._state.digest(), domain)
+        try:
+            self._key.verify(proof.mac, base)
+        except InvalidSignature:
+            raise AuthError(
+                AuthReason.BAD_SIGNATURE,
+                f"signature does not match the key of {proof.client_id}",
+            ) from None
+        check_time(proof, received_ms, window_ms)
+
+
+def body_check(
+    key: VerifyKey, client_id: str, signed_at_ms: int, domain: bytes = DOMAIN
+) -> BodyCheck:
+    """A `BodyCheck` of the message signed by `client_id` at `signed_at_ms` with `key`."""
+    return BodyCheck(key, client_id, signed_at_ms, domain)
+
+
 def signer(key: bytes, client_id: str, signed_at_ms: int, domain: bytes = DOMAIN) -> hmac.HMAC:
     """The HMAC with the signed text's head (domain, client id, time) already fed: feed it the
     message in pieces as they arrive (ingest, a body while it streams in), so that checking a
     MAC never needs the whole message in memory first. `.digest()` is then `mac(...)`."""
-    head = b"".join((domain, client_id.encode(), b"\n", str(signed_at_ms).encode(), b"\n"))
-    return hmac.new(key, head, hashlib.sha256)
+    return hmac.new(key, _head(client_id, signed_at_ms, domain), hashlib.sha256)
 
 
 def mac(
@@ -103,11 +217,17 @@ def mac(
 
 
 def sign(
-    key: bytes, client_id: str, signed_at_ms: int, message: bytes, domain: bytes = DOMAIN
+    key: SigningKey, client_id: str, signed_at_ms: int, message: bytes, domain: bytes = DOMAIN
 ) -> Proof:
-    """The device's signature over `message`: who, when (Unix ms) and the MAC."""
+    """The device's signature over `message`: who, when (Unix ms) and the MAC (HMAC key) or the
+    Ed25519 signature of `signature_base` (Ed25519 key)."""
     check_client_id(client_id)
-    return Proof(client_id, signed_at_ms, mac(key, client_id, signed_at_ms, message, domain))
+    if isinstance(key, bytes):
+        return Proof(client_id, signed_at_ms, mac(key, client_id, signed_at_ms, message, domain))
+    digest = hashlib.sha256(message).digest()
+    return Proof(
+        client_id, signed_at_ms, key.sign(signature_base(client_id, signed_at_ms, digest, domain))
+    )
 
 
 def read_message(update_id: str) -> bytes:
@@ -144,16 +264,18 @@ def parse_proof(client: bytes | None, signed_at: bytes | None, signature: bytes 
         raise AuthError(
             AuthReason.MALFORMED_SIGNATURE, f"t must be 1..{MAX_TIME_DIGITS} decimal digits"
         )
-    if len(signature) != SIGNATURE_HEX or not _is_lower_hex(signature):
+    if len(signature) not in (SIGNATURE_HEX, ED25519_SIGNATURE_HEX) or not _is_lower_hex(signature):
         raise AuthError(
-            AuthReason.MALFORMED_SIGNATURE, f"s must be {SIGNATURE_HEX} lowercase hex digits"
+            AuthReason.MALFORMED_SIGNATURE,
+            f"s must be {SIGNATURE_HEX} (HMAC) or {ED25519_SIGNATURE_HEX} (Ed25519) lowercase "
+            "hex digits",
         )
     return Proof(client_id, int(signed_at), bytes.fromhex(signature.decode("ascii")))
 
 
 def verify(
     proof: Proof,
-    key: bytes,
+    key: VerifyKey,
     message: bytes,
     received_ms: int,
     window_ms: int,
@@ -165,8 +287,9 @@ def verify(
     signature made more than `window_ms` before or after `received_ms` is refused: a replay of
     a captured update outside the window, or a device whose clock is far off.
     """
-    expected = mac(key, proof.client_id, proof.signed_at_ms, message, domain)
-    check_mac(proof, expected, received_ms, window_ms)
+    check = body_check(key, proof.client_id, proof.signed_at_ms, domain)
+    check.update(message)
+    check.check(proof, received_ms, window_ms)
 
 
 def check_mac(proof: Proof, expected: bytes, received_ms: int, window_ms: int) -> None:
@@ -176,6 +299,11 @@ def check_mac(proof: Proof, expected: bytes, received_ms: int, window_ms: int) -
         raise AuthError(
             AuthReason.BAD_SIGNATURE, f"MAC does not match the key of {proof.client_id}"
         )
+    check_time(proof, received_ms, window_ms)
+
+
+def check_time(proof: Proof, received_ms: int, window_ms: int) -> None:
+    """The signing time against the time of receipt (once the signature itself held)."""
     skew = received_ms - proof.signed_at_ms
     if abs(skew) > window_ms:
         when = "before" if skew > 0 else "after"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from fedasync.shared.device_auth import READ_DOMAIN, read_message, sign
+from fedasync.shared.device_auth import READ_DOMAIN, SigningKey, read_message, sign
 
 PATH = "/v1/updates"
 #: the receipt of one update: GET, signed, no body
@@ -29,7 +29,9 @@ REDIS_OUT_OF_MEMORY = "redis_out_of_memory"
 UNVERIFIED_BUDGET = "unverified_budget"
 
 
-def signed_headers(key: bytes, client_id: str, signed_at_ms: int, body: bytes) -> dict[str, str]:
+def signed_headers(
+    key: SigningKey, client_id: str, signed_at_ms: int, body: bytes
+) -> dict[str, str]:
     """The headers of a POST of `body`: media type and the device's signature over the body."""
     proof = sign(key, client_id, signed_at_ms, body)
     return {
@@ -45,7 +47,9 @@ def receipt_path(update_id: str) -> str:
     return f"{PATH}/{quote(update_id, safe='')}"
 
 
-def read_headers(key: bytes, client_id: str, signed_at_ms: int, update_id: str) -> dict[str, str]:
+def read_headers(
+    key: SigningKey, client_id: str, signed_at_ms: int, update_id: str
+) -> dict[str, str]:
     """The headers of a GET of the receipt of `update_id`: the device's signature over
     `GET /v1/updates/<update id>` (the id decoded) under the read domain."""
     proof = sign(key, client_id, signed_at_ms, read_message(update_id), READ_DOMAIN)

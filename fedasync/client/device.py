@@ -32,7 +32,7 @@ from fedasync.client.receipts import Receipt
 from fedasync.client.redis_link import connect_url
 from fedasync.client.retry import Pause, RetryPolicy
 from fedasync.client.transport import RedisRetry, Transport
-from fedasync.shared.device_auth import check_client_id, parse_key
+from fedasync.shared.device_auth import SigningKey, check_client_id, parse_signing_key
 from fedasync.shared.durability import Durability
 from fedasync.shared.keys import Keys
 
@@ -40,19 +40,20 @@ from fedasync.shared.keys import Keys
 RECEIPT_POLL_MAX_S = 1.0
 
 
-def _key_bytes(key: str | bytes | None) -> bytes | None:
+def _key_bytes(key: str | bytes | None) -> SigningKey | None:
     if key is None or isinstance(key, bytes):
         if key is not None and len(key) != 32:
             raise ValueError(f"a device key is 32 bytes, got {len(key)}")
         return key
-    return parse_key(key)
+    return parse_signing_key(key)
 
 
 class DeviceClient:
     """One device's connection to a fedasync system (asyncio; `SyncDeviceClient` wraps it).
 
-    `key`: the device key, 64 hex characters as `fedasync devices add` prints it (or its 32
-    bytes). `redis`: a client (the caller closes it) or a URL (closed with this client).
+    `key`: the device key as `fedasync devices add` prints it: `ed25519:<base64>` (an Ed25519
+    private key; the default) or 64 hex characters (an HMAC key, or its 32 bytes).
+    `redis`: a client (the caller closes it) or a URL (closed with this client).
     `stopping`: once set, a wait between retries ends with `Abandoned` instead of sleeping on.
     `sleep` replaces those waits (tests). `session`: an aiohttp session to use (the caller
     closes it); by default the client opens its own, with `timeout_s` per request.

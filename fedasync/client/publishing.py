@@ -23,7 +23,7 @@ from fedasync.client.redis_link import as_text, replicated
 from fedasync.client.retry import retryable
 from fedasync.client.transport import Answer, RedisRetry, Request, Transport, now_ms
 from fedasync.shared import stream_entry
-from fedasync.shared.device_auth import sign
+from fedasync.shared.device_auth import SigningKey, sign
 from fedasync.shared.durability import Durability
 from fedasync.shared.ingest_protocol import PATH, signed_headers
 from fedasync.shared.keys import Keys
@@ -82,7 +82,7 @@ def _again(answer: Answer) -> bool:
 
 
 async def over_http(
-    transport: Transport, base_url: str, key: bytes, client_id: str, update: PreparedUpdate
+    transport: Transport, base_url: str, key: SigningKey, client_id: str, update: PreparedUpdate
 ) -> Published:
     """POST to the ingest service, signed afresh on each attempt; Refused for a 4xx."""
     request = Request(
@@ -103,7 +103,7 @@ async def over_http(
 async def to_redis(
     redis: aioredis.Redis,
     keys: Keys,
-    key: bytes | None,
+    key: SigningKey | None,
     client_id: str,
     update: PreparedUpdate,
     retry: RedisRetry,

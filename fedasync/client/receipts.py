@@ -18,6 +18,7 @@ from fedasync.client.errors import Refused, UnexpectedAnswer
 from fedasync.client.receipt_index import lookup
 from fedasync.client.transport import RedisRetry, Request, Transport, now_ms
 from fedasync.shared.decision import Decision, Outcome
+from fedasync.shared.device_auth import SigningKey
 from fedasync.shared.ingest_protocol import NOT_DECIDED, read_headers, receipt_path
 from fedasync.shared.keys import Keys
 
@@ -69,7 +70,7 @@ def _text(value: Any) -> str | None:
 
 
 async def over_http(
-    transport: Transport, base_url: str, key: bytes, client_id: str, update_id: str
+    transport: Transport, base_url: str, key: SigningKey, client_id: str, update_id: str
 ) -> Receipt:
     """Ask the ingest service; the request is signed afresh on each attempt."""
     request = Request(

@@ -1,6 +1,8 @@
 """`fedasync devices add|revoke|list`: manage device keys without restarting anything.
 
-`add` prints the new key once (it is not shown again; `list` never shows keys). The aggregator and
+`add` makes an Ed25519 key by default (`--kind hmac` for a shared secret as before): Redis keeps
+only its public key, and the private key is printed once and stored nowhere. `add` prints the new
+key once (it is not shown again; `list` never shows keys). The aggregator and
 the ingest service see a new key at the device's next update and a revocation within
 `FEDASYNC_AUTH__KEY_REFRESH_S` (services/stores/device_keys.py).
 """
@@ -17,6 +19,13 @@ def add_arguments(devices: argparse.ArgumentParser) -> None:
     actions = devices.add_subparsers(dest="devices_command", required=True)
     add = actions.add_parser("add", help="create a key for a device and print it once")
     add.add_argument("client_id", help="the device's client id")
+    add.add_argument(
+        "--kind",
+        choices=("ed25519", "hmac"),
+        default="ed25519",
+        help="ed25519 (default): Redis holds only the public key; hmac: a shared secret, "
+        "stored in Redis as it is",
+    )
     revoke = actions.add_parser("revoke", help="remove a device's key: its updates are refused")
     revoke.add_argument("client_id", help="the device's client id")
     actions.add_parser("list", help="client ids with their status (keys are never shown)")
@@ -56,7 +65,7 @@ def _devices(args: argparse.Namespace) -> int:
 
     async def act(redis: aioredis.Redis, keys: Keys) -> int:
         if args.devices_command == "add":
-            key = await add_device(redis, keys, args.client_id)
+            key = await add_device(redis, keys, args.client_id, args.kind)
             print(key)
             print(
                 f"key of {args.client_id}: shown once; give it to the device (a fedasync "

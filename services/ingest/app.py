@@ -21,7 +21,6 @@ body, a log line and a count.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -53,10 +52,11 @@ from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.policy_store import PolicyCache
 from fedasync.shared.device_auth import (
     AuthError,
+    BodyCheck,
     Proof,
+    VerifyKey,
+    body_check,
     check_claim,
-    check_mac,
-    signer,
     stream_id_ms,
     verify,
 )
@@ -205,7 +205,7 @@ class Ingest:
         return Accepted(update_id, ingested.entry_id, ingested.new, len(body))
 
     async def read_verified(
-        self, request: web.Request, proof: Proof, key: bytes, limit: int
+        self, request: web.Request, proof: Proof, key: VerifyKey, limit: int
     ) -> bytes:
         """The body, once its MAC and signing time hold.
 
@@ -216,7 +216,7 @@ class Ingest:
         """
         reserved = limit if request.content_length is None else request.content_length
         with self.budget.hold(proof.client_id, reserved, limit):
-            state = signer(key, proof.client_id, proof.signed_at_ms)
+            state = body_check(key, proof.client_id, proof.signed_at_ms)
             allowed_s = self.upload_deadline_s(reserved)
             try:
                 async with asyncio.timeout(allowed_s):
@@ -231,7 +231,7 @@ class Ingest:
                 ) from None
             now_ms = int(time.time() * 1000)
             try:  # by this clock first: most late signatures are refused without a write
-                check_mac(proof, state.digest(), now_ms, self.settings.auth.window_ms)
+                state.check(proof, now_ms, self.settings.auth.window_ms)
             except AuthError as exc:
                 raise Refusal(401, exc.reason.value, exc.detail) from None
         return b"".join(chunks)
@@ -261,7 +261,9 @@ class Ingest:
             )
 
 
-def outside_window(proof: Proof, key: bytes, body: bytes, entry_id: str, window_ms: int) -> Refusal:
+def outside_window(
+    proof: Proof, key: VerifyKey, body: bytes, entry_id: str, window_ms: int
+) -> Refusal:
     """The 401 for an update the store found signed outside the window of Redis's time of
     receipt, worded by the core's own check (the aggregator's) at that time."""
     try:
@@ -277,7 +279,7 @@ def outside_window(proof: Proof, key: bytes, body: bytes, entry_id: str, window_
 
 
 async def _read(
-    request: web.Request, state: hmac.HMAC, limit: int, metrics: IngestMetrics
+    request: web.Request, state: BodyCheck, limit: int, metrics: IngestMetrics
 ) -> list[bytes]:
     """The body's chunks as they arrived, each fed to `state` (the MAC); 413 once more than
     `limit` bytes came (a chunked upload declares no length), the rest never read.

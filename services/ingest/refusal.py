@@ -14,7 +14,7 @@ from aiohttp import web
 
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.shared.device_auth import AuthError, AuthReason, Proof, parse_proof
+from fedasync.shared.device_auth import AuthError, AuthReason, Proof, VerifyKey, parse_proof
 from fedasync.shared.ingest_protocol import CLIENT_HEADER, SIGNATURE_HEADER, TIME_HEADER
 from fedasync.shared.token_bucket import TokenBucket
 
@@ -91,7 +91,7 @@ def request_proof(request: web.Request) -> Proof:
 _HEADER_NAMES = f"c: {CLIENT_HEADER}, t: {TIME_HEADER}, s: {SIGNATURE_HEADER}"
 
 
-async def device_key(cache: KeyCache, proof: Proof) -> bytes:
+async def device_key(cache: KeyCache, proof: Proof) -> VerifyKey:
     """The key of the device the proof names; 401 if unknown or revoked, 503 if Redis is away."""
     try:
         return await cache.get(proof.client_id)

@@ -527,7 +527,9 @@ class WorkerSettings(Section):
         None, description="file to append each publish attempt and acknowledgement to (chaos runs)"
     )
     key: SecretStr | None = Field(
-        None, description="device key (64 hex, from `fedasync devices add`); set: updates signed"
+        None,
+        description="device key (`ed25519:<base64>` or 64 hex, from `fedasync devices add`); "
+        "set: updates signed",
     )
     ingest_url: str | None = Field(
         None, description="ingest service base URL; set: publish over HTTP instead of to Redis"
@@ -543,7 +545,11 @@ class WorkerSettings(Section):
     def _key_is_hex(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
             text = value.get_secret_value()
-            if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+            if text.startswith("ed25519:"):
+                from fedasync.shared.device_auth import parse_signing_key
+
+                parse_signing_key(text)  # ValueError: pydantic reports it as the key's error
+            elif len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
                 raise ValueError("a device key is 64 lowercase hex characters")
         return value
 

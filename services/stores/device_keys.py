@@ -1,6 +1,8 @@
 """Device keys in Redis: add, revoke, list (for `fedasync devices`) and a short-lived cache.
 
-Keys live in the hash `{p}:device-keys` (client id → 64 hex). Revoking removes the key and notes
+Keys live in the hash `{p}:device-keys` (client id → 64 hex for an HMAC key, which is the device's
+secret itself, or `ed25519:<base64 public key>` for an Ed25519 device, whose private key is printed
+once by `add_device` and never stored). Revoking removes the key and notes
 the time in `{p}:device-revoked`, so a later refusal can say `revoked` rather than
 `unknown_device`. Adding a key for a revoked client id lifts the revocation.
 
@@ -20,8 +22,20 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from fedasync.shared.device_auth import KEY_BYTES, AuthError, AuthReason, parse_key
+from fedasync.shared.device_auth import (
+    KEY_BYTES,
+    AuthError,
+    AuthReason,
+    VerifyKey,
+    ed25519_texts,
+    parse_verify_key,
+)
 from fedasync.shared.keys import Keys
+
+#: The kinds of key `add_device` can issue.
+HMAC = "hmac"
+ED25519 = "ed25519"
+KINDS = (ED25519, HMAC)
 
 
 def new_key() -> str:
@@ -29,11 +43,20 @@ def new_key() -> str:
     return secrets.token_hex(KEY_BYTES)
 
 
-async def add_device(redis: aioredis.Redis, keys: Keys, client_id: str) -> str:
-    """Give `client_id` a new key (replacing any old one) and return it; shown once, never again."""
-    key = new_key()
+async def add_device(redis: aioredis.Redis, keys: Keys, client_id: str, kind: str = HMAC) -> str:
+    """Give `client_id` a new key (replacing any old one) and return it; shown once, never again.
+
+    HMAC: the key returned is the one stored. Ed25519: the private key is returned and only its
+    public key is stored, so whoever reads Redis still cannot sign as the device.
+    """
+    if kind == HMAC:
+        key = stored = new_key()
+    elif kind == ED25519:
+        key, stored = ed25519_texts(secrets.token_bytes(KEY_BYTES))
+    else:
+        raise ValueError(f"a key kind is one of {', '.join(KINDS)}, got {kind!r}")
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.device_keys, client_id, key)
+        pipe.hset(keys.device_keys, client_id, stored)
         pipe.hdel(keys.device_revoked, client_id)
         await pipe.execute()
     return key
@@ -59,7 +82,7 @@ async def list_devices(redis: aioredis.Redis, keys: Keys) -> dict[str, str]:
 
 @dataclass(slots=True)
 class _Entry:
-    key: bytes
+    key: VerifyKey
     read_at: float
 
 
@@ -103,11 +126,11 @@ class KeyCache:
                 self._known.pop(client_id, None)  # a miss is never cached
                 continue
             try:
-                self._known[client_id] = _Entry(parse_key(key.decode()), now)
+                self._known[client_id] = _Entry(parse_verify_key(key.decode()), now)
             except (ValueError, UnicodeDecodeError):
                 self._known.pop(client_id, None)  # a corrupt key is as good as none
 
-    def key_of(self, client_id: str) -> bytes:
+    def key_of(self, client_id: str) -> VerifyKey:
         """The key loaded for `client_id`, or AuthError(UNKNOWN_DEVICE / REVOKED)."""
         entry = self._known.get(client_id)
         if entry is not None:
@@ -116,7 +139,7 @@ class KeyCache:
             raise AuthError(AuthReason.REVOKED, f"the key of {client_id!r} was revoked")
         raise AuthError(AuthReason.UNKNOWN_DEVICE, f"no key for client {client_id!r}")
 
-    async def get(self, client_id: str) -> bytes:
+    async def get(self, client_id: str) -> VerifyKey:
         """`load` one client, then `key_of` it."""
         await self.load({client_id})
         return self.key_of(client_id)
