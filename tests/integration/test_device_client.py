@@ -36,7 +36,7 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
-from fedasync.services.stores.device_keys import add_device
+from fedasync.services.stores.device_keys import ED25519, add_device
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import (
@@ -234,6 +234,21 @@ async def test_receipts_equal_the_ledger_decisions_through_ingest_and_straight_t
     report = await verify(system.redis, Keys(prefix(system)), 1 << 24)
     assert report.ok, report.describe()
     assert report.receipts == len(plan)
+
+
+async def test_a_device_with_an_ed25519_key_publishes_and_reads_its_receipt(
+    system: System,
+) -> None:
+    """The key as `fedasync devices add` prints it by default (`ed25519:<base64>`), handed to
+    DeviceClient as it is: the update is applied and its receipt read through ingest."""
+    system.keys["device-ed"] = await add_device(
+        system.redis, Keys(prefix(system)), "device-ed", ED25519
+    )
+    system.start_aggregator()
+    async with system.device("device-ed") as device:
+        sent = await system.serving(device.publish(weights(1), 0, num_samples=10))
+        receipt = await system.serving(device.receipt(sent.update_id, wait=WAIT))
+    assert receipt.outcome is Outcome.APPLIED
 
 
 async def test_a_receipt_before_the_decision_is_not_decided_and_waiting_gives_it(
