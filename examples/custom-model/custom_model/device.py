@@ -1,7 +1,7 @@
 """A device of your own: train the stripes CNN on local data and publish through fedasync.
 
     custom-model-device --snapshot http://127.0.0.1:8081 --ingest http://127.0.0.1:8084 \\
-        --client-id phone-1 --key <64 hex from `fedasync devices add phone-1`> --updates 10
+        --client-id phone-1 --key <the key `fedasync devices add phone-1` printed> --updates 10
 
 Each round: the newest model (a conditional GET: unchanged models are not downloaded again),
 local training on a copy of it, one update published through the ingest service (signed with the
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot", required=True, help="the snapshot service's base URL")
     parser.add_argument("--ingest", required=True, help="the ingest service's base URL")
     parser.add_argument("--client-id", required=True)
-    parser.add_argument("--key", required=True, help="the device key (64 hex characters)")
+    parser.add_argument("--key", required=True, help="the device key as `fedasync devices add` printed it")
     parser.add_argument("--updates", type=int, default=10, help="rounds to run")
     parser.add_argument("--share", type=int, default=0, help="which share of the data is ours")
     parser.add_argument("--shares", type=int, default=10, help="how many shares there are")

@@ -42,7 +42,7 @@ from fedasync.services.runtime.entry import EXIT_SETTINGS
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import ENV_PREFIX, Settings
 from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
-from fedasync.services.stores.device_keys import add_device
+from fedasync.services.stores.device_keys import ED25519, add_device
 from fedasync.services.worker.device import default_client_id
 from fedasync.shared.keys import Keys
 
@@ -389,12 +389,13 @@ def _record(
 
 
 async def _provision(settings: Settings) -> dict[str, str]:
-    """A key of its own for every device (`fedasync devices add`, done for the fleet)."""
+    """A key of its own for every device (`fedasync devices add`, done for the fleet): Ed25519,
+    so Redis holds only the public keys and the private ones live in the workers' environment."""
     redis = connect(settings.redis)
     keys = Keys(settings.redis.key_prefix)
     try:
         return {
-            default_client_id(i): await add_device(redis, keys, default_client_id(i))
+            default_client_id(i): await add_device(redis, keys, default_client_id(i), ED25519)
             for i in range(settings.task.num_devices)
         }
     finally:
