@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot", required=True, help="the snapshot service's base URL")
     parser.add_argument("--ingest", required=True, help="the ingest service's base URL")
     parser.add_argument("--client-id", required=True)
-    parser.add_argument("--key", required=True, help="the device key as `fedasync devices add` printed it")
+    parser.add_argument(
+        "--key", required=True, help="the device key as `fedasync devices add` printed it"
+    )
     parser.add_argument("--updates", type=int, default=10, help="rounds to run")
     parser.add_argument("--share", type=int, default=0, help="which share of the data is ours")
     parser.add_argument("--shares", type=int, default=10, help="how many shares there are")
