@@ -40,8 +40,9 @@ _SIGNATURE_HEADERS = [
         "name": SIGNATURE_HEADER,
         "in": "header",
         "required": True,
-        "description": "HMAC-SHA256, 64 lowercase hex (docs/http-api.md)",
-        "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "description": "Ed25519, 128 lowercase hex, or HMAC-SHA256, 64 lowercase hex, by the "
+        "kind of the device's key (docs/http-api.md)",
+        "schema": {"type": "string", "pattern": "^[0-9a-f]{64}([0-9a-f]{64})?$"},
     },
 ]
 
