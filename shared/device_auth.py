@@ -163,7 +163,9 @@ class BodyCheck:
     """A signature check fed the message in pieces as they arrive, for either kind of key:
     an HMAC fed the bytes, or a SHA-256 of them for an Ed25519 signature base."""
 
-    def __init__(self, key: VerifyKey, client_id: str, signed_at_ms: int, domain: bytes) -> None:
+    def __init__(
+        self, key: VerifyKey, client_id: str, signed_at_ms: int, domain: bytes = DOMAIN
+    ) -> None:
         self._key = key
         self._head = (client_id, signed_at_ms, domain)
         self._state = (
@@ -191,13 +193,6 @@ class BodyCheck:
                 f"signature does not match the key of {proof.client_id}",
             ) from None
         check_time(proof, received_ms, window_ms)
-
-
-def body_check(
-    key: VerifyKey, client_id: str, signed_at_ms: int, domain: bytes = DOMAIN
-) -> BodyCheck:
-    """A `BodyCheck` of the message signed by `client_id` at `signed_at_ms` with `key`."""
-    return BodyCheck(key, client_id, signed_at_ms, domain)
 
 
 def signer(key: bytes, client_id: str, signed_at_ms: int, domain: bytes = DOMAIN) -> hmac.HMAC:
@@ -287,7 +282,7 @@ def verify(
     signature made more than `window_ms` before or after `received_ms` is refused: a replay of
     a captured update outside the window, or a device whose clock is far off.
     """
-    check = body_check(key, proof.client_id, proof.signed_at_ms, domain)
+    check = BodyCheck(key, proof.client_id, proof.signed_at_ms, domain)
     check.update(message)
     check.check(proof, received_ms, window_ms)
 

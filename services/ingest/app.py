@@ -55,7 +55,6 @@ from fedasync.shared.device_auth import (
     BodyCheck,
     Proof,
     VerifyKey,
-    body_check,
     check_claim,
     stream_id_ms,
     verify,
@@ -216,7 +215,7 @@ class Ingest:
         """
         reserved = limit if request.content_length is None else request.content_length
         with self.budget.hold(proof.client_id, reserved, limit):
-            state = body_check(key, proof.client_id, proof.signed_at_ms)
+            state = BodyCheck(key, proof.client_id, proof.signed_at_ms)
             allowed_s = self.upload_deadline_s(reserved)
             try:
                 async with asyncio.timeout(allowed_s):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -12,6 +14,21 @@ import redis.asyncio as aioredis
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A redis-server of this test's own, named by FEDASYNC_REDIS__URL (every other FEDASYNC_
+    variable cleared): for commands that read their settings from the environment."""
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", server.url)
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")

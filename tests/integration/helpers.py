@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient
 
+from fedasync.services.ingest.app import INGEST
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores.ledger import records
@@ -104,3 +106,10 @@ async def start_snapshot(
         )
     )
     return task, f"http://127.0.0.1:{await started}"
+
+
+def ingest_refusals(client: TestClient[Any, Any], reason: str) -> float:
+    """How many requests an ingest app under test refused with `reason` (its metric)."""
+    registry = client.app[INGEST].metrics.registry
+    value = registry.get_sample_value("fedasync_ingest_refusals_total", {"reason": reason})
+    return float(value or 0.0)

@@ -9,10 +9,8 @@ nothing in Redis holds the private key (issue 27 item 6: Redis read access no lo
 from __future__ import annotations
 
 import base64
-import os
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,8 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
-from fedasync.services.commands.redis_launch.server import RedisServer
-from fedasync.services.ingest.app import INGEST, create_app
+from fedasync.services.ingest.app import create_app
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.device_keys import ED25519, HMAC, add_device
 from fedasync.shared import stream_entry
@@ -39,6 +36,7 @@ from fedasync.shared.ingest_protocol import (
 from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import dead_letters, initial_state, ledger, make_update
+from tests.integration.helpers import ingest_refusals as refusals
 
 pytestmark = pytest.mark.integration
 
@@ -61,12 +59,6 @@ async def client(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[Tes
         yield client
     finally:
         await client.close()
-
-
-def refusals(client: TestClient[Any, Any], reason: str) -> float:
-    registry = client.app[INGEST].metrics.registry
-    value = registry.get_sample_value("fedasync_ingest_refusals_total", {"reason": reason})
-    return float(value or 0.0)
 
 
 def flip_last_hex(signature: str) -> str:
@@ -176,19 +168,6 @@ async def test_the_aggregator_verifies_ed25519_entries_written_straight_to_redis
         ("good", "applied")
     ]
     assert [d[b"reason"] for d in await dead_letters(redis, keys)] == [b"bad_signature"]
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
-        monkeypatch.delenv(name)
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    monkeypatch.setenv("FEDASYNC_REDIS__URL", server.url)
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 def everything_stored(url: str) -> bytes:

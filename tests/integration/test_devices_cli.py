@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from fedasync.services.commands.cli import main
-from fedasync.services.commands.redis_launch.server import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
-        monkeypatch.delenv(name)
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    monkeypatch.setenv("FEDASYNC_REDIS__URL", server.url)
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.mark.usefixtures("redis_url")

@@ -38,6 +38,7 @@ from fedasync.shared.ingest_protocol import (
 )
 from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update
+from tests.integration.helpers import ingest_refusals as refusals
 from tests.integration.helpers import initial_state, make_update
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -74,12 +75,6 @@ async def client(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[Tes
         yield client
     finally:
         await client.close()
-
-
-def refusals(client: TestClient[Any, Any], reason: str) -> float:
-    registry = client.app[INGEST].metrics.registry
-    value = registry.get_sample_value("fedasync_ingest_refusals_total", {"reason": reason})
-    return float(value or 0.0)
 
 
 async def stream_length(redis: aioredis.Redis, settings: Settings) -> int:

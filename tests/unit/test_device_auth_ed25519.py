@@ -11,7 +11,7 @@ from fedasync.shared.device_auth import (
     READ_DOMAIN,
     AuthError,
     AuthReason,
-    body_check,
+    BodyCheck,
     ed25519_texts,
     parse_key,
     parse_signing_key,
@@ -49,7 +49,7 @@ def test_an_ed25519_signature_verifies_with_the_public_key_only_over_its_base() 
         signature_base("dev", NOW, digest) == DOMAIN + b"dev\n" + str(NOW).encode() + b"\n" + digest
     )
     verify(proof, verify_key, message, NOW, 1000)
-    check = body_check(verify_key, "dev", NOW)
+    check = BodyCheck(verify_key, "dev", NOW)
     for piece in (message[:5], message[5:]):  # fed as the body streams in
         check.update(piece)
     check.check(proof, NOW, 1000)
