@@ -23,6 +23,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import ADDRESS_MARK
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.ingest_markers import IngestMarkers, vouches
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.decision import Outcome
@@ -51,6 +52,7 @@ class Decider:
         settings: Settings,
         metrics: AggregatorMetrics,
         device_keys: KeyCache,
+        markers: IngestMarkers,
         claim_store: ClaimStore | None,
         archiving: bool,
     ) -> None:
@@ -60,6 +62,10 @@ class Decider:
         self._metrics = metrics
         #: the devices' public keys, re-read on a miss and after `auth.key_refresh_s`
         self.device_keys = device_keys
+        #: ingest's markers, which vouch for an entry whose device's key was rotated since
+        self._markers = markers
+        #: each signed entry of the read being decided: its checked signer, or why refused
+        self._auth: dict[bytes, Proof | AuthError | None] = {}
         #: where claim-check entries' messages are (None: such entries are refused as missing)
         self._claim_store = claim_store
         #: whether payloads are archived before their commit (the batch carries them)
@@ -88,10 +94,80 @@ class Decider:
         self._claimed = await self._fetch_claims(addresses) if addresses else {}
         size = sum(len(stream_entry.message_of(fields) or b"") for _, fields in entries)
         size += sum(len(m) for m in self._claimed.values() if isinstance(m, bytes))
-        if size >= THREAD_DECIDE_BYTES:
+        threaded = size >= THREAD_DECIDE_BYTES
+        self._auth = {}
+        if signers:  # checked ahead, so that what a refusal needs from Redis is fetched once
+            if threaded:
+                self._auth = await asyncio.to_thread(self._authenticate_all, entries)
+            else:
+                self._auth = self._authenticate_all(entries)
+            await self._vouch_rotated(entries, stopping)
+        if threaded:
             await asyncio.to_thread(self.decide_all, entries, batch, policy)
         else:  # small: a thread's hand-over would cost more than the overlap gains
             self.decide_all(entries, batch, policy)
+
+    def _authenticate_all(self, entries: list[Entry]) -> dict[bytes, Proof | AuthError | None]:
+        """Each entry's signer checked (`_authenticate`), or why not; entries without their
+        message are left out (`_decide` refuses them for that)."""
+        out: dict[bytes, Proof | AuthError | None] = {}
+        for stream_id, fields in entries:
+            raw = self._message(fields)
+            if raw is None:
+                continue
+            try:
+                out[stream_id] = self._authenticate(stream_id, fields or {}, raw)
+            except AuthError as exc:
+                out[stream_id] = exc
+        return out
+
+    async def _vouch_rotated(self, entries: list[Entry], stopping: asyncio.Event | None) -> None:
+        """Take the `bad_signature` entries that ingest verified when it added them: the
+        device's key was rotated since (services/stores/ingest_markers.py). One MGET, only for
+        a read that holds such entries."""
+        suspects: list[tuple[bytes, bytes, Proof, tuple[str, str]]] = []
+        for stream_id, fields in entries:
+            refused = self._auth.get(stream_id)
+            raw = self._message(fields)
+            if not isinstance(refused, AuthError) or refused.reason is not AuthReason.BAD_SIGNATURE:
+                continue
+            if raw is None:
+                continue
+            try:
+                proof = stream_entry.proof_of(fields)
+                update = decode_update(raw, self._settings.wire.max_message_bytes)
+            except (AuthError, WireError):
+                continue  # refused all the same when decided
+            suspects.append((stream_id, raw, proof, (proof.client_id, update.update_id)))
+        if not suspects:
+            return
+        found = await retrying(
+            "MGET ingest markers",
+            lambda: self._markers.get([s[3] for s in suspects]),
+            self._settings.redis,
+            stopping,
+        )
+        for (stream_id, raw, proof, (client_id, update_id)), marker in zip(
+            suspects, found, strict=True
+        ):
+            if vouches(marker, stream_id, raw):
+                self._auth[stream_id] = proof
+                self._metrics.authenticated.inc()
+                log.info(
+                    "taking %s (%s of %s): its key was rotated after ingest verified it",
+                    stream_id.decode(),
+                    update_id,
+                    client_id,
+                )
+
+    def _message(self, fields: dict[bytes, bytes] | None) -> bytes | None:
+        """An entry's message: in the entry, or fetched from the claim-check store."""
+        raw = stream_entry.message_of(fields)
+        if raw is not None:
+            return raw
+        address = stream_entry.address_of(fields)
+        claimed = self._claimed.get(address) if address is not None else None
+        return claimed if isinstance(claimed, bytes) else None
 
     async def _fetch_claims(self, addresses: set[str]) -> dict[str, bytes | ClaimError]:
         """The claim-check messages of a read, fetched and checked in a worker thread before
@@ -132,7 +208,7 @@ class Decider:
             return
         cfg = self._settings.aggregator
         try:
-            proof = self._authenticate(stream_id, fields or {}, raw)
+            proof = self._checked(stream_id, fields or {}, raw)
             update = decode_update(raw, self._settings.wire.max_message_bytes)
             if proof is not None:
                 check_claim(proof, update.client_id)
@@ -161,6 +237,15 @@ class Decider:
         if not state.closed and state.applied >= self._settings.budget.limits(policy)[0]:
             state.close("max_updates")
             log.info("budget reached: %d updates applied", state.applied)
+
+    def _checked(self, stream_id: bytes, fields: dict[bytes, bytes], raw: bytes) -> Proof | None:
+        """The signer as checked ahead of the read (`decide_read`), or checked now."""
+        if stream_id not in self._auth:
+            return self._authenticate(stream_id, fields, raw)
+        result = self._auth[stream_id]
+        if isinstance(result, AuthError):
+            raise result
+        return result
 
     def _authenticate(
         self, stream_id: bytes, fields: dict[bytes, bytes], raw: bytes

@@ -64,6 +64,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.claim_check import ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.ingest_markers import IngestMarkers
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy
 from fedasync.services.stores.run_record import check_task, record_run
 from fedasync.shared.aggregation import AggregationState
@@ -108,6 +109,7 @@ class Aggregator:
             settings,
             metrics,
             KeyCache(redis, keys, settings.auth.key_refresh_s),
+            IngestMarkers(redis, keys),
             None if claim_dir is None else ClaimStore(claim_dir),
             archiving=archive is not None,
         )

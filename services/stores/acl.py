@@ -162,6 +162,9 @@ def users(prefix: str) -> tuple[User, ...]:
             ),
             (
                 device_keys,
+                # ingest's markers, read (never written) to take an update whose device's key
+                # was rotated after ingest verified it (services/stores/ingest_markers.py)
+                Grant(("mget",), read=(k.ingested("*"),)),
                 alert,
                 # start-up: is the policy log still in an earlier release's format?
                 Grant(("type",), read=(k.policy_log,)),

@@ -16,6 +16,7 @@ from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.reader import Entry
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.ingest_markers import IngestMarkers
 from fedasync.shared import stream_entry
 from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.wire import unpack
@@ -27,7 +28,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 def decider(settings: Settings, redis: aioredis.Redis, *, archiving: bool = False) -> Decider:
     keys = Keys(settings.redis.key_prefix)
     cache = KeyCache(redis, keys, settings.auth.key_refresh_s)
-    made = Decider(settings, AggregatorMetrics(), cache, None, archiving=archiving)
+    made = Decider(
+        settings, AggregatorMetrics(), cache, IngestMarkers(redis, keys), None, archiving=archiving
+    )
     made.state = initial_state(settings)
     return made
 

@@ -1,0 +1,207 @@
+"""Rotating one device from an HMAC key to Ed25519 while its updates are in flight.
+
+Real processes throughout: a redis-server of the test's own, the ingest service and the
+aggregator as `python -m` processes, and the rotation itself as `fedasync devices add <id>` run
+by the admin (docs/operations.md, "Rotating device keys"). The device signs with its HMAC key and
+has updates accepted; the aggregator is stopped, so that more are accepted and left undecided;
+the key is rotated. Then: every update ingest accepted under the old key is decided (none lost,
+although its key is no longer the device's); a new update signed with the old key is refused as
+`bad_signature`; one signed with the new Ed25519 key is accepted and decided; the receipts route
+answers a read signed with the new key and refuses one signed with the old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from fedasync.learning.tasks import get_task
+from fedasync.services.commands.redis_launch.server import free_port
+from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import HMAC, add_device
+from fedasync.shared.device_auth import SigningKey, parse_key, parse_signing_key
+from fedasync.shared.ingest_protocol import PATH, read_headers, receipt_path, signed_headers
+from fedasync.shared.keys import Keys
+from fedasync.shared.update import Update
+from fedasync.shared.wire import encode_update
+from tests.integration.helpers import dead_letters, ledger, wait_for_ledger
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT = "phone-7"
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes the test started; killed at teardown whatever the test's outcome."""
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def environment(settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDASYNC_")}
+    env.update(
+        {
+            "FEDASYNC_REDIS__URL": str(settings.redis.url),
+            "FEDASYNC_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+            "FEDASYNC_TASK__NAME": "linear",
+            "FEDASYNC_AUTH__REQUIRED": "true",
+            "FEDASYNC_AGGREGATOR__BLOCK_MS": "100",
+            "FEDASYNC_AGGREGATOR__PORT": "0",
+            **extra,
+        }
+    )
+    return env
+
+
+def spawn(module: str, settings: Settings, log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"fedasync.services.{module}"],
+            cwd=ROOT,
+            env=environment(settings, **extra),
+            stdout=out,
+            stderr=out,
+        )
+
+
+def rotate(settings: Settings) -> str:
+    """`fedasync devices add CLIENT` as the operator runs it: the new key, printed once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fedasync.services.commands.cli", "devices", "add", CLIENT],
+        cwd=ROOT,
+        env=environment(settings),
+        capture_output=True,
+        check=True,
+    )
+    return done.stdout.decode().strip()
+
+
+async def serving(url: str, process: subprocess.Popen[bytes]) -> None:
+    """Poll /readyz of another process until it answers 200 (no event crosses a process)."""
+    deadline = asyncio.get_running_loop().time() + 60
+    async with aiohttp.ClientSession() as session:
+        while True:
+            assert process.poll() is None, "ingest exited early"
+            assert asyncio.get_running_loop().time() < deadline, "ingest not ready within 60 s"
+            try:
+                async with session.get(f"{url}/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, key: SigningKey, update_id: str
+) -> tuple[int, dict[str, Any]]:
+    weights = np.linspace(0, 1, get_task("linear").layout.size, dtype=np.float32)
+    body = encode_update(Update(update_id, CLIENT, 0, 10, weights))
+    headers = signed_headers(key, CLIENT, now_ms(), body)
+    async with session.post(url + PATH, data=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def receipt(
+    session: aiohttp.ClientSession, url: str, key: SigningKey, update_id: str
+) -> tuple[int, dict[str, Any]]:
+    headers = read_headers(key, CLIENT, now_ms(), update_id)
+    async with session.get(url + receipt_path(update_id), headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_rotating_hmac_to_ed25519_with_updates_in_flight_loses_none(
+    settings: Settings,
+    redis: aioredis.Redis,
+    tmp_path: Path,
+    spawned: list[subprocess.Popen[bytes]],
+) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    old = parse_key(await add_device(redis, keys, CLIENT, HMAC))  # the key it has had for years
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    ingest = spawn(
+        "ingest",
+        settings,
+        tmp_path / "ingest.log",
+        FEDASYNC_INGEST__PORT=str(port),
+        FEDASYNC_INGEST__RATE_PER_S="1000",
+        FEDASYNC_INGEST__BURST="1000",
+        # a key is re-read by every request more than 1 ms after the last read: the rotation
+        # (a process of its own) takes far longer, so the first request after it sees it
+        FEDASYNC_AUTH__KEY_REFRESH_S="0.001",
+    )
+    spawned.append(ingest)
+    await serving(url, ingest)
+    aggregator = spawn("aggregator", settings, tmp_path / "aggregator.log")
+    spawned.append(aggregator)
+
+    async with aiohttp.ClientSession() as session:
+        # before the rotation: accepted and decided under the HMAC key
+        assert (await post(session, url, old, "before"))[0] == 202
+        cursor = await wait_for_ledger(redis, keys, "0-0", 1)
+        aggregator.send_signal(signal.SIGTERM)
+        assert aggregator.wait(timeout=30) == 0
+        # in flight: accepted under the HMAC key, not decided when the key changes
+        for update_id in ("flight-1", "flight-2"):
+            status, answer = await post(session, url, old, update_id)
+            assert status == 202, answer
+        assert await redis.xlen(keys.updates) == 3
+
+        new_text = rotate(settings)
+        assert new_text.startswith("ed25519:")
+        new = parse_signing_key(new_text)
+        stored: Any = await redis.hget(keys.device_keys, CLIENT)
+        assert (stored or b"").startswith(b"ed25519:")  # the public key only
+
+        # after: the old key is refused with the documented reason, the new one accepted
+        status, answer = await post(session, url, old, "late-old")
+        assert (status, answer["reason"]) == (401, "bad_signature")
+        status, answer = await post(session, url, new, "after")
+        assert status == 202, answer
+
+        aggregator = spawn("aggregator", settings, tmp_path / "aggregator.log")
+        spawned.append(aggregator)
+        await wait_for_ledger(redis, keys, cursor, 3)
+        decided = {e["update_id"]: e["outcome"] for e in await ledger(redis, keys)}
+        assert decided == {
+            "before": "applied",
+            "flight-1": "applied",
+            "flight-2": "applied",
+            "after": "applied",
+        }
+        assert await dead_letters(redis, keys) == []
+        # ... and it is the marker that took them: their signatures no longer hold
+        log = (tmp_path / "aggregator.log").read_text()
+        assert log.count("its key was rotated after ingest verified it") == 2
+
+        # receipts: read with the new key, never with the old
+        for update_id in ("flight-1", "after"):
+            status, answer = await receipt(session, url, new, update_id)
+            assert (status, answer["outcome"]) == (200, "applied"), answer
+        status, answer = await receipt(session, url, old, "after")
+        assert (status, answer["reason"]) == (401, "bad_signature")
+    aggregator.send_signal(signal.SIGTERM)
+    assert aggregator.wait(timeout=30) == 0
