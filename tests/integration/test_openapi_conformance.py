@@ -11,7 +11,8 @@ not (negative), sends them over a real socket, and runs every built-in check on 
 5xx, every status, content type, header and JSON body as documented, valid data accepted and
 invalid data refused, auth not ignored. Control is run with the token and without it; ingest
 unsigned (the generated headers) and signed (a device's real update as the body, its signature
-over it; a receipt read signed by the device).
+over it; a receipt read signed by the device), once by a device holding an HMAC key and once
+by one holding an Ed25519 key, whose 128-hex signatures the document describes too.
 
 `-s` prints, per service, the operations, the examples sent and the checks run on each.
 """
@@ -45,8 +46,8 @@ from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.evaluator.service import create_app as create_evaluator_app
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
-from fedasync.services.stores.device_keys import add_device
-from fedasync.shared.device_auth import parse_key
+from fedasync.services.stores.device_keys import ED25519, HMAC, add_device
+from fedasync.shared.device_auth import SigningKey, parse_signing_key
 from fedasync.shared.ingest_protocol import CONTENT_TYPE, read_headers, signed_headers
 from fedasync.shared.keys import Keys
 from fedasync.shared.wire import encode_update
@@ -58,7 +59,8 @@ T = TypeVar("T")
 
 #: examples per operation and generation mode: bounded, so the whole module costs little
 EXAMPLES = 20
-DEVICE = "dev-a"
+#: a device of each kind of key, by kind
+DEVICES = {HMAC: "dev-a", ED25519: "dev-e"}
 
 # the update body is bytes; Schemathesis sends it as it sends application/octet-stream
 schemathesis.serializer.alias(CONTENT_TYPE, "application/octet-stream")
@@ -71,7 +73,8 @@ ALL_CHECKS = list(CHECKS.get_all())
 class Stack:
     loop: asyncio.AbstractEventLoop
     urls: dict[str, str] = field(default_factory=dict)
-    device_key: bytes = b""
+    #: each device's signing key, by device id
+    device_keys: dict[str, SigningKey] = field(default_factory=dict)
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=120)
@@ -101,7 +104,10 @@ def stack(redis_server: RedisServer) -> Iterator[Stack]:
         redis = connect(cfg.redis)
         exits.push_async_callback(redis.aclose)
         keys = Keys(cfg.redis.key_prefix)
-        stack.device_key = parse_key(await add_device(redis, keys, DEVICE))
+        for kind, device in DEVICES.items():
+            stack.device_keys[device] = parse_signing_key(
+                await add_device(redis, keys, device, kind)
+            )
         ports = {}
         for name in ("aggregator", "snapshot", "ingest"):
             ports[name] = await exits.enter_async_context(running(name, cfg, redis))
@@ -229,9 +235,30 @@ def test_control_answers_as_its_document_says_with_and_without_the_token(stack: 
 
 
 def test_ingest_answers_as_its_document_says_signed_and_unsigned(stack: Stack) -> None:
-    key = stack.device_key
+    url = stack.urls["ingest"]
+    unsigned = conform(url)
+    assert unsigned.statuses[("POST /v1/updates", 202)] == 0
+    assert unsigned.statuses[("POST /v1/updates", 401)] > 0
+    examples = unsigned.examples
+    for kind, device in DEVICES.items():
+        # signed: the device's real requests, so positive only (the unsigned run sends
+        # negatives); its updates were accepted, none refused for its signature
+        signed = conform(
+            url,
+            device_signing(device, stack.device_keys[device]),
+            cases=device_cases(device),
+            negative=False,
+        )
+        assert signed.statuses[("POST /v1/updates", 202)] > 0, kind
+        assert signed.statuses[("POST /v1/updates", 401)] == 0, kind
+        examples += signed.examples
+    report("ingest", Figures(unsigned.operations, examples))
 
-    def device_cases(
+
+def device_cases(device: str) -> Cases:
+    """The device's cases: a POST's body is a real update of its own."""
+
+    def cases(
         operation: schemathesis.APIOperation, mode: GenerationMode
     ) -> st.SearchStrategy[schemathesis.Case]:
         """A POST's body is a real update of the device's (a generated id: a repeat is a retry)."""
@@ -241,29 +268,25 @@ def test_ingest_answers_as_its_document_says_signed_and_unsigned(stack: Stack) -
         return ids.flatmap(
             lambda update_id: operation.as_strategy(
                 generation_mode=mode,
-                body=encode_update(make_update(update_id, 0, client=DEVICE)),
+                body=encode_update(make_update(update_id, 0, client=device)),
                 media_type=CONTENT_TYPE,
             )
         )
 
+    return cases
+
+
+def device_signing(device: str, key: SigningKey) -> Prepare:
     def signed(case: schemathesis.Case) -> dict[str, str]:
         """The device's signature over the body (a POST), or over the receipt's update id."""
         now = int(time.time() * 1000)
         if case.method.upper() == "POST":
-            return signed_headers(key, DEVICE, now, case.body)
+            return signed_headers(key, device, now, case.body)
         if "update_id" in (case.path_parameters or {}):
-            return read_headers(key, DEVICE, now, str(case.path_parameters["update_id"]))
+            return read_headers(key, device, now, str(case.path_parameters["update_id"]))
         return {}
 
-    url = stack.urls["ingest"]
-    unsigned = conform(url)
-    # signed: the device's real requests, so positive only (the unsigned run sends negatives)
-    signed_figures = conform(url, signed, cases=device_cases, negative=False)
-    # signed, the device's updates were accepted and its receipts read; unsigned, refused
-    assert signed_figures.statuses[("POST /v1/updates", 202)] > 0
-    assert unsigned.statuses[("POST /v1/updates", 202)] == 0
-    assert unsigned.statuses[("POST /v1/updates", 401)] > 0
-    report("ingest", Figures(unsigned.operations, unsigned.examples + signed_figures.examples))
+    return signed
 
 
 def documented_routes(app: web.Application) -> set[tuple[str, str]]:
