@@ -36,7 +36,7 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.ingest.service import run as run_ingest
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.service import run as run_snapshot
-from fedasync.services.stores.device_keys import ED25519, add_device
+from fedasync.services.stores.device_keys import ED25519, HMAC, add_device
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.device_auth import parse_key
 from fedasync.shared.ingest_protocol import (
@@ -404,27 +404,34 @@ async def test_a_publish_retried_after_a_lost_reply_keeps_its_update_id_and_gets
 HTTP_API = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 
 
-def signed_curl_snippet() -> str:
-    """The shell snippet under docs/http-api.md's "A signed `curl`", as written."""
-    text = HTTP_API.read_text().split("### A signed `curl`", 1)[1]
-    return text.split("```sh\n", 1)[1].split("```", 1)[0]
+def signed_curl_snippets() -> list[str]:
+    """The shell snippets under docs/http-api.md's "A signed `curl`", as written: Ed25519 first,
+    then HMAC."""
+    text = HTTP_API.read_text().split("### A signed `curl`", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in text.split("```sh\n")[1:]]
 
 
 @pytest.mark.skipif(
     not (shutil.which("openssl") and shutil.which("curl")), reason="needs openssl and curl"
 )
-async def test_the_signed_curl_example_in_the_http_docs_works(system: System) -> None:
+@pytest.mark.parametrize(("kind", "snippet"), [(ED25519, 0), (HMAC, 1)])
+async def test_the_signed_curl_examples_in_the_http_docs_work(
+    system: System, kind: str, snippet: int
+) -> None:
+    client_id = f"device-{kind}"
+    system.keys[client_id] = await add_device(system.redis, Keys(prefix(system)), client_id, kind)
+    assert system.keys[client_id].startswith("ed25519:") == (kind == ED25519)
     system.start_aggregator()
-    async with system.device("device-a") as device:
+    async with system.device(client_id) as device:
         sent = await system.serving(device.publish(weights(1), base_version=0, num_samples=10))
         receipt = await system.serving(device.receipt(sent.update_id, wait=WAIT))
     values = {
-        "KEY": system.keys["device-a"],
-        "CLIENT": "device-a",
+        "KEY": system.keys[client_id],
+        "CLIENT": client_id,
         "UPDATE": sent.update_id,
         "INGEST": system.ingest_url,
     }
-    lines = signed_curl_snippet().splitlines()
+    lines = signed_curl_snippets()[snippet].splitlines()
     for i, line in enumerate(lines):  # the example's four values, replaced by this system's
         name = line.split("=", 1)[0]
         if name in values:
