@@ -37,11 +37,16 @@ from fedasync.services.ingest.receipts import ReceiptReader, not_decided
 from fedasync.services.ingest.refusal import (
     RateLimiter,
     Refusal,
-    device_key,
+    device_known,
     request_proof,
     unavailable,
 )
-from fedasync.services.ingest.store import IngestStore, SignedOutsideWindow, UpdateIdReused
+from fedasync.services.ingest.store import (
+    IngestStore,
+    KeyChanged,
+    SignedOutsideWindow,
+    UpdateIdReused,
+)
 from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import livez, redis_readiness
@@ -52,6 +57,7 @@ from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.policy_store import PolicyCache
 from fedasync.shared.device_auth import (
     AuthError,
+    AuthReason,
     BodyCheck,
     Proof,
     VerifyKey,
@@ -165,7 +171,8 @@ class Ingest:
         self.check_encoding(request)
         limit = await self.check_length(request)
         proof = request_proof(request)
-        key = await device_key(self.keys_cache, proof)
+        known = await device_known(self.keys_cache, proof)
+        key = known.key
         self.limiter.check(proof.client_id, time.monotonic(), take=False)
         body = await self.read_verified(request, proof, key, limit)
         window_ms = self.settings.auth.window_ms
@@ -181,9 +188,13 @@ class Ingest:
         update_id = update.update_id
         del update  # its weights are a copy of the body's: not held while Redis takes the body
         try:
-            ingested = await self.store.add(proof.client_id, update_id, body, proof)
+            ingested = await self.store.add(
+                proof.client_id, update_id, body, proof, known.fingerprint
+            )
         except UpdateIdReused as exc:
             raise Refusal(409, "update_id_reused", str(exc)) from None
+        except KeyChanged as exc:
+            raise await self.key_changed(exc) from None
         except SignedOutsideWindow as exc:
             # then by Redis's clock, the aggregator's: what it would refuse is never acknowledged
             raise outside_window(proof, key, body, exc.entry_id, window_ms) from None
@@ -202,6 +213,19 @@ class Ingest:
                 {"Retry-After": str(self.settings.ingest.paused_retry_after_s)},
             ) from None
         return Accepted(update_id, ingested.entry_id, ingested.new, len(body))
+
+    async def key_changed(self, exc: KeyChanged) -> Refusal:
+        """The 401 for an update signed with a key rotated or revoked while it arrived: the
+        key of now says which (`revoked`, `unknown_device`, else `bad_signature`)."""
+        self.keys_cache.forget(exc.client_id)
+        try:
+            await self.keys_cache.get(exc.client_id)
+        except AuthError as now:
+            return Refusal(401, now.reason.value, now.detail)
+        except TRANSIENT as gone:
+            return unavailable(gone)
+        detail = f"{exc}: sign it with the device's new key"
+        return Refusal(401, AuthReason.BAD_SIGNATURE.value, detail)
 
     async def read_verified(
         self, request: web.Request, proof: Proof, key: VerifyKey, limit: int

@@ -1,6 +1,8 @@
 -- The idempotent XADD (services/ingest/store.py says what and why). `Outcome` is prepended at
--- load, from `IngestOutcome`. KEYS[1] the marker, KEYS[2] the updates stream; fields: digest
--- (the body's), ttl_s (the marker's), signed_at_ms, window_ms, and the entry's name/value parts.
+-- load, from `IngestOutcome`. KEYS[1] the marker, KEYS[2] the updates stream, KEYS[3] the device
+-- keys; fields: digest (the body's), ttl_s (the marker's), signed_at_ms, window_ms, client and
+-- key_sha1 (the fingerprint of the stored key the signature was checked with), and the entry's
+-- name/value parts.
 local f = cjson.decode(ARGV[1])
 local existing = redis.call('GET', KEYS[1])
 if existing then
@@ -11,6 +13,10 @@ if existing then
     return {Outcome.ALREADY_ADDED, id}
   end
   return {Outcome.UPDATE_ID_REUSED, id}
+end
+local stored = redis.call('HMGET', KEYS[3], f.client)[1]
+if not stored or redis.sha1hex(stored) ~= f.key_sha1 then
+  return {Outcome.KEY_CHANGED, ''}
 end
 local entry = f.entry
 local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, entry.part, entry.part + entry.n - 1))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from fedasync.services.runtime.redis_conn import TRANSIENT
-from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.device_keys import KeyCache, Known
 from fedasync.shared.device_auth import AuthError, AuthReason, Proof, VerifyKey, parse_proof
 from fedasync.shared.ingest_protocol import CLIENT_HEADER, SIGNATURE_HEADER, TIME_HEADER
 from fedasync.shared.token_bucket import TokenBucket
@@ -93,8 +93,13 @@ _HEADER_NAMES = f"c: {CLIENT_HEADER}, t: {TIME_HEADER}, s: {SIGNATURE_HEADER}"
 
 async def device_key(cache: KeyCache, proof: Proof) -> VerifyKey:
     """The key of the device the proof names; 401 if unknown or revoked, 503 if Redis is away."""
+    return (await device_known(cache, proof)).key
+
+
+async def device_known(cache: KeyCache, proof: Proof) -> Known:
+    """`device_key`, with the fingerprint of the key's stored text (taken in the same step)."""
     try:
-        return await cache.get(proof.client_id)
+        return await cache.get_known(proof.client_id)
     except AuthError as exc:
         raise Refusal(401, exc.reason.value, exc.detail) from None
     except TRANSIENT as exc:

@@ -16,6 +16,14 @@ refuses as `signature_expired`: acknowledged, yet never decided. Outside the win
 deletes the entry it just added (no reader can see it in between) and sets no marker, so nothing
 is acknowledged and a retry, signed afresh, is judged anew.
 
+The key is judged in the same step too: ingest checked the signature with a key it cached (for
+up to FEDASYNC_AUTH__KEY_REFRESH_S), and the script adds the entry only if the key stored for the
+device is still that one (by the fingerprint of its stored text). A key rotated or revoked while
+the update arrived is `KeyChanged`: nothing added, and a retry is judged with the key of now.
+The aggregator takes an entry on its marker though the device's key changed after it was added
+(services/stores/ingest_markers.py); this check is what makes the marker mean "checked with the
+key in force when Redis received it".
+
 Durable mode (`FEDASYNC_REDIS__DURABLE_REPLICAS`): the script and a WAIT run on one connection
 (services/runtime/redis_conn.py, `replicated`), so the device hears 202 only once the replicas
 hold its entry; short of them it hears 503 and retries. A retry that finds the marker sets it
@@ -51,6 +59,8 @@ class IngestOutcome(StrEnum):
     UPDATE_ID_REUSED = "update-id-reused"
     #: signed outside the window of the XADD's time: the entry deleted again (`SignedOutsideWindow`)
     SIGNED_OUTSIDE_WINDOW = "signed-outside-window"
+    #: the device's stored key is no longer the one its signature was checked with (`KeyChanged`)
+    KEY_CHANGED = "key-changed"
 
 
 #: the idempotent XADD: ingest.lua, beside this file
@@ -81,6 +91,14 @@ class UpdateIdReused(Exception):
         super().__init__(f"update id already used for entry {entry_id} with other content")
 
 
+class KeyChanged(Exception):
+    """The device's key was rotated or revoked since ingest read it: nothing was added."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        super().__init__(f"the key of {client_id!r} changed while its update arrived")
+
+
 class IngestStore:
     def __init__(
         self,
@@ -97,10 +115,14 @@ class IngestStore:
         self._window_ms = window_ms
         self._durability = durability or Durability()
 
-    async def add(self, client_id: str, update_id: str, body: bytes, proof: Proof) -> Ingested:
+    async def add(
+        self, client_id: str, update_id: str, body: bytes, proof: Proof, key_fingerprint: str
+    ) -> Ingested:
         """XADD the signed entry unless this (client, update id) is already in; atomic.
         SignedOutsideWindow if `proof` was signed outside the window of Redis's time of the XADD
-        (nothing added), UpdateIdReused if the update id came before with other content."""
+        (nothing added), UpdateIdReused if the update id came before with other content,
+        KeyChanged if the key stored for the signer no longer has `key_fingerprint` (the one
+        the signature was checked with: services/stores/device_keys.py `fingerprint`)."""
         marker = update_digest(client_id, update_id)
         digest = hashlib.sha256(body).hexdigest()
         fields = stream_entry.build(body, proof)
@@ -109,9 +131,11 @@ class IngestStore:
             ttl_s=self._ttl_s,
             signed_at_ms=proof.signed_at_ms,
             window_ms=self._window_ms,
+            client=proof.client_id,
+            key_sha1=key_fingerprint,
         )
         args.section("entry", part=[part for pair in fields.items() for part in pair])
-        keys = [self._keys.ingested(marker), self._keys.updates]
+        keys = [self._keys.ingested(marker), self._keys.updates, self._keys.device_keys]
 
         async def add(client: aioredis.Redis) -> Any:
             return await INGEST_SCRIPT(client, keys=keys, args=args.argv())
@@ -122,4 +146,6 @@ class IngestStore:
             raise UpdateIdReused(entry_id)
         if outcome is IngestOutcome.SIGNED_OUTSIDE_WINDOW:
             raise SignedOutsideWindow(entry_id)
+        if outcome is IngestOutcome.KEY_CHANGED:
+            raise KeyChanged(proof.client_id)
         return Ingested(entry_id, new=outcome is IngestOutcome.ADDED)

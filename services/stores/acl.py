@@ -233,7 +233,9 @@ def users(prefix: str) -> tuple[User, ...]:
             # durable mode: WAIT for the replicas before a device hears its update is in
             Grant((*ping, "wait")),
             (
-                Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates)),
+                # its script: the marker, the stream, and the device's stored key (HMGET, granted
+                # read-only below: the key it checked the signature with must still be the one)
+                Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates, k.device_keys)),
                 Grant(("get", "set"), keys=(k.ingested("*"),)),
                 # the policy (pause-ingest); and for the body limit the newest version and the
                 # layout at the head of its model (GETRANGE, services/ingest/body_limit.py)

@@ -9,11 +9,15 @@ the time in `{p}:device-revoked`, so a later refusal can say `revoked` rather th
 The aggregator and the ingest service look keys up through `KeyCache`: a key found is trusted for
 at most `refresh_s` seconds before it is read again, and a key *not* found is never cached. So a
 key added takes effect at the next update from that device, and a revocation takes effect for
-every update checked more than `refresh_s` after it, without a restart.
+every update checked more than `refresh_s` after it, without a restart. Ingest closes even that
+gap: each key comes with the fingerprint of its stored text (`Known`), and ingest's script adds an
+entry only if the key stored *at that instant* still has it, so a key rotated or revoked while an
+update was arriving is never used to accept it (services/ingest/store.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
@@ -80,9 +84,24 @@ async def list_devices(redis: aioredis.Redis, keys: Keys) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def fingerprint(stored: str) -> str:
+    """SHA-1 hex of a key's text as stored in Redis: what ingest's script compares with Lua's
+    `redis.sha1hex` of the stored value, so the key itself (an HMAC secret) never travels as a
+    script argument, which SLOWLOG or MONITOR would show."""
+    return hashlib.sha1(stored.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A device's key as loaded, with the fingerprint of its stored text."""
+
+    key: VerifyKey
+    fingerprint: str
+
+
 @dataclass(slots=True)
 class _Entry:
-    key: VerifyKey
+    known: Known
     read_at: float
 
 
@@ -126,20 +145,36 @@ class KeyCache:
                 self._known.pop(client_id, None)  # a miss is never cached
                 continue
             try:
-                self._known[client_id] = _Entry(parse_verify_key(key.decode()), now)
+                text = key.decode()
+                self._known[client_id] = _Entry(
+                    Known(parse_verify_key(text), fingerprint(text)), now
+                )
             except (ValueError, UnicodeDecodeError):
                 self._known.pop(client_id, None)  # a corrupt key is as good as none
 
     def key_of(self, client_id: str) -> VerifyKey:
         """The key loaded for `client_id`, or AuthError(UNKNOWN_DEVICE / REVOKED)."""
+        return self.known_of(client_id).key
+
+    def known_of(self, client_id: str) -> Known:
+        """`key_of`, with the stored text's fingerprint."""
         entry = self._known.get(client_id)
         if entry is not None:
-            return entry.key
+            return entry.known
         if client_id in self._revoked:
             raise AuthError(AuthReason.REVOKED, f"the key of {client_id!r} was revoked")
         raise AuthError(AuthReason.UNKNOWN_DEVICE, f"no key for client {client_id!r}")
 
     async def get(self, client_id: str) -> VerifyKey:
         """`load` one client, then `key_of` it."""
+        return (await self.get_known(client_id)).key
+
+    async def get_known(self, client_id: str) -> Known:
+        """`load` one client, then `known_of` it."""
         await self.load({client_id})
-        return self.key_of(client_id)
+        return self.known_of(client_id)
+
+    def forget(self, client_id: str) -> None:
+        """Drop the key cached for `client_id`: the next lookup reads Redis (a key seen to have
+        changed)."""
+        self._known.pop(client_id, None)

@@ -135,13 +135,16 @@ async def test_after_a_rotation_only_an_entry_its_ingest_marker_names_is_taken(
         return raw, sign(old if client == "c0" else gone, client, at, raw)
 
     raw, proof = signed("through-ingest", 1.0)
-    taken = (await store.add("c0", "through-ingest", raw, proof)).entry_id.encode()
+    known = KeyCache(redis, keys, 60.0)
+    key = (await known.get_known("c0")).fingerprint
+    taken = (await store.add("c0", "through-ingest", raw, proof, key)).entry_id.encode()
     raw, proof = signed("straight", 2.0)
     straight: bytes = await redis.xadd(keys.updates, stream_entry.build(raw, proof))  # type: ignore[arg-type]
     raw, proof = signed("through-ingest", 3.0)  # the same update id, another body
     other: bytes = await redis.xadd(keys.updates, stream_entry.build(raw, proof))  # type: ignore[arg-type]
     raw, proof = signed("revoked", 4.0, client="c1")
-    revoked = (await store.add("c1", "revoked", raw, proof)).entry_id.encode()
+    key = (await known.get_known("c1")).fingerprint
+    revoked = (await store.add("c1", "revoked", raw, proof, key)).entry_id.encode()
     await add_device(redis, keys, "c0", ED25519)  # rotated: the HMAC key is no longer c0's
     await revoke_device(redis, keys, "c1")
     deciding = decider(settings, redis)

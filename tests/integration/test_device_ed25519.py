@@ -23,7 +23,7 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import main
 from fedasync.services.ingest.app import create_app
 from fedasync.services.runtime.settings import Settings, load_settings
-from fedasync.services.stores.device_keys import ED25519, HMAC, add_device
+from fedasync.services.stores.device_keys import ED25519, HMAC, add_device, revoke_device
 from fedasync.shared import stream_entry
 from fedasync.shared.device_auth import parse_key, parse_signing_key, sign
 from fedasync.shared.ingest_protocol import (
@@ -210,3 +210,41 @@ def test_devices_add_prints_an_ed25519_key_that_redis_never_holds(
     for form in (seed, private_text.encode(), private_text.removeprefix("ed25519:").encode()):
         assert form not in stored
     assert seed.hex().encode() not in stored
+
+
+@pytest.mark.asyncio
+async def test_a_key_rotated_or_revoked_while_ingest_caches_the_old_one_accepts_nothing_more(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """Ingest trusts a cached key for a minute here, yet nothing signed with the old key is
+    added after the rotation: its script checks the stored key at the XADD. The refusal says
+    why with the key of now, and the new key is taken at once."""
+    settings = secured(settings)
+    settings = settings.model_copy(
+        update={"auth": settings.auth.model_copy(update={"key_refresh_s": 60.0})}
+    )
+    keys = Keys(settings.redis.key_prefix)
+    old = parse_key(await add_device(redis, keys, "dev-1", HMAC))
+    client = TestClient(TestServer(create_app(settings, redis)))
+    await client.start_server()
+    try:
+
+        async def post(key: Any, update_id: str) -> tuple[int, dict[str, Any]]:
+            body = encode_update(make_update(update_id, 0, client="dev-1"))
+            headers = signed_headers(key, "dev-1", now_ms(), body)
+            response = await client.post(PATH, data=body, headers=headers)
+            return response.status, await response.json()
+
+        assert (await post(old, "u1"))[0] == 202  # the old key is now cached
+        new = parse_signing_key(await add_device(redis, keys, "dev-1", ED25519))
+        status, answer = await post(old, "u2")
+        assert (status, answer["reason"]) == (401, "bad_signature")
+        assert "changed while its update arrived" in answer["error"]
+        assert (await post(new, "u3"))[0] == 202  # the refusal dropped the cached key
+        await revoke_device(redis, keys, "dev-1")
+        status, answer = await post(new, "u4")
+        assert (status, answer["reason"]) == (401, "revoked")
+    finally:
+        await client.close()
+    entries: Any = await redis.xrange(keys.updates)
+    assert len(entries) == 2  # u1 and u3

@@ -27,11 +27,19 @@ from fedasync.services.aggregator.commit import (
 from fedasync.services.ingest.store import (
     IngestOutcome,
     IngestStore,
+    KeyChanged,
     SignedOutsideWindow,
     UpdateIdReused,
 )
 from fedasync.services.runtime import lua
 from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import (
+    ED25519,
+    HMAC,
+    add_device,
+    fingerprint,
+    revoke_device,
+)
 from fedasync.services.stores.policy_store import (
     PolicyChange,
     PolicyConflict,
@@ -181,17 +189,20 @@ async def test_a_commit_acknowledging_an_entry_not_pending_is_refused(
 # -- the idempotent XADD -----------------------------------------------------------------------
 
 
-async def ingest_store(redis: aioredis.Redis, settings: Settings) -> tuple[IngestStore, int]:
-    """A store with a day's window, and Redis's time now (ms): the time the script judges by."""
+async def ingest_store(redis: aioredis.Redis, settings: Settings) -> tuple[IngestStore, int, str]:
+    """A store with a day's window, Redis's time now (ms): the time the script judges by, and
+    the fingerprint of the key device c0 is given."""
     seconds, micros = await redis.time()
-    store = IngestStore(redis, Keys(settings.redis.key_prefix), ttl_s=60, window_ms=86_400_000)
-    return store, seconds * 1000 + micros // 1000
+    keys = Keys(settings.redis.key_prefix)
+    store = IngestStore(redis, keys, ttl_s=60, window_ms=86_400_000)
+    key = fingerprint(await add_device(redis, keys, "c0", HMAC))
+    return store, seconds * 1000 + micros // 1000, key
 
 
 @covers(IngestOutcome.ADDED)
 async def test_a_first_update_is_added(settings: Settings, redis: aioredis.Redis) -> None:
-    store, now_ms = await ingest_store(redis, settings)
-    added = await store.add("c0", "u1", b"\x00body\xff", Proof("c0", now_ms, b"\x01" * 32))
+    store, now_ms, key = await ingest_store(redis, settings)
+    added = await store.add("c0", "u1", b"\x00body\xff", Proof("c0", now_ms, b"\x01" * 32), key)
     assert added.new
     rows: Any = await redis.xrange(Keys(settings.redis.key_prefix).updates)
     ((entry_id, fields),) = rows
@@ -203,10 +214,10 @@ async def test_a_first_update_is_added(settings: Settings, redis: aioredis.Redis
 async def test_the_same_update_again_is_already_added(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    store, now_ms = await ingest_store(redis, settings)
+    store, now_ms, key = await ingest_store(redis, settings)
     proof = Proof("c0", now_ms, b"\x01" * 32)
-    first = await store.add("c0", "u1", b"body", proof)
-    again = await store.add("c0", "u1", b"body", proof)
+    first = await store.add("c0", "u1", b"body", proof, key)
+    again = await store.add("c0", "u1", b"body", proof, key)
     assert (again.entry_id, again.new) == (first.entry_id, False)
     assert await redis.xlen(Keys(settings.redis.key_prefix).updates) == 1
 
@@ -215,11 +226,11 @@ async def test_the_same_update_again_is_already_added(
 async def test_the_same_update_id_with_another_body_is_refused(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    store, now_ms = await ingest_store(redis, settings)
+    store, now_ms, key = await ingest_store(redis, settings)
     proof = Proof("c0", now_ms, b"\x01" * 32)
-    first = await store.add("c0", "u1", b"body", proof)
+    first = await store.add("c0", "u1", b"body", proof, key)
     with pytest.raises(UpdateIdReused) as refused:
-        await store.add("c0", "u1", b"other body", proof)
+        await store.add("c0", "u1", b"other body", proof, key)
     assert refused.value.entry_id == first.entry_id
     assert await redis.xlen(Keys(settings.redis.key_prefix).updates) == 1
 
@@ -228,11 +239,27 @@ async def test_the_same_update_id_with_another_body_is_refused(
 async def test_an_update_signed_outside_the_window_is_not_added(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    store, now_ms = await ingest_store(redis, settings)
+    store, now_ms, key = await ingest_store(redis, settings)
     two_days_ago = now_ms - 2 * 86_400_000
     with pytest.raises(SignedOutsideWindow):
-        await store.add("c0", "u1", b"body", Proof("c0", two_days_ago, b"\x01" * 32))
+        await store.add("c0", "u1", b"body", Proof("c0", two_days_ago, b"\x01" * 32), key)
     keys = Keys(settings.redis.key_prefix)
+    assert await redis.xlen(keys.updates) == 0
+    assert await redis.keys(keys.ingested("*")) == []
+
+
+@covers(IngestOutcome.KEY_CHANGED)
+async def test_an_update_checked_with_a_key_since_rotated_is_not_added(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    store, now_ms, key = await ingest_store(redis, settings)
+    keys = Keys(settings.redis.key_prefix)
+    await add_device(redis, keys, "c0", ED25519)  # rotated after ingest read the key
+    with pytest.raises(KeyChanged):
+        await store.add("c0", "u1", b"body", Proof("c0", now_ms, b"\x01" * 32), key)
+    await revoke_device(redis, keys, "c0")  # ... and revoked: no key at all
+    with pytest.raises(KeyChanged):
+        await store.add("c0", "u1", b"body", Proof("c0", now_ms, b"\x01" * 32), key)
     assert await redis.xlen(keys.updates) == 0
     assert await redis.keys(keys.ingested("*")) == []
 
