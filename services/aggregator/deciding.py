@@ -4,7 +4,9 @@ The decisions go into the batch the commit pipeline writes (services/aggregator/
 the acknowledgement, the ledger record, the payload to archive, or a dead letter for an entry
 refused before the core sees it (unsigned, forged, undecodable, a claim-check message missing).
 What a read needs from Redis or the claim-check store (the signers' keys, the messages it names
-by address) is fetched once, before any entry is decided; a large read is decided in a worker
+by address, and for an entry whose signature no longer holds because its device's key was
+rotated, ingest's marker: services/stores/ingest_markers.py) is fetched once, before any entry is
+decided, its signatures checked with it; a large read is decided in a worker
 thread (numpy releases the GIL on large arrays) so the event loop receives the next read
 meanwhile. The state is closed here when the budget of applied updates or of time is spent.
 """
@@ -128,9 +130,9 @@ class Decider:
         suspects: list[tuple[bytes, bytes, Proof, tuple[str, str]]] = []
         for stream_id, fields in entries:
             refused = self._auth.get(stream_id)
-            raw = self._message(fields)
             if not isinstance(refused, AuthError) or refused.reason is not AuthReason.BAD_SIGNATURE:
                 continue
+            raw = self._message(fields)
             if raw is None:
                 continue
             try:

@@ -2,10 +2,10 @@
 
 Ingest's script (services/ingest/ingest.lua) sets `{p}:ingested:<digest of client and update
 id>` to `<entry id> <SHA-256 hex of the body>` in the same atomic step as the XADD of an update
-whose signature it checked, with the device's key as it was then. No other user may write these
-keys (services/stores/acl.py: a device on a trusted network may XADD, never SET them), so a
-marker that names an entry and its exact body says: this entry was authenticated when Redis
-received it.
+whose signature it checked, and only while the device's stored key is still the one it checked
+with (services/ingest/store.py). No other user may write these keys (services/stores/acl.py: a
+device on a trusted network may XADD, never SET them), so a marker that names an entry and its
+exact body says: this entry was authenticated with the key in force when Redis received it.
 
 The aggregator checks every entry again with the device's key of *now*. When a device's key was
 rotated (`fedasync devices add` again) after ingest accepted some of its updates and before the
