@@ -189,7 +189,7 @@ class SyncRun:
             counts.append(len(device.data))
             self.recorder.applied[index] += 1
         if models:
-            self.weights = _read_only(fedavg(models, counts))
+            self.weights = _read_only(self.aggregate(models, counts))
             self.rounds += 1
             self.recorder.updates_applied += len(models)
         self.recorder.rounds.append(
@@ -197,6 +197,14 @@ class SyncRun:
         )
         if self.progress is not None:
             self.progress(now, self.recorder.updates_applied)
+
+    def aggregate(self, models: list[np.ndarray], counts: list[int]) -> np.ndarray:
+        """The round's new model from its kept results: the core's FedAvg.
+
+        A method of its own so that a bench can hand the same results to another framework's
+        server instead (bench/flower_side.py) and change nothing else.
+        """
+        return fedavg(models, counts)
 
     def _refusal(self, update: Update) -> Decision | None:
         """The core's refusal of a round's result, or None when it may be averaged."""

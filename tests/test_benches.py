@@ -52,6 +52,15 @@ SMOKE: dict[str, Smoke] = {
         (("ours", "--smoke", "--seeds", "0", "--out", "{tmp}"), ("table", "{tmp}")),
         "| issue | sgd | ours, after | 1 |",
     ),
+    # Flower's side runs in its own virtualenv (the bench's docstring): test_flower_side_runs_on_
+    # flower covers it where one is named; here our side of the same seam
+    "flower_side.py": Smoke(
+        (
+            ("run", "--smoke", "--strategy", "ours", "--seeds", "0", "--out", "{tmp}"),
+            ("table", "{tmp}"),
+        ),
+        "| fedbuff-vs-fedasync | fedavg-10of13 | ours | 1 |",
+    ),
     "ingest_forged.py": Smoke(
         (
             (
@@ -157,6 +166,30 @@ def test_flsim_side_runs_on_flsim(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     table = _run(sys.executable, "fedbuff_flsim.py", ["table", str(tmp_path)]).stdout
     assert "FLSim 0.1.0 alone: its AsyncTrainer, Poisson starts, ~10 at once" in table
+
+
+def test_flower_side_runs_on_flower(tmp_path: Path) -> None:
+    """Flower's FedAvg through our synchronous rounds gives our FedAvg's figures (seed 0), and
+    its DP, median and Krum strategies run on the same seam."""
+    python = os.environ.get("FLOWER_PYTHON")
+    if not python:
+        pytest.skip(
+            "flwr 1.42 lives in a virtualenv of its own (bench/flower_side.py's docstring says "
+            "how to make one); set FLOWER_PYTHON to its python to run this"
+        )
+    smoke = ["run", "--smoke", "--seeds", "0", "--out", str(tmp_path)]
+    done = _run(python, "flower_side.py", [*smoke, "--strategy", "fedavg", "ours"])
+    assert done.returncode == 0, done.stderr
+    table = _run(sys.executable, "flower_side.py", ["table", str(tmp_path)]).stdout
+    rows = [line.split(" | ")[4:] for line in table.splitlines() if "| fedavg-10of13 |" in line]
+    assert len(rows) == 2, table
+    assert rows[0] == rows[1], table  # Flower's FedAvg and ours: the same figures
+    others = ["--strategy", "dp-fixed", "fedmedian", "krum", "--dp-clip", "1", "--dp-noise", "1"]
+    done = _run(python, "flower_side.py", [*smoke, *others])
+    assert done.returncode == 0, done.stderr
+    table = _run(sys.executable, "flower_side.py", ["table", str(tmp_path)]).stdout
+    for strategy in ("dp-fixed", "fedmedian", "krum"):
+        assert f"| Flower 1.42 {strategy} | 1 |" in table, table
 
 
 def _attributes_read(path: Path, owner: str) -> set[str]:
