@@ -72,6 +72,26 @@ class NormAction(StrEnum):
     CLIP = "clip"
 
 
+class RobustRule(StrEnum):
+    """What a buffered server step (fedbuff, fedbuff-fair) takes of its K deltas
+    (shared/robust.py has each rule's formula)."""
+
+    #: their weighted mean: FedBuff as published
+    MEAN = "mean"
+    #: the coordinate-wise median
+    MEDIAN = "median"
+    #: the coordinate-wise mean once the β·K lowest and highest values are left out
+    TRIMMED_MEAN = "trimmed_mean"
+    #: the one delta nearest to its n − f − 2 nearest others (Blanchard et al. 2017)
+    KRUM = "krum"
+    #: the mean of the m deltas Krum scores best
+    MULTI_KRUM = "multi_krum"
+
+
+#: the modes whose server step a robust rule replaces the mean of
+BUFFERED = frozenset({"fedbuff", "fedbuff-fair"})
+
+
 # Bounds are chosen so that α = α0·s(τ) stays a positive float64 for every τ ≤ TAU_MAX_LIMIT (no
 # underflow to zero), which the property tests check.
 @dataclass(frozen=True, slots=True, order=True)
@@ -164,6 +184,27 @@ class Policy:
         "applied updates the poisoning bound's median is taken over",
         Range(NORM_MIN_HISTORY, NORM_WINDOW_LIMIT, integer=True),
     )
+    robust: RobustRule = param(
+        RobustRule.MEAN,
+        "what a buffered server step (fedbuff, fedbuff-fair) takes of its K deltas: their mean, "
+        "the coordinate-wise median or trimmed mean, Krum's one delta or multi-Krum's mean of "
+        "the m best (defences against malicious devices)",
+    )
+    robust_trim: float = param(
+        0.1,
+        "β of the trimmed mean: the fraction of the K values left out at each end, per coordinate",
+        Range(0.0, 0.5, high_open=True),
+    )
+    robust_byzantine: int = param(
+        1,
+        "f, the malicious devices Krum and multi-Krum assume among a buffer's K (K > 2f + 2)",
+        Range(0, 4999, integer=True),
+    )
+    robust_select: int | None = param(
+        None,
+        "m, the deltas multi-Krum averages (at most K); null: K − f",
+        Range(1, 10_000, integer=True, optional=True),
+    )
     paused: bool = param(
         False,
         "the aggregator decides nothing; updates wait in the stream, none is lost",
@@ -191,6 +232,7 @@ class Policy:
     def __post_init__(self) -> None:
         for spec in SCHEMA:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
+        _check_robust(self)
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""
@@ -364,6 +406,38 @@ def apply_mode_preset(explicit: Mapping[str, Any]) -> dict[str, Any]:
         values.update(MODE_PRESETS[mode])
     values.update(explicit)
     return values
+
+
+def _check_robust(policy: Policy) -> None:
+    """The robust rule's limits that depend on other fields: a clear error, never a step the
+    rule cannot take (shared/robust.py)."""
+    rule = policy.robust
+    if rule is RobustRule.MEAN:
+        return
+    if policy.mode.value not in BUFFERED:
+        raise ParamError(
+            "robust",
+            rule.value,
+            f"mean unless mode is one of {sorted(BUFFERED)} (mode = "
+            f"{policy.mode.value}; set robust = mean with the mode)",
+        )
+    # dp_clip arrives with the DP fields: their sensitivity analysis assumes the mean
+    if getattr(policy, "dp_clip", None) is not None:
+        raise ParamError(
+            "robust",
+            rule.value,
+            "mean while DP is on (dp_clip set): DP's noise is calibrated "
+            "to the mean of clipped deltas",
+        )
+    k, f = policy.buffer_size, policy.robust_byzantine
+    if rule in (RobustRule.KRUM, RobustRule.MULTI_KRUM) and k <= 2 * f + 2:
+        most = f"at most {(k - 3) // 2}" if k >= 3 else "none"
+        raise ParamError(
+            "robust_byzantine", f, f"{most} with buffer_size {k} (Krum needs K > 2f + 2)"
+        )
+    select = policy.robust_select
+    if rule is RobustRule.MULTI_KRUM and select is not None and select > k:
+        raise ParamError("robust_select", select, f"at most buffer_size = {k}, or null")
 
 
 def _known(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
