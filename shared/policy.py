@@ -189,21 +189,25 @@ class Policy:
         "what a buffered server step (fedbuff, fedbuff-fair) takes of its K deltas: their mean, "
         "the coordinate-wise median or trimmed mean, Krum's one delta or multi-Krum's mean of "
         "the m best (defences against malicious devices)",
+        elided=True,
     )
     robust_trim: float = param(
         0.1,
         "β of the trimmed mean: the fraction of the K values left out at each end, per coordinate",
         Range(0.0, 0.5, high_open=True),
+        elided=True,
     )
     robust_byzantine: int = param(
         1,
         "f, the malicious devices Krum and multi-Krum assume among a buffer's K (K > 2f + 2)",
         Range(0, 4999, integer=True),
+        elided=True,
     )
     robust_select: int | None = param(
         None,
         "m, the deltas multi-Krum averages (at most K); null: K − f",
         Range(1, 10_000, integer=True, optional=True),
+        elided=True,
     )
     paused: bool = param(
         False,
@@ -261,12 +265,19 @@ class Policy:
         _known(changes, CHANGEABLE)
         return replace(self, version=self.version + 1, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/msgpack-safe form (enums as their string values)."""
+    def to_dict(self, *, complete: bool = False) -> dict[str, Any]:
+        """Plain JSON/msgpack-safe form (enums as their string values), as recorded: fields
+        declared `elided` are left out while at their default (from_dict restores them), so
+        policy logs and simulator outputs of runs that do not use them are as they were;
+        `complete` keeps every field (what the control API shows)."""
         out = asdict(self)
         for name, value in out.items():
             if isinstance(value, StrEnum):
                 out[name] = value.value
+        if not complete:
+            for name in ELIDED:
+                if getattr(self, name) == FIELDS[name].default:
+                    del out[name]
         return out
 
     @classmethod
@@ -301,6 +312,8 @@ class FieldSpec:
     #: the range of a number; None for enums and flags
     allowed: Range | None
     scope: Scope
+    #: left out of `Policy.to_dict()` while at its default (shared/params.py, `Param.elided`)
+    elided: bool = False
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -340,7 +353,16 @@ def _schema() -> tuple[FieldSpec, ...]:
         ):
             raise TypeError(f"policy field {f.name}: a number needs a range, optional iff it is")
         out.append(
-            FieldSpec(f.name, kind, optional, f.default, meta.description, meta.allowed, meta.scope)
+            FieldSpec(
+                f.name,
+                kind,
+                optional,
+                f.default,
+                meta.description,
+                meta.allowed,
+                meta.scope,
+                meta.elided,
+            )
         )
     return tuple(out)
 
@@ -358,6 +380,8 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
 #: every policy field, in declaration order
 SCHEMA: tuple[FieldSpec, ...] = _schema()
 FIELDS: Mapping[str, FieldSpec] = types.MappingProxyType({s.name: s for s in SCHEMA})
+#: the fields `to_dict()` leaves out while at their default
+ELIDED: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.elided)
 #: the fields chosen before a run: settings, `fedasync up` flags, simulator keys
 START: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is Scope.START)
 #: the fields a runtime change (`evolve`, PATCH /v1/policy) may name

@@ -112,7 +112,7 @@ def _operator(request: web.Request) -> str:
 async def get_policy(request: web.Request) -> web.Response:
     policy = await read_policy(request.app[REDIS], request.app[KEYS])
     ranges = {name: str(allowed) for name, allowed in POLICY_RANGES.items()}
-    return web.json_response({"policy": policy.to_dict(), "ranges": ranges})
+    return web.json_response({"policy": policy.to_dict(complete=True), "ranges": ranges})
 
 
 @needs(WRITE)
@@ -143,7 +143,7 @@ async def patch_policy(request: web.Request) -> web.Response:
     except PolicyConflict as exc:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
-    return web.json_response({"policy": new.to_dict()})
+    return web.json_response({"policy": new.to_dict(complete=True)})
 
 
 _COUNT = re.compile(r"[1-9][0-9]{0,4}")
@@ -267,7 +267,9 @@ async def flip_switch(request: web.Request) -> web.Response:
     except (AlreadyInState, PolicyConflict) as exc:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
-    return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
+    return web.json_response(
+        {"switch": name, "on": body["on"], "policy": new.to_dict(complete=True)}
+    )
 
 
 @needs(READ)
