@@ -128,9 +128,10 @@ def median(rows: np.ndarray) -> np.ndarray:
     ordered = np.sort(rows, axis=0)
     middle = n // 2
     if n % 2:
-        return ordered[middle].copy()
-    below: np.ndarray = (ordered[middle - 1] + ordered[middle]) / 2.0
-    return below
+        odd: np.ndarray = ordered[middle].copy()
+        return odd
+    even: np.ndarray = (ordered[middle - 1] + ordered[middle]) / 2.0
+    return even
 
 
 def trimmed_count(n: int, beta: float) -> int:
