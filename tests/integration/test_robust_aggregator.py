@@ -4,13 +4,20 @@ excluded updates and the rule's detail), across a restart in the middle of a buf
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis.asyncio as aioredis
+from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.services.aggregator.service import run
+from fedasync.services.ingest.app import create_app
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
+from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.ledger import verify
+from fedasync.shared.device_auth import parse_key
+from fedasync.shared.ingest_protocol import read_headers, receipt_path
 from fedasync.shared.keys import Keys
 from fedasync.shared.policy import Mode, RobustRule
 from fedasync.shared.update import Update
@@ -77,3 +84,31 @@ async def test_the_ledger_records_what_the_robust_rule_decided_across_a_restart(
         assert [s["detail"] for s in steps] == ["multi_krum: kept 4 of 5"] * 2
     report = await verify(redis, keys, config.wire.max_message_bytes)
     assert report.ok, report.describe()
+
+
+async def test_a_receipt_leaves_out_the_other_devices_updates_the_rule_excluded(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """The ledger names the excluded updates; a device's receipt of the step does not (a
+    receipt says nothing about other devices' updates), but keeps the rule's detail."""
+    keys, config = Keys(settings.redis.key_prefix), robust(settings, RobustRule.MULTI_KRUM)
+    key = parse_key(await add_device(redis, keys, "dev-a"))
+    for update in [*script()[: K - 1], make_update("mine", base=0, value=0.2, client="dev-a")]:
+        await publish(redis, keys, update)
+    await run(
+        config, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    step = (await ledger(redis, keys))[-1]
+    assert (step["update_id"], step["excluded"]) == ("mine", ["u2"])
+    client = TestClient(TestServer(create_app(settings, redis)))
+    await client.start_server()
+    try:
+        headers = read_headers(key, "dev-a", int(time.time() * 1000), "mine")
+        response = await client.get(receipt_path("mine"), headers=headers)
+        assert response.status == 200
+        receipt = await response.json()
+    finally:
+        await client.close()
+    assert "excluded" not in receipt
+    assert receipt["detail"] == "multi_krum: kept 4 of 5"
+    assert receipt == {k: v for k, v in step.items() if k != "excluded"}
