@@ -187,6 +187,10 @@ async def policy_history(request: web.Request) -> web.Response:
     if count is None:
         return _error(400, BAD_COUNT)
     entries = await policy_log(request.app[REDIS], request.app[KEYS], last=count)
+    # the log records a policy without the fields at their elided defaults: shown complete,
+    # as GET /v1/policy shows it
+    for entry in entries:
+        entry["policy"] = Policy.from_dict(entry["policy"]).to_dict(complete=True)
     return web.json_response(entries[::-1])
 
 
