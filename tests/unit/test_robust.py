@@ -4,17 +4,21 @@ the mean follows, and across a checkpoint taken mid-buffer."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fedasync.shared import robust
 from fedasync.shared.aggregation import AggregationState
-from fedasync.shared.checkpoint import load_state, save_state
+from fedasync.shared.checkpoint import CheckpointError, load_state, save_state
 from fedasync.shared.decision import Decision, Outcome
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import FIELDS, Mode, Policy, RobustRule
 from fedasync.shared.robust import Kept, RuleSpec
-from fedasync.shared.wire import unpack
+from fedasync.shared.wire import pack, unpack
 from tests.unit.helpers import make_state, make_update
 
 # Krum's hand-computed example: five points in the plane, f = 1, so each is scored by its
@@ -61,9 +65,9 @@ def test_krum_refuses_too_few_points_for_its_f() -> None:
 
 def kept(points: np.ndarray, weights: tuple[float, ...] | None = None) -> list[Kept]:
     weights = weights or (1.0,) * len(points)
+    ids = [IDS[i] if i < len(IDS) else f"x{i}" for i in range(len(points))]
     return [
-        Kept(i, w, w * p)
-        for i, w, p in zip(IDS[: len(points)], weights, points.astype(np.float64), strict=True)
+        Kept(i, w, w * p) for i, w, p in zip(ids, weights, points.astype(np.float64), strict=True)
     ]
 
 
@@ -302,3 +306,47 @@ def test_a_malicious_fifth_drives_the_mean_away_and_no_robust_rule(attack: str) 
     assert run_attack("mean", attack) > 10.0  # diverged: further than it started (1.0)
     for rule in ("median", "trimmed_mean", "krum", "multi_krum"):
         assert run_attack(rule, attack) < 0.05, rule
+
+
+# ------------------------------------------------------------------------------------ laws
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def buffers(draw: st.DrawFn, least: int = 1) -> np.ndarray:
+    n = draw(st.integers(least, 9))
+    p = draw(st.integers(1, 4))
+    return np.array(
+        draw(st.lists(st.lists(finite, min_size=p, max_size=p), min_size=n, max_size=n)), np.float64
+    )
+
+
+@given(buffers(), st.randoms(use_true_random=False))
+def test_the_coordinate_rules_lie_within_the_values_and_ignore_their_order(
+    rows: np.ndarray, rnd: random.Random
+) -> None:
+    order = list(range(len(rows)))
+    rnd.shuffle(order)
+    slack = 1e-12 * (np.abs(rows).max(axis=0) + 1.0)  # a mean's own rounding
+    low, high = rows.min(axis=0) - slack, rows.max(axis=0) + slack
+    for rule in (robust.median, lambda r: robust.trimmed_mean(r, 0.2)):
+        value = rule(rows)
+        assert np.all(low <= value)
+        assert np.all(value <= high)
+        assert rule(rows[order]).tobytes() == value.tobytes()
+
+
+@given(buffers(least=5))
+def test_krum_takes_one_of_the_buffered_deltas(rows: np.ndarray) -> None:
+    taken = robust.step(kept(rows), RuleSpec(RobustRule.KRUM, byzantine=1))
+    assert any(taken.total.tobytes() == row.tobytes() for row in rows)
+    assert len(taken.excluded) == len(rows) - 1
+
+
+def test_a_checkpoint_whose_kept_updates_do_not_match_its_buffer_is_refused() -> None:
+    state = make_state(size=2)
+    apply_points(state, fedbuff(buffer_size=10, robust="median"))
+    data = unpack(save_state(state), max_bytes=1 << 20)
+    data["buffer"]["kept"] = data["buffer"]["kept"][:4]
+    with pytest.raises(CheckpointError, match="4 kept updates for a buffer of 5"):
+        load_state(pack(data))
