@@ -109,6 +109,9 @@ class AggregationState:
         self.tiers: list[Tier] = []
         self._weights = frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
+        #: what a robust rule left out of a server step taken while deciding the current
+        #: update (`note_step`), for that update's decision; None between updates
+        self._step_note: tuple[tuple[str, ...], str] | None = None
 
     # ----------------------------------------------------------------------------- reading
     @property
@@ -290,6 +293,15 @@ class AggregationState:
         )
 
     # ----------------------------------------------------------------------------- for the modes
+    def note_step(self, excluded: tuple[str, ...], detail: str) -> None:
+        """A robust rule's account of a server step (shared/robust.py): the update ids it left
+        out and its detail, recorded on the decision of the update being decided if that
+        decision takes the step (a refused update's decision drops it: nothing stepped)."""
+        if self._step_note is not None:  # a settled buffer and the new one's step, both robust
+            excluded = self._step_note[0] + excluded
+            detail = f"{self._step_note[1]}; {detail}"
+        self._step_note = (excluded, detail)
+
     def replace_weights(self, weights: np.ndarray) -> None:
         """Install the weights of a server step (made read-only: `weights_view` stays valid)."""
         self._weights = frozen(weights)
@@ -371,6 +383,12 @@ class AggregationState:
     ) -> Decision:
         """Count `outcome` and record it: every decision, of every mode, is made here."""
         self.counters[outcome.value] += 1
+        excluded: tuple[str, ...] = ()
+        if self._step_note is not None:
+            if server_step:
+                excluded, noted = self._step_note
+                detail = detail or noted
+            self._step_note = None
         return Decision(
             outcome=outcome,
             update_id=str(update.update_id),
@@ -386,6 +404,7 @@ class AggregationState:
             detail=detail,
             delta_norm=delta_norm,
             clipped=clipped,
+            excluded=excluded,
         )
 
 

@@ -16,8 +16,9 @@ from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.clients import ClientEntry
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
-from fedasync.shared.modes.holdings import Tier
+from fedasync.shared.modes.holdings import FedBuffBuffer, Tier
 from fedasync.shared.policy import ServerOptimizer
+from fedasync.shared.robust import Kept, RuleSpec
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.wire import WireError, pack, unpack
 
@@ -28,8 +29,14 @@ from fedasync.shared.wire import WireError, pack, unpack
 #: 3 added the client book, the memory and the tiers (modes memory, tiered, fedbuff-fair) and
 #: the buffer's weight sum; formats 1 and 2 are read with all of them empty. A format-3 checkpoint
 #: may also leave the dedup ids to the caller (`"ids": None`, the aggregator's sorted set).
-FORMAT_VERSION = 3
-_READABLE = (1, 2, FORMAT_VERSION)
+#: 4 added a robust rule's buffered updates (policy `robust`, shared/robust.py): the buffer's
+#: rule and each update's id, weight and contribution. It is written only when the buffer keeps
+#: them; every other checkpoint is written as format 3, byte for byte as before, since a format-3
+#: build restores it faithfully (and must refuse one it would step with the mean).
+FORMAT_VERSION = 4
+#: the formats this build writes: 3 unless the buffer keeps a robust rule's updates
+WRITTEN = (3, FORMAT_VERSION)
+_READABLE = (1, 2, 3, FORMAT_VERSION)
 _F32 = np.dtype("<f4")
 _F64 = np.dtype("<f8")
 
@@ -62,9 +69,10 @@ def save_state(
     """
     buffer = state.buffer
     memory = state.memory
+    robust = buffer.rule is not None and buffer.count > 0
     return pack(
         {
-            "format": FORMAT_VERSION,
+            "format": FORMAT_VERSION if robust else 3,
             "version": state.version,
             "layout": state.layout.to_list(),
             "weights": _bytes(state.weights_view(), _F32) if include_weights else None,
@@ -83,7 +91,8 @@ def save_state(
                 "count": buffer.count,
                 "total": _bytes(buffer.total, _F64) if buffer.count else None,
                 "weight": buffer.weight,
-            },
+            }
+            | (_robust(buffer) if robust else {}),
             # least recently heard first: [id, samples, seen, arrivals, τ, delta]; delta is
             # its bytes, True when kept elsewhere (include_memory=False), or None
             "clients": [
@@ -171,6 +180,8 @@ def load_state(
             state.buffer.total = _array(data["buffer"]["total"], _F64, layout.size).copy()
         # format 2 and before: FedBuff's weights were all 1
         state.buffer.weight = float(data["buffer"].get("weight", state.buffer.count))
+        if "rule" in data["buffer"]:
+            _restore_robust(state.buffer, data["buffer"], layout.size)
         _restore_book(state, data.get("clients", ()), memory_deltas or {}, layout.size)
         saved_memory = data.get("memory", {"weight": 0, "pending": 0, "total": None})
         state.memory.weight = int(saved_memory["weight"])
@@ -217,6 +228,25 @@ def _restore_book(
                 None if delta is None else _array(delta, _F32, size),
             ),
         )
+
+
+def _robust(buffer: FedBuffBuffer) -> dict[str, Any]:
+    """The buffer's robust rule and its updates: [id, w_i, v_i's bytes] in buffering order."""
+    assert buffer.rule is not None
+    return {
+        "rule": buffer.rule.to_list(),
+        "kept": [[k.update_id, k.weight, _bytes(k.contribution, _F64)] for k in buffer.kept],
+    }
+
+
+def _restore_robust(buffer: FedBuffBuffer, saved: Any, size: int) -> None:
+    buffer.rule = RuleSpec.from_list(saved["rule"])
+    buffer.kept = [
+        Kept(str(update_id), float(weight), _array(contribution, _F64, size))
+        for update_id, weight, contribution in saved["kept"]
+    ]
+    if len(buffer.kept) != buffer.count:
+        raise CheckpointError(f"{len(buffer.kept)} kept updates for a buffer of {buffer.count}")
 
 
 def _restore_tier(saved: Any, size: int) -> Tier:

@@ -53,6 +53,9 @@ class Decision:
     `delta_norm` is how far the update would move the model before α (see
     `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound scaled it
     down. Records written before the bound existed lack both and read back as None and False.
+    `excluded` names the buffered updates a robust rule (policy `robust`, shared/robust.py) left
+    out of the server step this decision takes, with the rule's account in `detail`; it is left
+    out of `to_dict()` when empty, so records of runs without it are as they always were.
     """
 
     outcome: Outcome
@@ -69,6 +72,7 @@ class Decision:
     detail: str = ""
     delta_norm: float | None = None
     clipped: bool = False
+    excluded: tuple[str, ...] = ()
 
     @property
     def applied(self) -> bool:
@@ -78,12 +82,17 @@ class Decision:
         """Plain msgpack/JSON-safe form (written once per decision: no deep copy)."""
         out = {f.name: getattr(self, f.name) for f in _FIELDS}
         out["outcome"] = self.outcome.value
+        if self.excluded:
+            out["excluded"] = list(self.excluded)  # as msgpack and JSON read it back
+        else:
+            del out["excluded"]
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:
         values = dict(data)
         values["outcome"] = Outcome(values["outcome"])
+        values["excluded"] = tuple(str(i) for i in values.get("excluded", ()))
         return cls(**values)
 
 

@@ -106,11 +106,19 @@ class Param:
     #: the values a number may take; None for enums and flags (their type says it)
     allowed: Range | None = None
     scope: Scope = Scope.START
+    #: left out of `Policy.to_dict()` while at its default: a field added after the golden
+    #: ledgers, so that the policies of runs not using it are recorded byte for byte as before
+    elided: bool = False
 
 
 def param(
-    default: T, description: str, allowed: Range | None = None, scope: Scope = Scope.START
+    default: T,
+    description: str,
+    allowed: Range | None = None,
+    scope: Scope = Scope.START,
+    *,
+    elided: bool = False,
 ) -> T:
     """A policy field with its default, description, range and scope, declared in one place."""
-    meta = {PARAM_KEY: Param(description, allowed, scope)}
+    meta = {PARAM_KEY: Param(description, allowed, scope, elided)}
     return field(default=default, metadata=meta)

@@ -72,6 +72,26 @@ class NormAction(StrEnum):
     CLIP = "clip"
 
 
+class RobustRule(StrEnum):
+    """What a buffered server step (fedbuff, fedbuff-fair) takes of its K deltas
+    (shared/robust.py has each rule's formula)."""
+
+    #: their weighted mean: FedBuff as published
+    MEAN = "mean"
+    #: the coordinate-wise median
+    MEDIAN = "median"
+    #: the coordinate-wise mean once the β·K lowest and highest values are left out
+    TRIMMED_MEAN = "trimmed_mean"
+    #: the one delta nearest to its n − f − 2 nearest others (Blanchard et al. 2017)
+    KRUM = "krum"
+    #: the mean of the m deltas Krum scores best
+    MULTI_KRUM = "multi_krum"
+
+
+#: the modes whose server step a robust rule replaces the mean of
+BUFFERED = frozenset({"fedbuff", "fedbuff-fair"})
+
+
 # Bounds are chosen so that α = α0·s(τ) stays a positive float64 for every τ ≤ TAU_MAX_LIMIT (no
 # underflow to zero), which the property tests check.
 @dataclass(frozen=True, slots=True, order=True)
@@ -164,6 +184,31 @@ class Policy:
         "applied updates the poisoning bound's median is taken over",
         Range(NORM_MIN_HISTORY, NORM_WINDOW_LIMIT, integer=True),
     )
+    robust: RobustRule = param(
+        RobustRule.MEAN,
+        "what a buffered server step (fedbuff, fedbuff-fair) takes of its K deltas: their mean, "
+        "the coordinate-wise median or trimmed mean, Krum's one delta or multi-Krum's mean of "
+        "the m best (defences against malicious devices)",
+        elided=True,
+    )
+    robust_trim: float = param(
+        0.1,
+        "β of the trimmed mean: the fraction of the K values left out at each end, per coordinate",
+        Range(0.0, 0.5, high_open=True),
+        elided=True,
+    )
+    robust_byzantine: int = param(
+        1,
+        "f, the malicious devices Krum and multi-Krum assume among a buffer's K (K > 2f + 2)",
+        Range(0, 4999, integer=True),
+        elided=True,
+    )
+    robust_select: int | None = param(
+        None,
+        "m, the deltas multi-Krum averages (at most K); null: K − f",
+        Range(1, 10_000, integer=True, optional=True),
+        elided=True,
+    )
     paused: bool = param(
         False,
         "the aggregator decides nothing; updates wait in the stream, none is lost",
@@ -191,6 +236,7 @@ class Policy:
     def __post_init__(self) -> None:
         for spec in SCHEMA:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
+        _check_robust(self)
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""
@@ -219,12 +265,19 @@ class Policy:
         _known(changes, CHANGEABLE)
         return replace(self, version=self.version + 1, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/msgpack-safe form (enums as their string values)."""
+    def to_dict(self, *, complete: bool = False) -> dict[str, Any]:
+        """Plain JSON/msgpack-safe form (enums as their string values), as recorded: fields
+        declared `elided` are left out while at their default (from_dict restores them), so
+        policy logs and simulator outputs of runs that do not use them are as they were;
+        `complete` keeps every field (what the control API shows)."""
         out = asdict(self)
         for name, value in out.items():
             if isinstance(value, StrEnum):
                 out[name] = value.value
+        if not complete:
+            for name in ELIDED:
+                if getattr(self, name) == FIELDS[name].default:
+                    del out[name]
         return out
 
     @classmethod
@@ -259,6 +312,8 @@ class FieldSpec:
     #: the range of a number; None for enums and flags
     allowed: Range | None
     scope: Scope
+    #: left out of `Policy.to_dict()` while at its default (shared/params.py, `Param.elided`)
+    elided: bool = False
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -298,7 +353,16 @@ def _schema() -> tuple[FieldSpec, ...]:
         ):
             raise TypeError(f"policy field {f.name}: a number needs a range, optional iff it is")
         out.append(
-            FieldSpec(f.name, kind, optional, f.default, meta.description, meta.allowed, meta.scope)
+            FieldSpec(
+                f.name,
+                kind,
+                optional,
+                f.default,
+                meta.description,
+                meta.allowed,
+                meta.scope,
+                meta.elided,
+            )
         )
     return tuple(out)
 
@@ -316,6 +380,8 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
 #: every policy field, in declaration order
 SCHEMA: tuple[FieldSpec, ...] = _schema()
 FIELDS: Mapping[str, FieldSpec] = types.MappingProxyType({s.name: s for s in SCHEMA})
+#: the fields `to_dict()` leaves out while at their default
+ELIDED: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.elided)
 #: the fields chosen before a run: settings, `fedasync up` flags, simulator keys
 START: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is Scope.START)
 #: the fields a runtime change (`evolve`, PATCH /v1/policy) may name
@@ -364,6 +430,38 @@ def apply_mode_preset(explicit: Mapping[str, Any]) -> dict[str, Any]:
         values.update(MODE_PRESETS[mode])
     values.update(explicit)
     return values
+
+
+def _check_robust(policy: Policy) -> None:
+    """The robust rule's limits that depend on other fields: a clear error, never a step the
+    rule cannot take (shared/robust.py)."""
+    rule = policy.robust
+    if rule is RobustRule.MEAN:
+        return
+    if policy.mode.value not in BUFFERED:
+        raise ParamError(
+            "robust",
+            rule.value,
+            f"mean unless mode is one of {sorted(BUFFERED)} (mode = "
+            f"{policy.mode.value}; set robust = mean with the mode)",
+        )
+    # dp_clip arrives with the DP fields: their sensitivity analysis assumes the mean
+    if getattr(policy, "dp_clip", None) is not None:
+        raise ParamError(
+            "robust",
+            rule.value,
+            "mean while DP is on (dp_clip set): DP's noise is calibrated "
+            "to the mean of clipped deltas",
+        )
+    k, f = policy.buffer_size, policy.robust_byzantine
+    if rule in (RobustRule.KRUM, RobustRule.MULTI_KRUM) and k <= 2 * f + 2:
+        most = f"at most {(k - 3) // 2}" if k >= 3 else "none"
+        raise ParamError(
+            "robust_byzantine", f, f"{most} with buffer_size {k} (Krum needs K > 2f + 2)"
+        )
+    select = policy.robust_select
+    if rule is RobustRule.MULTI_KRUM and select is not None and select > k:
+        raise ParamError("robust_select", select, f"at most buffer_size = {k}, or null")
 
 
 def _known(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:

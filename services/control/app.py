@@ -112,7 +112,7 @@ def _operator(request: web.Request) -> str:
 async def get_policy(request: web.Request) -> web.Response:
     policy = await read_policy(request.app[REDIS], request.app[KEYS])
     ranges = {name: str(allowed) for name, allowed in POLICY_RANGES.items()}
-    return web.json_response({"policy": policy.to_dict(), "ranges": ranges})
+    return web.json_response({"policy": policy.to_dict(complete=True), "ranges": ranges})
 
 
 @needs(WRITE)
@@ -143,7 +143,7 @@ async def patch_policy(request: web.Request) -> web.Response:
     except PolicyConflict as exc:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
-    return web.json_response({"policy": new.to_dict()})
+    return web.json_response({"policy": new.to_dict(complete=True)})
 
 
 _COUNT = re.compile(r"[1-9][0-9]{0,4}")
@@ -187,6 +187,10 @@ async def policy_history(request: web.Request) -> web.Response:
     if count is None:
         return _error(400, BAD_COUNT)
     entries = await policy_log(request.app[REDIS], request.app[KEYS], last=count)
+    # the log records a policy without the fields at their elided defaults: shown complete,
+    # as GET /v1/policy shows it
+    for entry in entries:
+        entry["policy"] = Policy.from_dict(entry["policy"]).to_dict(complete=True)
     return web.json_response(entries[::-1])
 
 
@@ -267,7 +271,9 @@ async def flip_switch(request: web.Request) -> web.Response:
     except (AlreadyInState, PolicyConflict) as exc:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
-    return web.json_response({"switch": name, "on": body["on"], "policy": new.to_dict()})
+    return web.json_response(
+        {"switch": name, "on": body["on"], "policy": new.to_dict(complete=True)}
+    )
 
 
 @needs(READ)

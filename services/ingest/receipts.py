@@ -64,9 +64,14 @@ class ReceiptReader:
         if not (1 <= len(update_id) <= MAX_ID_LENGTH and update_id.isprintable()):
             return None  # no update can have this id: answered like any id without a decision
         try:
-            return await receipts.lookup(self._redis, self._keys, proof.client_id, update_id)
+            record = await receipts.lookup(self._redis, self._keys, proof.client_id, update_id)
         except TRANSIENT as exc:
             raise unavailable(exc) from None
+        if record is not None:
+            # a robust rule's `excluded` names other devices' updates: the ledger keeps it, a
+            # device's receipt does not (it says nothing about other devices' updates)
+            record.pop("excluded", None)
+        return record
 
 
 def not_decided(request: web.Request) -> web.Response:

@@ -92,6 +92,8 @@ class State(Protocol):
 
     def reject_non_finite(self, update: Update, policy: Policy) -> Decision: ...
 
+    def note_step(self, excluded: tuple[str, ...], detail: str) -> None: ...
+
     def advance(
         self,
         update: Update,

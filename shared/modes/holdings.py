@@ -9,9 +9,11 @@ memory, tiered and fedbuff-fair all read it, and it outlives a mode switch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from fedasync.shared.robust import Kept, RuleSpec
 
 
 @dataclass(slots=True)
@@ -22,6 +24,11 @@ class FedBuffBuffer:
     total: np.ndarray
     count: int = 0
     weight: float = 0.0
+    #: the robust rule the buffer is gathered under (policy `robust`, shared/robust.py), set by
+    #: its first update; None under the mean, which needs nothing but the sums above
+    rule: RuleSpec | None = None
+    #: under a robust rule: every buffered update (id, w_i, w_i·s(τ_i)·Δ_i), in order
+    kept: list[Kept] = field(default_factory=list)
 
 
 @dataclass(slots=True)

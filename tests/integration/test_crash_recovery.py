@@ -9,7 +9,9 @@ committed state byte for byte.
 
 Once in FedAsync and once in the memory mode, whose per-client memory is written to Redis client
 by client by each commit (`{p}:memory`) and read back at every restart: the replay from genesis
-must arrive at the same memory, delta for delta.
+must arrive at the same memory, delta for delta. And once in FedBuff under multi-Krum, whose
+buffered updates each checkpoint keeps (format 4): killed mid-buffer, it must go on choosing the
+same updates as the replay.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ WAVE = 60
 
 
 def aggregator_process(settings: Settings, log: Path, mode: str) -> subprocess.Popen[bytes]:
+    """`mode` is a policy mode, or `mode+rule` for a buffered mode under a robust rule."""
+    mode, _, rule = mode.partition("+")
     env = dict(os.environ)
     env.update(
         {
@@ -60,6 +64,7 @@ def aggregator_process(settings: Settings, log: Path, mode: str) -> subprocess.P
             "FEDASYNC_POLICY__TAU_MAX": "1000",  # keep most updates applied: more state to lose
             "FEDASYNC_POLICY__MODE": mode,
         }
+        | ({"FEDASYNC_POLICY__ROBUST": rule} if rule else {})
     )
     with log.open("ab") as out:
         return subprocess.Popen(
@@ -91,7 +96,7 @@ async def publish_wave(
             )  # a retry after a lost acknowledgement
 
 
-@pytest.mark.parametrize("mode", ["fedasync", "memory"])
+@pytest.mark.parametrize("mode", ["fedasync", "memory", "fedbuff+multi_krum"])
 async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     settings: Settings, redis: aioredis.Redis, tmp_path: Path, mode: str
 ) -> None:
@@ -137,7 +142,12 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     assert report.model_matches
     assert report.state_matches
     policy = json.loads(await redis.get(keys.policy))
+    mode, _, rule = mode.partition("+")
     assert policy["mode"] == mode  # the drain above ran on the policy the first start stored
+    if rule:  # the rule decided: steps that left updates out, as the replay did
+        assert policy["robust"] == rule
+        excluded = [r async for r in records(redis, keys) if r.get("excluded")]
+        assert len(excluded) == report.version
     if mode == "memory":  # all 12 devices remembered, each delta as the replay computed it
         assert report.remembered == 12
         assert await redis.hlen(keys.memory) == 12

@@ -21,7 +21,7 @@ from fedasync.services.runtime.settings import (
     setting_names,
     settings_env,
 )
-from fedasync.shared.policy import FIELDS, MODE_PRESETS, START, Mode, Policy
+from fedasync.shared.policy import BUFFERED, FIELDS, MODE_PRESETS, START, Mode, Policy
 from fedasync.shared.staleness import Decay
 from fedasync.sim.config import AsyncAlgorithmConfig, SimConfig, build, load_config
 from fedasync.sim.presets import PRESETS, preset_data
@@ -51,7 +51,12 @@ CHANGED: dict[str, Any] = {
     "norm_bound": 2.5,
     "norm_action": "clip",
     "norm_window": 12,
+    "robust_trim": 0.25,
+    "robust_byzantine": 0,
+    "robust_select": 3,
 }
+#: fields whose other values only some modes take (a robust rule: the buffered modes)
+FOR_MODES: dict[str, tuple[Any, frozenset[str]]] = {"robust": ("trimmed_mean", BUFFERED)}
 
 
 @pytest.fixture(autouse=True)
@@ -134,6 +139,8 @@ def test_a_mode_means_the_same_everywhere(
     """Naming only the mode gives its preset; naming every field gives those fields, in the
     simulator, `fedasync up`, the services' settings and `Policy.configured` alike."""
     chosen: dict[str, Any] = {"mode": mode.value} | (CHANGED if how == "every-field" else {})
+    if how == "every-field":
+        chosen |= {k: v for k, (v, modes) in FOR_MODES.items() if mode.value in modes}
     table = {"kind": mode.value} | {k: v for k, v in chosen.items() if k != "mode"}
     simulated = config(algorithms=[table]).algorithms[0]
     assert isinstance(simulated, AsyncAlgorithmConfig)
@@ -150,15 +157,16 @@ def test_a_mode_means_the_same_everywhere(
 
 def test_every_policy_field_is_settable_in_the_simulator() -> None:
     """Each start field of the schema, set alone in a simulator algorithm, reaches its policy."""
-    assert set(CHANGED) | {"mode"} == set(START)  # a new field must be added here too
+    assert set(CHANGED) | set(FOR_MODES) | {"mode"} == set(START)  # add a new field here too
     for name in START:
-        for kind in [m.value for m in Mode]:
+        value, modes = FOR_MODES.get(name, (CHANGED.get(name), frozenset(m.value for m in Mode)))
+        for kind in [m.value for m in Mode if m.value in modes]:
             if name == "mode":  # the algorithm's kind is its mode
                 table: dict[str, Any] = {"kind": kind}
                 want: Any = Mode(kind)
             else:
-                table = {"kind": kind, name: CHANGED[name]}
-                want = FIELDS[name].normalise(CHANGED[name])
+                table = {"kind": kind, name: value}
+                want = FIELDS[name].normalise(value)
             algorithm = config(algorithms=[table]).algorithms[0]
             assert isinstance(algorithm, AsyncAlgorithmConfig)
             policy = algorithm.policy(advised_tau_max=10)
