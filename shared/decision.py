@@ -26,6 +26,8 @@ class DropReason(StrEnum):
     BEYOND_DEDUP_HORIZON = "beyond_dedup_horizon"
     #: training is over (a budget was reached): the model no longer changes
     CLOSED = "closed"
+    #: differential privacy: its device has made `dp_participation` contributions already
+    PARTICIPATION_CAP = "participation_cap"
 
 
 class RejectReason(StrEnum):
@@ -53,6 +55,11 @@ class Decision:
     `delta_norm` is how far the update would move the model before α (see
     `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound scaled it
     down. Records written before the bound existed lack both and read back as None and False.
+    `epsilon_sampled` and `epsilon_conservative` are the privacy spent after this decision
+    under the two models of shared/privacy/accounting.py, when DP is on.
+
+    Fields added since the ledgers began (`QUIET`) are left out of `to_dict()` at their
+    default, so that a run not using them records the bytes it always has.
     """
 
     outcome: Outcome
@@ -69,6 +76,8 @@ class Decision:
     detail: str = ""
     delta_norm: float | None = None
     clipped: bool = False
+    epsilon_sampled: float | None = None
+    epsilon_conservative: float | None = None
 
     @property
     def applied(self) -> bool:
@@ -77,6 +86,9 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         """Plain msgpack/JSON-safe form (written once per decision: no deep copy)."""
         out = {f.name: getattr(self, f.name) for f in _FIELDS}
+        for name in QUIET:
+            if out[name] is None:
+                del out[name]
         out["outcome"] = self.outcome.value
         return out
 
@@ -88,3 +100,5 @@ class Decision:
 
 
 _FIELDS = fields(Decision)
+#: fields left out of `Decision.to_dict()` while None
+QUIET = ("epsilon_sampled", "epsilon_conservative")

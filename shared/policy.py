@@ -63,6 +63,21 @@ class ServerOptimizer(StrEnum):
     ADAM = "adam"
 
 
+class PrivacyModel(StrEnum):
+    """Which ε the privacy budget counts (shared/privacy/accounting.py states both models)."""
+
+    #: no amplification: each device's own contributions composed, up to the participation cap
+    CONSERVATIVE = "conservative"
+    #: each server step a Poisson sample of K of the N enrolled devices (q = K/N), amplified
+    SAMPLED = "sampled"
+
+
+#: the modes differential privacy applies to: those that take in one clipped delta per update
+DP_MODES = frozenset({Mode.FEDASYNC, Mode.FEDBUFF, Mode.FEDBUFF_FAIR})
+#: the fields that may not change once a run has started with DP (its accounting assumes them)
+_DP_FIXED = ("mode", "dp_quantile", "dp_population")
+
+
 class NormAction(StrEnum):
     """What the poisoning bound does with an update whose delta norm exceeds it."""
 
@@ -188,9 +203,94 @@ class Policy:
         Scope.RUNTIME,
     )
 
+    # user-level differential privacy (shared/privacy/): every field quiet, so that a run
+    # without DP records the policy it always has
+    dp_clip: float | None = param(
+        None,
+        "C, the user-level clip norm of a device's delta (x_new − x_base), the start of the "
+        "adaptive clip; null: differential privacy off",
+        Range(0.0, 1e6, low_open=True, optional=True),
+        quiet=True,
+    )
+    dp_noise: float = param(
+        1.0,
+        "z, the noise multiplier: Gaussian noise of std z·C is added per server step",
+        Range(0.0, 1e3, low_open=True),
+        quiet=True,
+    )
+    dp_quantile: float | None = param(
+        None,
+        "γ, the target quantile of update norms the adaptive clip tracks (Andrew et al. 2021); "
+        "null: the clip stays C",
+        Range(0.0, 1.0, optional=True),
+        quiet=True,
+    )
+    dp_clip_lr: float = param(
+        0.2,
+        "η_C of the adaptive clip's geometric update C ← C·exp(−η_C·(b̃ − γ))",
+        Range(0.0, 10.0, low_open=True),
+        quiet=True,
+    )
+    dp_count_noise: float | None = param(
+        None,
+        "σ_b, the std of the noise on the count of unclipped updates (adaptive clip); null: "
+        "K/20, the paper's choice (K = 1 in FedAsync)",
+        Range(0.0, 1e6, low_open=True, optional=True),
+        quiet=True,
+    )
+    dp_delta: float = param(
+        1e-5, "δ at which ε is reported", Range(0.0, 1.0, low_open=True, high_open=True), quiet=True
+    )
+    dp_population: int | None = param(
+        None,
+        "N, the enrolled devices, for the sampled model (q = K/N; FedAsync q = 1/N); null: the "
+        "sampled ε is not reported",
+        Range(1, 10**12, integer=True, optional=True),
+        quiet=True,
+    )
+    dp_participation: int | None = param(
+        None,
+        "the most contributions a device may make (conservative model); updates past it are "
+        "dropped (participation_cap); null: no cap",
+        Range(1, 10**12, integer=True, optional=True),
+        quiet=True,
+    )
+    privacy_budget: float | None = param(
+        None,
+        "target ε: training closes (privacy_budget) before a step that would take ε under "
+        "privacy_model past it; may be lowered at runtime, never raised or unset",
+        Range(0.0, 1e6, low_open=True, optional=True),
+        quiet=True,
+    )
+    privacy_model: PrivacyModel = param(
+        PrivacyModel.CONSERVATIVE,
+        "which ε the privacy budget counts: conservative (no amplification) or sampled",
+        quiet=True,
+    )
+
     def __post_init__(self) -> None:
         for spec in SCHEMA:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
+        if self.dp_clip is not None:
+            _check_private(self)
+
+    @property
+    def private(self) -> bool:
+        """Differential privacy is on (`dp_clip` set)."""
+        return self.dp_clip is not None
+
+    @property
+    def count_noise(self) -> float:
+        """σ_b of the adaptive clip's noised count: `dp_count_noise`, else K/20 (Andrew et
+        al. 2021, section 3), K the updates per server step (1 in FedAsync)."""
+        if self.dp_count_noise is not None:
+            return self.dp_count_noise
+        return self.step_size / 20.0
+
+    @property
+    def step_size(self) -> int:
+        """Updates per server step: K in the buffered modes, 1 in FedAsync."""
+        return 1 if self.mode is Mode.FEDASYNC else self.buffer_size
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""
@@ -217,11 +317,17 @@ class Policy:
         if "version" in changes:
             raise ParamError("version", changes["version"], "set by evolve(), not by the caller")
         _known(changes, CHANGEABLE)
+        if self.private or changes.get("dp_clip") is not None:
+            _check_private_change(self, changes)
         return replace(self, version=self.version + 1, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/msgpack-safe form (enums as their string values)."""
+        """Plain JSON/msgpack-safe form (enums as their string values); quiet fields at their
+        default are left out (`from_dict` gives them their default back)."""
         out = asdict(self)
+        for name in QUIET:
+            if out[name] == FIELDS[name].default:
+                del out[name]
         for name, value in out.items():
             if isinstance(value, StrEnum):
                 out[name] = value.value
@@ -259,6 +365,8 @@ class FieldSpec:
     #: the range of a number; None for enums and flags
     allowed: Range | None
     scope: Scope
+    #: left out of `Policy.to_dict()` at its default
+    quiet: bool = False
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -298,7 +406,16 @@ def _schema() -> tuple[FieldSpec, ...]:
         ):
             raise TypeError(f"policy field {f.name}: a number needs a range, optional iff it is")
         out.append(
-            FieldSpec(f.name, kind, optional, f.default, meta.description, meta.allowed, meta.scope)
+            FieldSpec(
+                f.name,
+                kind,
+                optional,
+                f.default,
+                meta.description,
+                meta.allowed,
+                meta.scope,
+                meta.quiet,
+            )
         )
     return tuple(out)
 
@@ -316,6 +433,8 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
 #: every policy field, in declaration order
 SCHEMA: tuple[FieldSpec, ...] = _schema()
 FIELDS: Mapping[str, FieldSpec] = types.MappingProxyType({s.name: s for s in SCHEMA})
+#: the fields `Policy.to_dict()` leaves out at their default
+QUIET: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.quiet)
 #: the fields chosen before a run: settings, `fedasync up` flags, simulator keys
 START: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is Scope.START)
 #: the fields a runtime change (`evolve`, PATCH /v1/policy) may name
@@ -364,6 +483,74 @@ def apply_mode_preset(explicit: Mapping[str, Any]) -> dict[str, Any]:
         values.update(MODE_PRESETS[mode])
     values.update(explicit)
     return values
+
+
+def _check_private(policy: Policy) -> None:
+    """The combinations differential privacy cannot be stated for, refused by name."""
+    if policy.mode not in DP_MODES:
+        raise ParamError(
+            "dp_clip",
+            policy.dp_clip,
+            f"null in mode {policy.mode.value}: differential privacy applies to modes "
+            f"{sorted(m.value for m in DP_MODES)} (memory and tiered keep and reuse each "
+            "client's delta across server steps, which the accountant does not cover)",
+        )
+    if policy.norm_bound is not None:
+        raise ParamError(
+            "norm_bound",
+            policy.norm_bound,
+            "null with dp_clip set: DP clips every delta to C already, and the poisoning "
+            "bound's median of other devices' norms is not private",
+        )
+    if policy.privacy_model is PrivacyModel.SAMPLED and policy.dp_population is None:
+        raise ParamError(
+            "dp_population",
+            None,
+            "a number of devices when privacy_model = sampled (q = K/N needs N)",
+        )
+    if policy.dp_population is not None and policy.step_size > policy.dp_population:
+        raise ParamError(
+            "dp_population",
+            policy.dp_population,
+            f"at least K = {policy.step_size} (a step samples K of the N devices)",
+        )
+    if policy.dp_quantile is not None and not policy.dp_noise < 2 * policy.count_noise:
+        raise ParamError(
+            "dp_noise",
+            policy.dp_noise,
+            f"below 2·σ_b = {2 * policy.count_noise:g} with adaptive clipping (Andrew et al. "
+            "2021: the delta's noise multiplier (z⁻² − (2σ_b)⁻²)^(-1/2) must exist); raise "
+            "dp_count_noise or lower dp_noise",
+        )
+
+
+def _check_private_change(policy: Policy, changes: Mapping[str, Any]) -> None:
+    """What a runtime change may not do to a run with DP: what has been spent is accounted
+    under the settings it was spent with."""
+    if not policy.private:
+        raise ParamError(
+            "dp_clip", changes["dp_clip"], "null: differential privacy is chosen before a run"
+        )
+    if "dp_clip" in changes and changes["dp_clip"] is None:
+        raise ParamError("dp_clip", None, "a clip norm: DP cannot be turned off during a run")
+    for name in _DP_FIXED:
+        if name in changes and changes[name] != getattr(policy, name):
+            raise ParamError(
+                name, changes[name], f"{getattr(policy, name)!s}: fixed during a run with DP"
+            )
+    if "privacy_budget" in changes and policy.privacy_budget is not None:
+        new = changes["privacy_budget"]
+        if new is None or (
+            isinstance(new, (int, float))
+            and not isinstance(new, bool)
+            and new > policy.privacy_budget
+        ):
+            raise ParamError(
+                "privacy_budget",
+                new,
+                f"at most {policy.privacy_budget:g}: a privacy budget may be lowered, never "
+                "raised or unset",
+            )
 
 
 def _known(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
