@@ -23,6 +23,7 @@ import numpy as np
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.policy import Policy
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
+from fedasync.shared.seeds import simulated_dp_secret
 from fedasync.shared.switches import switch_off, switch_on
 from fedasync.shared.update import Update
 from fedasync.sim.clock import EventQueue
@@ -151,7 +152,11 @@ class AsyncRun:
         self.world = world
         self.progress = progress
         self.on_decision = on_decision
-        self.state = AggregationState(world.init_weights.copy(), world.task.layout)
+        self.state = AggregationState(
+            world.init_weights.copy(),
+            world.task.layout,
+            dp_secret=simulated_dp_secret(world.seed) if policy.private else None,
+        )
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
         #: refusals since the last applied update: too many end the run (sim/stall.py)
@@ -198,6 +203,9 @@ class AsyncRun:
                 if self.stall.stalled:
                     ended_by, end = "stalled", time
                     break
+                if self.state.closed == "privacy_budget":
+                    ended_by, end = "privacy_budget", time
+                    break
                 if ready_now is not None:
                     self._ready(time, ready_now)
             elif isinstance(event, Lost):
@@ -228,6 +236,7 @@ class AsyncRun:
             alerts=tuple(self.alerts),
             rule_figures=tuple(self.rule_figures),
             stalled=self.stall.why() if ended_by == "stalled" else None,
+            privacy=privacy_summary(self.state, self.policy) if self.policy.private else None,
         )
 
     def _run_rules(self, now: float) -> None:
@@ -402,6 +411,28 @@ def run_async(
         algorithm.decide_s,
         eager=eager,
     ).run()
+
+
+def privacy_summary(state: AggregationState, policy: Policy) -> dict[str, Any]:
+    """What a DP run spent: ε under both models at δ, by RDP (what the core counts live) and
+    by PLD (tighter, computed once here), and what the accountant composed."""
+    sampled, conservative = state.epsilon(policy)
+    pld_sampled, pld_conservative = state.privacy.pld(policy)
+    privacy = state.privacy
+    return {
+        "delta": policy.dp_delta,
+        "model": policy.privacy_model.value,
+        "budget": policy.privacy_budget,
+        "epsilon_sampled": sampled,
+        "epsilon_conservative": conservative,
+        "pld_epsilon_sampled": pld_sampled,
+        "pld_epsilon_conservative": pld_conservative,
+        "noise_multiplier": policy.dp_noise,
+        "clip": privacy.clip_norm(policy),
+        "noised_steps": sum(privacy.steps.values()),
+        "most_contributions": privacy.most,
+        "devices_contributing": len(privacy.contributions),
+    }
 
 
 def make_rules(config: RulesConfig) -> list[Rule]:
