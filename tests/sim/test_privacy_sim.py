@@ -88,7 +88,6 @@ def test_the_privacy_budget_ends_the_simulation_and_the_summary_reports_epsilon(
 
 def test_a_simulation_without_dp_has_no_privacy_in_its_summary() -> None:
     summary = build_summary(simulate(config(budget={"max_updates": 20})))
-    runs = summary["algorithms"]
-    for run in runs.values() if isinstance(runs, dict) else runs:
+    for run in summary["algorithms"].values():
         assert "privacy" not in run
         assert "epsilon" not in run
