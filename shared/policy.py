@@ -273,6 +273,12 @@ class Policy:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
         if self.dp_clip is not None:
             _check_private(self)
+        elif self.privacy_budget is not None:
+            raise ParamError(
+                "privacy_budget",
+                self.privacy_budget,
+                "null without dp_clip: a privacy budget counts the ε of differential privacy",
+            )
 
     @property
     def private(self) -> bool:

@@ -18,13 +18,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 
 from fedasync.learning.tasks import TaskName
 from fedasync.shared.params import ParamError
-from fedasync.shared.policy import START, Policy, apply_mode_preset
+from fedasync.shared.policy import FIELDS, QUIET, START, Policy, apply_mode_preset
 from fedasync.shared.policy_schema import policy_model
 
 
@@ -302,6 +304,17 @@ class AsyncAlgorithmConfig(Strict):
         chosen = {k: v for k, v in data.items() if k in POLICY_KEYS}
         values = apply_mode_preset({"mode": data.get("kind"), **chosen})
         return {**data, **{k: v for k, v in values.items() if k in POLICY_KEYS}}
+
+    @model_serializer(mode="wrap")
+    def _leave_out_quiet(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Quiet policy fields (DP) at their default are left out, as `Policy.to_dict` leaves
+        them out: a config that does not use them dumps the bytes it always has."""
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in QUIET:
+                if name in out and out[name] == FIELDS[name].default:
+                    del out[name]
+        return out
 
     @model_validator(mode="after")
     def _core_rules(self) -> AsyncAlgorithmConfig:

@@ -327,3 +327,8 @@ def test_dp_cannot_be_turned_on_or_off_or_change_mode_during_a_run() -> None:
         Policy(dp_clip=1.0).evolve(dp_clip=None)
     with pytest.raises(ParamError, match="fixed during a run"):
         Policy(dp_clip=1.0).evolve(mode=Mode.FEDBUFF)
+
+
+def test_a_privacy_budget_without_dp_is_refused() -> None:
+    with pytest.raises(ParamError, match="privacy_budget"):
+        Policy(privacy_budget=3.0)
