@@ -54,7 +54,8 @@ class Decision:
     is the effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff.
     `delta_norm` is how far the update would move the model before α (see
     `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound (or, with
-    differential privacy, the clip C) scaled it down. Records written before the bound existed lack both and read back as None and False.
+    differential privacy, the clip C) scaled it down. Records written before the bound existed
+    lack both and read back as None and False.
     `epsilon_sampled` and `epsilon_conservative` are the privacy spent after this decision
     under the two models of shared/privacy/accounting.py, when DP is on.
 
