@@ -22,6 +22,7 @@ import numpy as np
 
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.policy import Policy
+from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
 from fedasync.shared.seeds import simulated_dp_secret
 from fedasync.shared.switches import switch_off, switch_on
@@ -236,7 +237,9 @@ class AsyncRun:
             alerts=tuple(self.alerts),
             rule_figures=tuple(self.rule_figures),
             stalled=self.stall.why() if ended_by == "stalled" else None,
-            privacy=privacy_summary(self.state, self.policy) if self.policy.private else None,
+            privacy=privacy_summary(self.state.privacy, self.policy)
+            if self.policy.private
+            else None,
         )
 
     def _run_rules(self, now: float) -> None:
@@ -413,12 +416,11 @@ def run_async(
     ).run()
 
 
-def privacy_summary(state: AggregationState, policy: Policy) -> dict[str, Any]:
+def privacy_summary(privacy: PrivacySpent, policy: Policy) -> dict[str, Any]:
     """What a DP run spent: ε under both models at δ, by RDP (what the core counts live) and
     by PLD (tighter, computed once here), and what the accountant composed."""
-    sampled, conservative = state.epsilon(policy)
-    pld_sampled, pld_conservative = state.privacy.pld(policy)
-    privacy = state.privacy
+    sampled, conservative = privacy.epsilon(policy)
+    pld_sampled, pld_conservative = privacy.pld(policy)
     return {
         "delta": policy.dp_delta,
         "model": policy.privacy_model.value,

@@ -91,3 +91,28 @@ def test_a_simulation_without_dp_has_no_privacy_in_its_summary() -> None:
     for run in summary["algorithms"].values():
         assert "privacy" not in run
         assert "epsilon" not in run
+
+
+def test_dp_fedavg_clips_and_noises_each_round_and_its_budget_ends_the_run() -> None:
+    """The synchronous baseline with DP: the core's clip and noise (shared/fedavg.py,
+    `dp_fedavg`), accounted by the core's PrivacySpent, ended by its privacy budget."""
+    algorithms = [
+        {"kind": "fedavg", "clients_per_round": 4, "dp_clip": 0.5, "dp_noise": 1.0},
+        {
+            "kind": "fedavg",
+            "name": "budgeted",
+            "clients_per_round": 4,
+            "dp_clip": 0.5,
+            "dp_noise": 1.0,
+            "privacy_budget": 15.0,
+        },
+    ]
+    cfg = config(fleet=FLEET, algorithms=algorithms, budget={"max_updates": 400})
+    free, budgeted = simulate(cfg).results
+    assert free.privacy is not None
+    assert free.privacy["noised_steps"] == free.counters["rounds"]
+    assert budgeted.ended_by == "privacy_budget"
+    assert budgeted.privacy is not None
+    assert budgeted.privacy["epsilon_conservative"] <= 15.0
+    assert budgeted.counters["rounds"] < free.counters["rounds"]
+    assert budgeted.recorder.epsilon

@@ -332,3 +332,18 @@ def test_dp_cannot_be_turned_on_or_off_or_change_mode_during_a_run() -> None:
 def test_a_privacy_budget_without_dp_is_refused() -> None:
     with pytest.raises(ParamError, match="privacy_budget"):
         Policy(privacy_budget=3.0)
+
+
+def test_dp_fedavg_is_the_fixed_denominator_mean_of_clipped_deltas_plus_noise() -> None:
+    from fedasync.shared.fedavg import dp_fedavg
+
+    base = seeded_weights(40)
+    models = [seeded_weights(41 + i, scale=2.0) for i in range(3)]
+    noise = gaussian(SECRET, 1, SIZE, 0.7)
+    total = np.zeros(SIZE)
+    for model in models:
+        delta = model.astype(np.float64) - base
+        norm = math.sqrt(float(np.sum(delta * delta)))
+        total += delta * min(1.0, 1.0 / norm)
+    expected = (base.astype(np.float64) + (total + noise) / 5).astype(np.float32)
+    assert np.array_equal(dp_fedavg(base, models, 5, 1.0, noise), expected)
