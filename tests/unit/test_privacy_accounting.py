@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
@@ -115,7 +116,10 @@ def test_a_run_without_dp_never_imports_dp_accounting() -> None:
         from fedasync.shared.layout import Layout
         from fedasync.shared.policy import Policy
         from fedasync.shared.update import Update
-        import fedasync.sim.asynchronous, fedasync.sim.summary
+        from fedasync.sim.runner import simulate
+        from fedasync.sim.summary import build_summary
+        from tests.sim.helpers import config
+        build_summary(simulate(config(budget={"max_updates": 20})))
         for policy in (Policy(), Policy.fedbuff(buffer_size=2)):
             state = AggregationState(np.zeros(3, np.float32), Layout.flat(3))
             for i in range(5):
@@ -128,7 +132,12 @@ def test_a_run_without_dp_never_imports_dp_accounting() -> None:
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"
