@@ -55,11 +55,14 @@ def event(q: float, z: float) -> Any:
     return gaussian if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, gaussian)
 
 
+@functools.cache
 def orders() -> np.ndarray:
-    """The RDP orders: dp-accounting's defaults, as its RdpAccountant uses them."""
+    """The RDP orders: dp-accounting's defaults, as its RdpAccountant uses them (read-only)."""
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    return np.array(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+    found = np.array(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+    found.flags.writeable = False
+    return found
 
 
 @functools.lru_cache(maxsize=256)
@@ -79,10 +82,11 @@ def rdp_epsilon(steps: Steps, delta: float) -> float:
         return 0.0
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    total = np.zeros(len(orders()), dtype=np.float64)
+    grid = orders()
+    total = np.zeros(len(grid), dtype=np.float64)
     for q, z, count in steps:
         total += count * event_rdp(q, z)
-    return float(rdp_privacy_accountant.compute_epsilon(orders(), total, delta)[0])
+    return float(rdp_privacy_accountant.compute_epsilon(grid, total, delta)[0])
 
 
 def pld_epsilon(steps: Sequence[tuple[float, float, int]], delta: float) -> float:
