@@ -347,3 +347,17 @@ def test_dp_fedavg_is_the_fixed_denominator_mean_of_clipped_deltas_plus_noise() 
         total += delta * min(1.0, 1.0 / norm)
     expected = (base.astype(np.float64) + (total + noise) / 5).astype(np.float32)
     assert np.array_equal(dp_fedavg(base, models, 5, 1.0, noise), expected)
+
+
+def test_the_noise_is_the_same_bits_in_another_process() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from fedasync.shared.privacy.noise import gaussian;"
+        "print(gaussian(bytes(range(32)), 3, 8, 1.5).tobytes().hex())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == gaussian(SECRET, 3, 8, 1.5).tobytes().hex()
