@@ -4,6 +4,7 @@ the summary reports ε under both models (RDP and PLD) and its curve."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,3 +117,13 @@ def test_dp_fedavg_clips_and_noises_each_round_and_its_budget_ends_the_run() -> 
     assert budgeted.privacy["epsilon_conservative"] <= 15.0
     assert budgeted.counters["rounds"] < free.counters["rounds"]
     assert budgeted.recorder.epsilon
+
+
+def test_a_dp_simulation_draws_its_privacy_chart(tmp_path: Path) -> None:
+    from fedasync.sim.plots import write_plots
+
+    algorithm = {"kind": "fedbuff", "buffer_size": 3, "tau_max": 6, **DP}
+    sim = simulate(config(fleet=FLEET, algorithms=[algorithm], budget={"max_updates": 40}))
+    images = write_plots(sim, tmp_path)
+    assert images[-1] == "privacy.png"
+    assert (tmp_path / "privacy.png").stat().st_size > 0
