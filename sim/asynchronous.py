@@ -417,24 +417,8 @@ def run_async(
 
 
 def privacy_summary(privacy: PrivacySpent, policy: Policy) -> dict[str, Any]:
-    """What a DP run spent: ε under both models at δ, by RDP (what the core counts live) and
-    by PLD (tighter, computed once here), and what the accountant composed."""
-    sampled, conservative = privacy.epsilon(policy)
-    pld_sampled, pld_conservative = privacy.pld(policy)
-    return {
-        "delta": policy.dp_delta,
-        "model": policy.privacy_model.value,
-        "budget": policy.privacy_budget,
-        "epsilon_sampled": sampled,
-        "epsilon_conservative": conservative,
-        "pld_epsilon_sampled": pld_sampled,
-        "pld_epsilon_conservative": pld_conservative,
-        "noise_multiplier": policy.dp_noise,
-        "clip": privacy.clip_norm(policy),
-        "noised_steps": sum(privacy.steps.values()),
-        "most_contributions": privacy.most,
-        "devices_contributing": len(privacy.contributions),
-    }
+    """What a DP run spent, as the summary reports it (`PrivacySpent.summary`)."""
+    return privacy.summary(policy)
 
 
 def make_rules(config: RulesConfig) -> list[Rule]:

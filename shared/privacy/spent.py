@@ -115,6 +115,27 @@ class PrivacySpent:
             sampled = accounting.pld_epsilon(self.sampled_steps(), policy.dp_delta)
         return sampled, accounting.pld_epsilon(self.conservative_steps(policy), policy.dp_delta)
 
+    def summary(self, policy: Policy) -> dict[str, Any]:
+        """What a run spent, for summaries (the simulator's, `up`'s): ε under both models at
+        δ by RDP (what the core counts live) and by PLD (tighter; computed here, once), and
+        what the accountant composed."""
+        sampled, conservative = self.epsilon(policy)
+        pld_sampled, pld_conservative = self.pld(policy)
+        return {
+            "delta": policy.dp_delta,
+            "model": policy.privacy_model.value,
+            "budget": policy.privacy_budget,
+            "epsilon_sampled": sampled,
+            "epsilon_conservative": conservative,
+            "pld_epsilon_sampled": pld_sampled,
+            "pld_epsilon_conservative": pld_conservative,
+            "noise_multiplier": policy.dp_noise,
+            "clip": self.clip_norm(policy),
+            "noised_steps": sum(self.steps.values()),
+            "most_contributions": self.most,
+            "devices_contributing": len(self.contributions),
+        }
+
     # ----------------------------------------------------------------------------- checkpoint
     def to_dict(self) -> dict[str, Any]:
         return {
