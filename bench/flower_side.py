@@ -193,7 +193,9 @@ def run(
         random.seed(seed)  # Flower samples clients with `random` (unused here) and noises with
         np.random.seed(seed)  # NumPy's global generator: seeded, a Flower run repeats exactly
 
-        def aggregate(models: list[np.ndarray], counts: list[int]) -> np.ndarray:
+        def aggregate(
+            models: list[np.ndarray], counts: list[int], clients: list[str]
+        ) -> np.ndarray:
             out: np.ndarray = server.aggregate(sync.weights, models, counts)
             return out
 

@@ -42,7 +42,10 @@ from fedasync.shared.modes.base import Clip, Settlement, frozen
 from fedasync.shared.modes.holdings import FedBuffBuffer, Memory, Tier
 from fedasync.shared.modes.memory import forget_delta
 from fedasync.shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
-from fedasync.shared.policy import NormAction, Policy
+from fedasync.shared.policy import Mode, NormAction, Policy
+from fedasync.shared.privacy.clipping import delta_noise_multiplier, next_clip
+from fedasync.shared.privacy.noise import count_draw, gaussian
+from fedasync.shared.privacy.spent import PrivacyError, PrivacySpent
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import MAX_ID_LENGTH, Update
 from fedasync.shared.validation import NON_FINITE_DETAIL, is_count, update_problem
@@ -74,6 +77,7 @@ class AggregationState:
         *,
         version: int = 0,
         dedup: DedupMemory | None = None,
+        dp_secret: bytes | None = None,
     ) -> None:
         weights = np.asarray(weights)
         if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != layout.size:
@@ -107,6 +111,10 @@ class AggregationState:
         self.memory = Memory(np.zeros(layout.size, dtype=np.float64))
         #: tiered mode: one entry per tier, fastest first; empty outside tiered mode
         self.tiers: list[Tier] = []
+        #: differential privacy: what has been spent, and the adaptive clip (shared/privacy/)
+        self.privacy = PrivacySpent()
+        #: the per-run secret the DP noise is drawn from (shared/privacy/noise.py); never saved
+        self.dp_secret = dp_secret
         self._weights = frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
         #: what a robust rule left out of a server step taken while deciding the current
@@ -129,6 +137,13 @@ class AggregationState:
         Weights are replaced, never written in place, so the view stays the model of this version.
         """
         return self._weights
+
+    def epsilon(self, policy: Policy) -> tuple[float | None, float | None]:
+        """(sampled, conservative) ε spent so far at `policy.dp_delta`; (None, None) without
+        DP, sampled None without `dp_population` (shared/privacy/accounting.py)."""
+        if not policy.private:
+            return None, None
+        return self.privacy.epsilon(policy)
 
     # ----------------------------------------------------------------------------- deciding
     def close(self, reason: str) -> None:
@@ -190,9 +205,64 @@ class AggregationState:
         tau = self.version - update.base_version
         if policy.is_stale(tau):
             return self.decide(update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.STALE)
+        if policy.private:
+            refused = self._private_gate(update, policy, tau)
+            if refused is not None:
+                return refused
 
         new = to_float32(update.weights)
         return STRATEGIES[policy.mode].take(self, update, new, tau, policy)
+
+    def _private_gate(self, update: Update, policy: Policy, tau: int) -> Decision | None:
+        """DP's own refusals, before any value is read: the participation cap, then the
+        privacy budget, which closes training before a step that would take ε past it."""
+        if self.dp_secret is None:
+            raise PrivacyError("a policy with dp_clip needs the run's dp_secret to draw noise")
+        client = str(update.client_id)
+        if self.privacy.capped(client, policy):
+            return self.decide(
+                update,
+                policy,
+                Outcome.DROPPED,
+                tau=tau,
+                reason=DropReason.PARTICIPATION_CAP,
+                detail=f"{policy.dp_participation} contributions of this device taken already",
+            )
+        budget = policy.privacy_budget
+        if budget is not None:
+            steps = policy.mode is Mode.FEDASYNC or self.buffer.count + 1 >= policy.buffer_size
+            spent = self.privacy.prospective(policy, client, steps)
+            if spent > budget:
+                self.close("privacy_budget")
+                return self.decide(
+                    update,
+                    policy,
+                    Outcome.DROPPED,
+                    reason=DropReason.CLOSED,
+                    detail=str(self.closed),
+                )
+        return None
+
+    def private_step(self, policy: Policy, count: int) -> np.ndarray:
+        """The Gaussian noise of the server step about to be taken over `count` updates (std
+        z·C, z raised for adaptive clipping, C the largest clip of the step's updates), and the
+        step counted as spent, the adaptive clip moved (shared/privacy/clipping.py).
+
+        Keyed by the version the step creates, from the run's secret: the same bits in the
+        aggregator, the simulator and `ledger verify`. Changes the privacy state: called only
+        once the step is certain to be taken.
+        """
+        assert self.dp_secret is not None  # `_private_gate` checked it
+        step = self.version + 1
+        privacy = self.privacy
+        std = delta_noise_multiplier(policy) * privacy.step_clip
+        noise = gaussian(self.dp_secret, step, self._size, std)
+        clip = None
+        if policy.dp_quantile is not None:
+            draw = count_draw(self.dp_secret, step)
+            clip = next_clip(privacy.clip_norm(policy), privacy.within, count, draw, policy)
+        privacy.stepped(policy, clip)
+        return noise
 
     # ----------------------------------------------------------------------------- mode switch
     def settle(self, policy: Policy) -> Settlement:
@@ -389,6 +459,7 @@ class AggregationState:
                 excluded, noted = self._step_note
                 detail = detail or noted
             self._step_note = None
+        sampled, conservative = self.epsilon(policy)
         return Decision(
             outcome=outcome,
             update_id=str(update.update_id),
@@ -405,6 +476,8 @@ class AggregationState:
             delta_norm=delta_norm,
             clipped=clipped,
             excluded=excluded,
+            epsilon_sampled=sampled,
+            epsilon_conservative=conservative,
         )
 
 

@@ -18,6 +18,7 @@ from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.layout import Layout
 from fedasync.shared.modes.holdings import FedBuffBuffer, Tier
 from fedasync.shared.policy import ServerOptimizer
+from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.robust import Kept, RuleSpec
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.wire import WireError, pack, unpack
@@ -29,14 +30,17 @@ from fedasync.shared.wire import WireError, pack, unpack
 #: 3 added the client book, the memory and the tiers (modes memory, tiered, fedbuff-fair) and
 #: the buffer's weight sum; formats 1 and 2 are read with all of them empty. A format-3 checkpoint
 #: may also leave the dedup ids to the caller (`"ids": None`, the aggregator's sorted set).
-#: 4 added a robust rule's buffered updates (policy `robust`, shared/robust.py): the buffer's
-#: rule and each update's id, weight and contribution. It is written only when the buffer keeps
-#: them; every other checkpoint is written as format 3, byte for byte as before, since a format-3
-#: build restores it faithfully (and must refuse one it would step with the mean).
+#: 4 added two sections, each present only when it holds something: a robust rule's buffered
+#: updates (policy `robust`, shared/robust.py: the buffer's rule and each update's id, weight and
+#: contribution), and privacy (shared/privacy/spent.py: what a DP run has spent, the adaptive
+#: clip). A state with neither is still written as format 3, byte for byte as before: a format-3
+#: build restores it faithfully, and must refuse one it would step with the mean or could not
+#: account privacy for.
 FORMAT_VERSION = 4
-#: the formats this build writes: 3 unless the buffer keeps a robust rule's updates
-WRITTEN = (3, FORMAT_VERSION)
-_READABLE = (1, 2, 3, FORMAT_VERSION)
+_PLAIN_FORMAT = 3
+_READABLE = (1, 2, _PLAIN_FORMAT, FORMAT_VERSION)
+#: the formats this build writes (a replay's checkpoint compares byte for byte with these)
+WRITTEN_FORMATS = (_PLAIN_FORMAT, FORMAT_VERSION)
 _F32 = np.dtype("<f4")
 _F64 = np.dtype("<f8")
 
@@ -70,9 +74,11 @@ def save_state(
     buffer = state.buffer
     memory = state.memory
     robust = buffer.rule is not None and buffer.count > 0
+    private = not state.privacy.empty
+    privacy = {"privacy": state.privacy.to_dict()} if private else {}
     return pack(
         {
-            "format": FORMAT_VERSION if robust else 3,
+            "format": FORMAT_VERSION if robust or private else _PLAIN_FORMAT,
             "version": state.version,
             "layout": state.layout.to_list(),
             "weights": _bytes(state.weights_view(), _F32) if include_weights else None,
@@ -127,6 +133,7 @@ def save_state(
             # the poisoning bound's memory; absent from checkpoints written before it existed
             "norms": list(state.norms),
             "optimizer": _optimizer(state.optimizer),
+            **privacy,
         }
     )
 
@@ -137,6 +144,7 @@ def load_state(
     *,
     dedup_ids: Iterable[tuple[str, int]] | None = None,
     memory_deltas: Mapping[str, bytes] | None = None,
+    dp_secret: bytes | None = None,
 ) -> AggregationState:
     """Inverse of save_state; refuses anything it does not recognise.
 
@@ -144,6 +152,7 @@ def load_state(
     used only when the checkpoint was saved without its ids (none when not given);
     `memory_deltas` (client id → its delta's bytes) is wanted when it was saved without the
     memory and names clients with a delta; a missing or malformed one is a CheckpointError.
+    `dp_secret` is the run's DP secret (never in a checkpoint), for a state that decides DP.
     """
     try:
         data = unpack(raw, max_bytes=len(raw))
@@ -171,6 +180,7 @@ def load_state(
             layout,
             version=int(data["version"]),
             dedup=dedup,
+            dp_secret=dp_secret,
         )
         state.counters = {str(k): int(v) for k, v in data["counters"].items()}
         closed = data["closed"]
@@ -193,6 +203,8 @@ def load_state(
         state.norms.extend(float(n) for n in data.get("norms", ()))
         if "optimizer" in data:
             state.optimizer = _restore_optimizer(data["optimizer"], layout.size)
+        if "privacy" in data:
+            state.privacy = PrivacySpent.from_dict(data["privacy"])
     except MemoryMissing:
         raise
     except (KeyError, TypeError, ValueError) as exc:

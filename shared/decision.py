@@ -26,6 +26,8 @@ class DropReason(StrEnum):
     BEYOND_DEDUP_HORIZON = "beyond_dedup_horizon"
     #: training is over (a budget was reached): the model no longer changes
     CLOSED = "closed"
+    #: differential privacy: its device has made `dp_participation` contributions already
+    PARTICIPATION_CAP = "participation_cap"
 
 
 class RejectReason(StrEnum):
@@ -51,11 +53,16 @@ class Decision:
     whose other applied updates record the version in force and are part of the next one). `alpha`
     is the effective mixing weight: α0·s(τ) in FedAsync, server_lr·s(τ)/K in FedBuff.
     `delta_norm` is how far the update would move the model before α (see
-    `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound scaled it
-    down. Records written before the bound existed lack both and read back as None and False.
-    `excluded` names the buffered updates a robust rule (policy `robust`, shared/robust.py) left
-    out of the server step this decision takes, with the rule's account in `detail`; it is left
-    out of `to_dict()` when empty, so records of runs without it are as they always were.
+    `AggregationState.norm_bound`), after clipping; `clipped` says the poisoning bound (or, with
+    differential privacy, the clip C) scaled it down. Records written before the bound existed
+    lack both and read back as None and False.
+    `epsilon_sampled` and `epsilon_conservative` are the privacy spent after this decision
+    under the two models of shared/privacy/accounting.py, when DP is on. `excluded` names the
+    buffered updates a robust rule (policy `robust`, shared/robust.py) left out of the server
+    step this decision takes, with the rule's account in `detail`.
+
+    Fields added since the ledgers began (`QUIET`) are left out of `to_dict()` at their
+    default, so that a run not using them records the bytes it always has.
     """
 
     outcome: Outcome
@@ -73,6 +80,8 @@ class Decision:
     delta_norm: float | None = None
     clipped: bool = False
     excluded: tuple[str, ...] = ()
+    epsilon_sampled: float | None = None
+    epsilon_conservative: float | None = None
 
     @property
     def applied(self) -> bool:
@@ -81,11 +90,12 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         """Plain msgpack/JSON-safe form (written once per decision: no deep copy)."""
         out = {f.name: getattr(self, f.name) for f in _FIELDS}
+        for name in QUIET:
+            if out[name] is None or out[name] == ():  # at its default
+                del out[name]
         out["outcome"] = self.outcome.value
         if self.excluded:
             out["excluded"] = list(self.excluded)  # as msgpack and JSON read it back
-        else:
-            del out["excluded"]
         return out
 
     @classmethod
@@ -97,3 +107,5 @@ class Decision:
 
 
 _FIELDS = fields(Decision)
+#: fields left out of `Decision.to_dict()` at their default (None, or nothing excluded)
+QUIET = ("excluded", "epsilon_sampled", "epsilon_conservative")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedasync.shared.privacy.clipping import clip_delta
+
 
 def fedavg(models: Sequence[np.ndarray], num_samples: Sequence[int]) -> np.ndarray:
     """Σ nᵢ·wᵢ / Σ nᵢ as a new float32 vector; the inputs are only read."""
@@ -31,4 +33,31 @@ def fedavg(models: Sequence[np.ndarray], num_samples: Sequence[int]) -> np.ndarr
     if not np.isfinite(mean).all():
         raise ValueError("the weighted mean is not finite")
     result: np.ndarray = mean.astype(np.float32)
+    return result
+
+
+def dp_fedavg(
+    weights: np.ndarray,
+    models: Sequence[np.ndarray],
+    expected: int,
+    clip: float,
+    noise: np.ndarray,
+) -> np.ndarray:
+    """DP-FedAvg's round (McMahan et al. 2018, "Learning differentially private recurrent
+    language models", the fixed-denominator estimator with uniform weights):
+
+        x ← x + (Σ clip_C(x_i − x) + N(0, z²C²I)) / m
+
+    with m = `expected` the results a round waits for (a fixed denominator, so one device
+    moves the sum by at most C and the mean by C/m, whatever the round's size) and `noise` the
+    round's Gaussian noise of std z·C (shared/privacy/noise.py). The clip is the core's own
+    (shared/privacy/clipping.py), as in DP-FedAsync and DP-FedBuff. A new float32 vector.
+    """
+    base = weights.astype(np.float64)
+    total = np.zeros_like(base)
+    for model in models:
+        delta, _ = clip_delta(model.astype(np.float64) - base, clip)
+        total += delta
+    total += noise
+    result: np.ndarray = (base + total / expected).astype(np.float32)
     return result

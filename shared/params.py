@@ -106,9 +106,9 @@ class Param:
     #: the values a number may take; None for enums and flags (their type says it)
     allowed: Range | None = None
     scope: Scope = Scope.START
-    #: left out of `Policy.to_dict()` while at its default: a field added after the golden
-    #: ledgers, so that the policies of runs not using it are recorded byte for byte as before
-    elided: bool = False
+    #: left out of `Policy.to_dict()` while at its default: a field added after ledgers and
+    #: checkpoints began recording policies, so that runs not using it record the same bytes
+    quiet: bool = False
 
 
 def param(
@@ -117,8 +117,8 @@ def param(
     allowed: Range | None = None,
     scope: Scope = Scope.START,
     *,
-    elided: bool = False,
+    quiet: bool = False,
 ) -> T:
     """A policy field with its default, description, range and scope, declared in one place."""
-    meta = {PARAM_KEY: Param(description, allowed, scope, elided)}
+    meta = {PARAM_KEY: Param(description, allowed, scope, quiet)}
     return field(default=default, metadata=meta)

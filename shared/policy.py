@@ -63,6 +63,21 @@ class ServerOptimizer(StrEnum):
     ADAM = "adam"
 
 
+class PrivacyModel(StrEnum):
+    """Which ε the privacy budget counts (shared/privacy/accounting.py states both models)."""
+
+    #: no amplification: each device's own contributions composed, up to the participation cap
+    CONSERVATIVE = "conservative"
+    #: each server step a Poisson sample of K of the N enrolled devices (q = K/N), amplified
+    SAMPLED = "sampled"
+
+
+#: the modes differential privacy applies to: those that take in one clipped delta per update
+DP_MODES = frozenset({Mode.FEDASYNC, Mode.FEDBUFF, Mode.FEDBUFF_FAIR})
+#: the fields that may not change once a run has started with DP (its accounting assumes them)
+_DP_FIXED = ("mode", "dp_quantile", "dp_population")
+
+
 class NormAction(StrEnum):
     """What the poisoning bound does with an update whose delta norm exceeds it."""
 
@@ -189,25 +204,25 @@ class Policy:
         "what a buffered server step (fedbuff, fedbuff-fair) takes of its K deltas: their mean, "
         "the coordinate-wise median or trimmed mean, Krum's one delta or multi-Krum's mean of "
         "the m best (defences against malicious devices)",
-        elided=True,
+        quiet=True,
     )
     robust_trim: float = param(
         0.1,
         "β of the trimmed mean: the fraction of the K values left out at each end, per coordinate",
         Range(0.0, 0.5, high_open=True),
-        elided=True,
+        quiet=True,
     )
     robust_byzantine: int = param(
         1,
         "f, the malicious devices Krum and multi-Krum assume among a buffer's K (K > 2f + 2)",
         Range(0, 4999, integer=True),
-        elided=True,
+        quiet=True,
     )
     robust_select: int | None = param(
         None,
         "m, the deltas multi-Krum averages (at most K); null: K − f",
         Range(1, 10_000, integer=True, optional=True),
-        elided=True,
+        quiet=True,
     )
     paused: bool = param(
         False,
@@ -233,10 +248,101 @@ class Policy:
         Scope.RUNTIME,
     )
 
+    # user-level differential privacy (shared/privacy/): every field quiet, so that a run
+    # without DP records the policy it always has
+    dp_clip: float | None = param(
+        None,
+        "C, the user-level clip norm of a device's delta (x_new − x_base), the start of the "
+        "adaptive clip; null: differential privacy off",
+        Range(0.0, 1e6, low_open=True, optional=True),
+        quiet=True,
+    )
+    dp_noise: float = param(
+        1.0,
+        "z, the noise multiplier: Gaussian noise of std z·C is added per server step",
+        Range(0.0, 1e3, low_open=True),
+        quiet=True,
+    )
+    dp_quantile: float | None = param(
+        None,
+        "γ, the target quantile of update norms the adaptive clip tracks (Andrew et al. 2021); "
+        "null: the clip stays C",
+        Range(0.0, 1.0, optional=True),
+        quiet=True,
+    )
+    dp_clip_lr: float = param(
+        0.2,
+        "η_C of the adaptive clip's geometric update C ← C·exp(−η_C·(b̃ − γ))",
+        Range(0.0, 10.0, low_open=True),
+        quiet=True,
+    )
+    dp_count_noise: float | None = param(
+        None,
+        "σ_b, the std of the noise on the count of unclipped updates (adaptive clip); null: "
+        "K/20, the paper's choice (K = 1 in FedAsync)",
+        Range(0.0, 1e6, low_open=True, optional=True),
+        quiet=True,
+    )
+    dp_delta: float = param(
+        1e-5, "δ at which ε is reported", Range(0.0, 1.0, low_open=True, high_open=True), quiet=True
+    )
+    dp_population: int | None = param(
+        None,
+        "N, the enrolled devices, for the sampled model (q = K/N; FedAsync q = 1/N); null: the "
+        "sampled ε is not reported",
+        Range(1, 10**12, integer=True, optional=True),
+        quiet=True,
+    )
+    dp_participation: int | None = param(
+        None,
+        "the most contributions a device may make (conservative model); updates past it are "
+        "dropped (participation_cap); null: no cap",
+        Range(1, 10**12, integer=True, optional=True),
+        quiet=True,
+    )
+    privacy_budget: float | None = param(
+        None,
+        "target ε: training closes (privacy_budget) before a step that would take ε under "
+        "privacy_model past it; may be lowered at runtime, never raised or unset",
+        Range(0.0, 1e6, low_open=True, optional=True),
+        quiet=True,
+    )
+    privacy_model: PrivacyModel = param(
+        PrivacyModel.CONSERVATIVE,
+        "which ε the privacy budget counts: conservative (no amplification) or sampled",
+        quiet=True,
+    )
+
     def __post_init__(self) -> None:
         for spec in SCHEMA:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
         _check_robust(self)
+        if self.dp_clip is not None:
+            _check_private(self)
+        elif self.privacy_budget is not None:
+            raise ParamError(
+                "privacy_budget",
+                self.privacy_budget,
+                "null without dp_clip: a privacy budget counts the ε of differential privacy",
+            )
+
+    @property
+    def private(self) -> bool:
+        """Differential privacy is on (`dp_clip` set)."""
+        return self.dp_clip is not None
+
+    @property
+    def count_noise(self) -> float:
+        """σ_b of the adaptive clip's noised count: `dp_count_noise`, else K/20 (Andrew et
+        al. 2021, section 3), K the updates per server step (1 in FedAsync)."""
+        if self.dp_count_noise is not None:
+            return self.dp_count_noise
+        return self.step_size / 20.0
+
+    @property
+    def step_size(self) -> int:
+        """Updates per server step: K in the buffered modes, 1 in FedAsync."""
+        return 1 if self.mode is Mode.FEDASYNC else self.buffer_size
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""
@@ -263,21 +369,23 @@ class Policy:
         if "version" in changes:
             raise ParamError("version", changes["version"], "set by evolve(), not by the caller")
         _known(changes, CHANGEABLE)
+        if self.private or changes.get("dp_clip") is not None:
+            _check_private_change(self, changes)
         return replace(self, version=self.version + 1, **changes)
 
     def to_dict(self, *, complete: bool = False) -> dict[str, Any]:
-        """Plain JSON/msgpack-safe form (enums as their string values), as recorded: fields
-        declared `elided` are left out while at their default (from_dict restores them), so
-        policy logs and simulator outputs of runs that do not use them are as they were;
-        `complete` keeps every field (what the control API shows)."""
+        """Plain JSON/msgpack-safe form (enums as their string values), as recorded: quiet
+        fields (`Param.quiet`) at their default are left out (`from_dict` gives them their
+        default back), so policy logs and simulator outputs of runs that do not use them are as
+        they were; `complete` keeps every field (what the control API shows)."""
         out = asdict(self)
+        if not complete:
+            for name in QUIET:
+                if out[name] == FIELDS[name].default:
+                    del out[name]
         for name, value in out.items():
             if isinstance(value, StrEnum):
                 out[name] = value.value
-        if not complete:
-            for name in ELIDED:
-                if getattr(self, name) == FIELDS[name].default:
-                    del out[name]
         return out
 
     @classmethod
@@ -312,8 +420,8 @@ class FieldSpec:
     #: the range of a number; None for enums and flags
     allowed: Range | None
     scope: Scope
-    #: left out of `Policy.to_dict()` while at its default (shared/params.py, `Param.elided`)
-    elided: bool = False
+    #: left out of `Policy.to_dict()` at its default
+    quiet: bool = False
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -361,7 +469,7 @@ def _schema() -> tuple[FieldSpec, ...]:
                 meta.description,
                 meta.allowed,
                 meta.scope,
-                meta.elided,
+                meta.quiet,
             )
         )
     return tuple(out)
@@ -380,8 +488,8 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
 #: every policy field, in declaration order
 SCHEMA: tuple[FieldSpec, ...] = _schema()
 FIELDS: Mapping[str, FieldSpec] = types.MappingProxyType({s.name: s for s in SCHEMA})
-#: the fields `to_dict()` leaves out while at their default
-ELIDED: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.elided)
+#: the fields `Policy.to_dict()` leaves out at their default
+QUIET: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.quiet)
 #: the fields chosen before a run: settings, `fedasync up` flags, simulator keys
 START: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is Scope.START)
 #: the fields a runtime change (`evolve`, PATCH /v1/policy) may name
@@ -445,8 +553,8 @@ def _check_robust(policy: Policy) -> None:
             f"mean unless mode is one of {sorted(BUFFERED)} (mode = "
             f"{policy.mode.value}; set robust = mean with the mode)",
         )
-    # dp_clip arrives with the DP fields: their sensitivity analysis assumes the mean
-    if getattr(policy, "dp_clip", None) is not None:
+    # DP's sensitivity analysis assumes the mean of clipped deltas
+    if policy.dp_clip is not None:
         raise ParamError(
             "robust",
             rule.value,
@@ -462,6 +570,74 @@ def _check_robust(policy: Policy) -> None:
     select = policy.robust_select
     if rule is RobustRule.MULTI_KRUM and select is not None and select > k:
         raise ParamError("robust_select", select, f"at most buffer_size = {k}, or null")
+
+
+def _check_private(policy: Policy) -> None:
+    """The combinations differential privacy cannot be stated for, refused by name."""
+    if policy.mode not in DP_MODES:
+        raise ParamError(
+            "dp_clip",
+            policy.dp_clip,
+            f"null in mode {policy.mode.value}: differential privacy applies to modes "
+            f"{sorted(m.value for m in DP_MODES)} (memory and tiered keep and reuse each "
+            "client's delta across server steps, which the accountant does not cover)",
+        )
+    if policy.norm_bound is not None:
+        raise ParamError(
+            "norm_bound",
+            policy.norm_bound,
+            "null with dp_clip set: DP clips every delta to C already, and the poisoning "
+            "bound's median of other devices' norms is not private",
+        )
+    if policy.privacy_model is PrivacyModel.SAMPLED and policy.dp_population is None:
+        raise ParamError(
+            "dp_population",
+            None,
+            "a number of devices when privacy_model = sampled (q = K/N needs N)",
+        )
+    if policy.dp_population is not None and policy.step_size > policy.dp_population:
+        raise ParamError(
+            "dp_population",
+            policy.dp_population,
+            f"at least K = {policy.step_size} (a step samples K of the N devices)",
+        )
+    if policy.dp_quantile is not None and not policy.dp_noise < 2 * policy.count_noise:
+        raise ParamError(
+            "dp_noise",
+            policy.dp_noise,
+            f"below 2·σ_b = {2 * policy.count_noise:g} with adaptive clipping (Andrew et al. "
+            "2021: the delta's noise multiplier (z⁻² − (2σ_b)⁻²)^(-1/2) must exist); raise "
+            "dp_count_noise or lower dp_noise",
+        )
+
+
+def _check_private_change(policy: Policy, changes: Mapping[str, Any]) -> None:
+    """What a runtime change may not do to a run with DP: what has been spent is accounted
+    under the settings it was spent with."""
+    if not policy.private:
+        raise ParamError(
+            "dp_clip", changes["dp_clip"], "null: differential privacy is chosen before a run"
+        )
+    if "dp_clip" in changes and changes["dp_clip"] is None:
+        raise ParamError("dp_clip", None, "a clip norm: DP cannot be turned off during a run")
+    for name in _DP_FIXED:
+        if name in changes and changes[name] != getattr(policy, name):
+            raise ParamError(
+                name, changes[name], f"{getattr(policy, name)!s}: fixed during a run with DP"
+            )
+    if "privacy_budget" in changes and policy.privacy_budget is not None:
+        new = changes["privacy_budget"]
+        if new is None or (
+            isinstance(new, (int, float))
+            and not isinstance(new, bool)
+            and new > policy.privacy_budget
+        ):
+            raise ParamError(
+                "privacy_budget",
+                new,
+                f"at most {policy.privacy_budget:g}: a privacy budget may be lowered, never "
+                "raised or unset",
+            )
 
 
 def _known(data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:

@@ -7,6 +7,7 @@ of events. That is what makes FedAsync, FedBuff and FedAvg run on *the same* fle
 
 from __future__ import annotations
 
+import hashlib
 from enum import IntEnum
 
 import numpy as np
@@ -41,3 +42,10 @@ def bits(seed: int, *key: int) -> np.random.PCG64:
 def device_stream(seed: int, device: int, kind: DeviceStream, *more: int) -> np.random.Generator:
     """A device's own generator for latencies, availability, or one run's training."""
     return stream(seed, Stream.DEVICE, device, kind, *more)
+
+
+def simulated_dp_secret(seed: int) -> bytes:
+    """The DP noise secret of a simulation with `seed` (shared/privacy/noise.py): derived from
+    the seed, so a simulation with DP reproduces from its config, where the aggregator keeps a
+    random per-run secret."""
+    return hashlib.sha256(f"fedasync-sim-dp/{seed}".encode()).digest()

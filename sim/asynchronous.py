@@ -22,7 +22,9 @@ import numpy as np
 
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.policy import Policy
+from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
+from fedasync.shared.seeds import simulated_dp_secret
 from fedasync.shared.switches import switch_off, switch_on
 from fedasync.shared.update import Update
 from fedasync.sim.clock import EventQueue
@@ -151,7 +153,11 @@ class AsyncRun:
         self.world = world
         self.progress = progress
         self.on_decision = on_decision
-        self.state = AggregationState(world.init_weights.copy(), world.task.layout)
+        self.state = AggregationState(
+            world.init_weights.copy(),
+            world.task.layout,
+            dp_secret=simulated_dp_secret(world.seed) if policy.private else None,
+        )
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
         #: refusals since the last applied update: too many end the run (sim/stall.py)
@@ -198,6 +204,9 @@ class AsyncRun:
                 if self.stall.stalled:
                     ended_by, end = "stalled", time
                     break
+                if self.state.closed == "privacy_budget":
+                    ended_by, end = "privacy_budget", time
+                    break
                 if ready_now is not None:
                     self._ready(time, ready_now)
             elif isinstance(event, Lost):
@@ -228,6 +237,9 @@ class AsyncRun:
             alerts=tuple(self.alerts),
             rule_figures=tuple(self.rule_figures),
             stalled=self.stall.why() if ended_by == "stalled" else None,
+            privacy=privacy_summary(self.state.privacy, self.policy)
+            if self.policy.private
+            else None,
         )
 
     def _run_rules(self, now: float) -> None:
@@ -402,6 +414,11 @@ def run_async(
         algorithm.decide_s,
         eager=eager,
     ).run()
+
+
+def privacy_summary(privacy: PrivacySpent, policy: Policy) -> dict[str, Any]:
+    """What a DP run spent, as the summary reports it (`PrivacySpent.summary`)."""
+    return privacy.summary(policy)
 
 
 def make_rules(config: RulesConfig) -> list[Rule]:

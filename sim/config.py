@@ -18,13 +18,23 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 
 from fedasync.learning.tasks import TaskName
 from fedasync.shared.params import ParamError
-from fedasync.shared.policy import START, Policy, apply_mode_preset
+from fedasync.shared.policy import (
+    FIELDS,
+    QUIET,
+    START,
+    Mode,
+    Policy,
+    PrivacyModel,
+    apply_mode_preset,
+)
 from fedasync.shared.policy_schema import policy_model
 
 
@@ -303,6 +313,17 @@ class AsyncAlgorithmConfig(Strict):
         values = apply_mode_preset({"mode": data.get("kind"), **chosen})
         return {**data, **{k: v for k, v in values.items() if k in POLICY_KEYS}}
 
+    @model_serializer(mode="wrap")
+    def _leave_out_quiet(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Quiet policy fields (DP) at their default are left out, as `Policy.to_dict` leaves
+        them out: a config that does not use them dumps the bytes it always has."""
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in QUIET:
+                if name in out and out[name] == FIELDS[name].default:
+                    del out[name]
+        return out
+
     @model_validator(mode="after")
     def _core_rules(self) -> AsyncAlgorithmConfig:
         _check_policy(lambda: self.policy(_AUTO_PLACEHOLDER))
@@ -367,6 +388,50 @@ class FedAvgConfig(Strict):
         None, gt=0, description="results later than this after the round's start are not awaited"
     )
     min_clients: int = Field(1, ge=1, description="fewer online devices: wait")
+    dp_clip: float | None = Field(
+        None,
+        gt=0,
+        description="DP-FedAvg (McMahan et al. 2018): C, the clip of each result's delta; "
+        "null: plain FedAvg",
+    )
+    dp_noise: float = Field(1.0, gt=0, description="DP-FedAvg: z, noise of std z·C per round")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="DP-FedAvg: δ at which ε is reported")
+    privacy_budget: float | None = Field(
+        None, gt=0, description="DP-FedAvg: the run ends before a round that would pass this ε"
+    )
+    privacy_model: PrivacyModel = Field(
+        PrivacyModel.CONSERVATIVE, description="DP-FedAvg: which ε the privacy budget counts"
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_quiet(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """The DP keys at their default are left out: plain FedAvg dumps what it always has."""
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in _FEDAVG_DP:
+                if name in out and out[name] == type(self).model_fields[name].default:
+                    del out[name]
+        return out
+
+    def dp_policy(self, population: int) -> Policy:
+        """The policy DP-FedAvg's rounds are accounted under (shared/privacy/): one noised
+        step of m results among the N devices (q = m/N in the sampled model)."""
+        return Policy.configured(
+            {
+                "mode": Mode.FEDBUFF,
+                "buffer_size": min(self.clients_per_round, population),
+                "dp_clip": self.dp_clip,
+                "dp_noise": self.dp_noise,
+                "dp_delta": self.dp_delta,
+                "dp_population": population,
+                "privacy_budget": self.privacy_budget,
+                "privacy_model": self.privacy_model,
+            }
+        )
+
+
+#: FedAvg's DP keys, left out of its dump at their default
+_FEDAVG_DP = ("dp_clip", "dp_noise", "dp_delta", "privacy_budget", "privacy_model")
 
 
 Algorithm = Annotated[

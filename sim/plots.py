@@ -193,6 +193,39 @@ def rules_chart(sim: Simulation, out: Path) -> str | None:
     return save_png(figure, out / "rules.png")
 
 
+def privacy_chart(sim: Simulation, out: Path) -> str | None:
+    """ε spent against updates applied, both accounting models, per DP run (at each
+    evaluation, RDP as the core counts it live); None when no run used DP."""
+    runs = [r for r in _async(sim) if r.recorder.epsilon]
+    if not runs:
+        return None
+    figure = new_figure()
+    ax = figure.add_subplot()
+    for r in runs:
+        points = r.recorder.epsilon
+        updates = [float(n) for _, n, _, _ in points]
+        conservative = [c if c is not None else float("nan") for _, _, _, c in points]
+        (line,) = ax.plot(updates, conservative, label=f"{r.name} (conservative)")
+        sampled = [s for _, _, s, _ in points if s is not None]
+        if len(sampled) == len(points):
+            ax.plot(
+                updates,
+                sampled,
+                color=line.get_color(),
+                linestyle="--",
+                label=f"{r.name} (sampled)",
+            )
+        if r.privacy is not None and r.privacy["budget"] is not None:
+            ax.axhline(r.privacy["budget"], color=line.get_color(), linestyle=":", linewidth=1)
+    delta = runs[0].privacy["delta"] if runs[0].privacy is not None else None
+    ax.set_xlabel("updates applied to the model (device results)")
+    ax.set_ylabel(f"ε spent (δ = {delta:g})" if delta is not None else "ε spent")
+    ax.set_title("Privacy spent against updates applied (dotted: the privacy budget)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return save_png(figure, out / "privacy.png")
+
+
 def write_plots(sim: Simulation, out: Path) -> list[str]:
     """Every chart as a PNG in `out`; returns the file names in report order."""
     images = [
@@ -209,4 +242,7 @@ def write_plots(sim: Simulation, out: Path) -> list[str]:
     rules = rules_chart(sim, out)
     if rules is not None:
         images.append(rules)
+    privacy = privacy_chart(sim, out)
+    if privacy is not None:
+        images.append(privacy)
     return images

@@ -151,6 +151,10 @@ class Recorder:
     lost: list[int] = field(default_factory=list)
     discarded: list[int] = field(default_factory=list)
     updates_applied: int = 0
+    #: DP runs: (time s, updates applied, sampled ε, conservative ε) at each evaluation
+    epsilon: list[tuple[float, int, float | None, float | None]] = field(default_factory=list)
+    #: DP runs: the ε of the latest decision (sampled, conservative), None before one
+    epsilon_now: tuple[float | None, float | None] | None = None
 
     def __post_init__(self) -> None:
         for counts in (self.submitted, self.applied, self.lost, self.discarded):
@@ -170,6 +174,8 @@ class Recorder:
             decision.alpha,
             decision.step_norm,
         )
+        if decision.epsilon_conservative is not None:
+            self.epsilon_now = (decision.epsilon_sampled, decision.epsilon_conservative)
 
     def refused(self, time_s: float, device: int, decision: Decision) -> None:
         """A FedAvg round's result that the core's checks refused: logged as the asynchronous
@@ -189,3 +195,10 @@ class Recorder:
             self.evals[-1] = point
         else:
             self.evals.append(point)
+        if self.epsilon_now is not None:
+            sampled, conservative = self.epsilon_now
+            spent = (time_s, self.updates_applied, sampled, conservative)
+            if self.epsilon and self.epsilon[-1][:2] == spent[:2]:
+                self.epsilon[-1] = spent
+            else:
+                self.epsilon.append(spent)

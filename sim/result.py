@@ -12,8 +12,9 @@ from fedasync.shared.decision import Decision
 from fedasync.shared.update import Update
 from fedasync.sim.recorder import Recorder
 
-#: "stalled": STALL_REFUSALS updates refused, none applied since (sim/stall.py)
-EndedBy = Literal["max_updates", "max_seconds", "no_more_events", "stalled"]
+#: "stalled": STALL_REFUSALS updates refused, none applied since (sim/stall.py);
+#: "privacy_budget": the core closed training at the policy's privacy budget
+EndedBy = Literal["max_updates", "max_seconds", "no_more_events", "stalled", "privacy_budget"]
 
 #: called with (simulated seconds, updates applied) as the run advances
 Progress = Callable[[float, int], None]
@@ -45,3 +46,5 @@ class RunResult:
     rule_figures: tuple[tuple[float, float, float], ...] = ()
     #: why the run ended as "stalled" (`Stall.why`: the refusals and their counts), else None
     stalled: str | None = None
+    #: DP runs: the privacy spent (`privacy_summary`), else None
+    privacy: dict[str, Any] | None = None

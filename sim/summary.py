@@ -129,10 +129,21 @@ def algorithm_summary(
     }
     if result.stalled is not None:  # only then: ordinary summaries keep their bytes
         out["stalled"] = result.stalled
+    if result.privacy is not None:  # DP runs only, likewise
+        out["privacy"] = result.privacy
+        out["epsilon"] = epsilon_curve(rec)
     if rec.rounds:
         durations = [r.end_s - r.start_s for r in rec.rounds]
         out["rounds"] = {"count": len(rec.rounds), "duration_s": stats(durations)}
     return out
+
+
+def epsilon_curve(recorder: Recorder) -> list[dict[str, Any]]:
+    """ε spent at each evaluation of a DP run, beside its loss and score curves."""
+    return [
+        {"time_s": t, "updates": n, "epsilon_sampled": s, "epsilon_conservative": c}
+        for t, n, s, c in recorder.epsilon
+    ]
 
 
 def build_summary(sim: Simulation) -> dict[str, Any]:

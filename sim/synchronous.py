@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedasync.shared.decision import Decision, Outcome
-from fedasync.shared.fedavg import fedavg
-from fedasync.shared.seeds import Stream, stream
+from fedasync.shared.fedavg import dp_fedavg, fedavg
+from fedasync.shared.privacy.noise import gaussian
+from fedasync.shared.privacy.spent import PrivacySpent
+from fedasync.shared.seeds import Stream, simulated_dp_secret, stream
 from fedasync.shared.update import Update
 from fedasync.shared.validation import finite_problem, update_problem
-from fedasync.sim.asynchronous import make_devices
+from fedasync.sim.asynchronous import make_devices, privacy_summary
 from fedasync.sim.clock import EventQueue
 from fedasync.sim.config import FedAvgConfig, label
 from fedasync.sim.device import RunPlan
@@ -68,6 +70,12 @@ class SyncRun:
         self.trainings = 0
         #: a StartRound or EndRound is scheduled; without one, only evaluations are left
         self.round_pending = True
+        #: DP-FedAvg: the policy its rounds are accounted under, what they spent, the secret
+        self.dp_policy = None if spec.dp_clip is None else spec.dp_policy(world.num_devices)
+        self.privacy = PrivacySpent()
+        self.dp_secret = simulated_dp_secret(world.seed)
+        #: the privacy budget ended the run (before a round that would have passed it)
+        self.closed = False
 
     def run(self) -> RunResult:
         budget = self.world.config.budget
@@ -93,6 +101,9 @@ class SyncRun:
                 if self.stall.stalled:
                     ended_by, end = "stalled", time
                     break
+                if self.closed:
+                    ended_by, end = "privacy_budget", time
+                    break
                 self.queue.push(time, StartRound())
             else:
                 result = self.world.task.evaluate(self.weights, self.world.test)
@@ -113,6 +124,9 @@ class SyncRun:
             counters={"rounds": self.rounds, "applied": self.recorder.updates_applied},
             trainings=self.trainings,
             stalled=self.stall.why() if ended_by == "stalled" else None,
+            privacy=None
+            if self.dp_policy is None
+            else privacy_summary(self.privacy, self.dp_policy),
         )
 
     def _start(self, now: float) -> None:
@@ -151,8 +165,11 @@ class SyncRun:
         self.queue.push(end, EndRound(plans, kept, now))
 
     def _end(self, now: float, event: EndRound) -> None:
+        if self._over_budget(event):
+            self.closed = True
+            return
         params = self.world.training
-        models, counts = [], []
+        models, counts, clients = [], [], []
         for index, plan in event.plans.items():
             self.recorder.submitted[index] += plan.lost_at is None
             if plan.lost_at is not None:
@@ -187,9 +204,10 @@ class SyncRun:
             self.stall.applied()
             models.append(weights)
             counts.append(len(device.data))
+            clients.append(device.client_id)
             self.recorder.applied[index] += 1
         if models:
-            self.weights = _read_only(self.aggregate(models, counts))
+            self.weights = _read_only(self.aggregate(models, counts, clients))
             self.rounds += 1
             self.recorder.updates_applied += len(models)
         self.recorder.rounds.append(
@@ -198,13 +216,36 @@ class SyncRun:
         if self.progress is not None:
             self.progress(now, self.recorder.updates_applied)
 
-    def aggregate(self, models: list[np.ndarray], counts: list[int]) -> np.ndarray:
-        """The round's new model from its kept results: the core's FedAvg.
+    def _over_budget(self, event: EndRound) -> bool:
+        """DP-FedAvg with a privacy budget: the round would take ε past it (the core's own
+        check, `PrivacySpent.prospective`, for the device that gains the most)."""
+        policy = self.dp_policy
+        if policy is None or policy.privacy_budget is None or not event.kept:
+            return False
+        spent = max(
+            self.privacy.prospective(policy, self.devices[d].client_id, True) for d in event.kept
+        )
+        return spent > policy.privacy_budget
+
+    def aggregate(
+        self, models: list[np.ndarray], counts: list[int], clients: list[str]
+    ) -> np.ndarray:
+        """FedAvg's mean, or DP-FedAvg's noised clipped mean (shared/fedavg.py), counted.
 
         A method of its own so that a bench can hand the same results to another framework's
         server instead (bench/flower_side.py) and change nothing else.
         """
-        return fedavg(models, counts)
+        policy = self.dp_policy
+        if policy is None:
+            return fedavg(models, counts)
+        assert policy.dp_clip is not None
+        clip = policy.dp_clip
+        for client in clients:
+            self.privacy.contribute(client, clip, True)
+        noise = gaussian(self.dp_secret, self.rounds + 1, self.weights.size, policy.dp_noise * clip)
+        self.privacy.stepped(policy, None)
+        self.recorder.epsilon_now = self.privacy.epsilon(policy)
+        return dp_fedavg(self.weights, models, self.spec.clients_per_round, clip, noise)
 
     def _refusal(self, update: Update) -> Decision | None:
         """The core's refusal of a round's result, or None when it may be averaged."""

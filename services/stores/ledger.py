@@ -29,7 +29,7 @@ from fedasync.services.stores.memory_store import remembered
 from fedasync.services.stores.policy_store import policy_version
 from fedasync.shared import ledger_record, stream_entry
 from fedasync.shared.aggregation import AggregationState
-from fedasync.shared.checkpoint import WRITTEN, load_state, save_state
+from fedasync.shared.checkpoint import WRITTEN_FORMATS, load_state, save_state
 from fedasync.shared.decision import DropReason
 from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.model_format import decode_model
@@ -228,7 +228,7 @@ def _check_state(committed: Committed, state: AggregationState, report: VerifyRe
     except (WireError, AttributeError):
         report.mismatches.append("the committed state is not a checkpoint")
         return
-    if written_by not in WRITTEN:  # an earlier build's checkpoint has other fields
+    if written_by not in WRITTEN_FORMATS:  # an earlier build's checkpoint has other fields
         report.state_matches = True
         report.notes.append(f"committed state in checkpoint format {written_by}: not compared")
         return

@@ -31,6 +31,7 @@ from fedasync.shared.decision import Decision, Outcome
 from fedasync.shared.layout import Layout
 from fedasync.shared.modes.holdings import FedBuffBuffer, Memory, Tier
 from fedasync.shared.policy import Mode, Policy
+from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import Update
 
@@ -75,8 +76,11 @@ class State(Protocol):
     buffer: FedBuffBuffer
     memory: Memory
     tiers: list[Tier]
+    privacy: PrivacySpent
 
     def weights_view(self) -> np.ndarray: ...
+
+    def private_step(self, policy: Policy, count: int) -> np.ndarray: ...
 
     def replace_weights(self, weights: np.ndarray) -> None: ...
 

@@ -16,8 +16,9 @@ from typing import NamedTuple
 import numpy as np
 
 from fedasync.shared.decision import Decision, DropReason, Outcome
-from fedasync.shared.modes.base import State, Strategy, sum_of_squares
+from fedasync.shared.modes.base import Clip, State, Strategy, sum_of_squares
 from fedasync.shared.policy import Policy
+from fedasync.shared.privacy.clipping import clip_delta
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import Update
 
@@ -29,9 +30,11 @@ class Taking(NamedTuple):
     tau: int
     #: s(τ), the policy's decay at this τ
     s: float
-    #: ‖Δ‖ after the norm bound (the bound when clipped)
+    #: ‖Δ‖ after the norm bound or the DP clip (the bound when clipped)
     delta_norm: float
     policy: Policy
+    #: DP: the delta was within the clip (not scaled); what the adaptive clip counts
+    within: bool = True
 
 
 class DeltaStrategy(Strategy):
@@ -50,12 +53,19 @@ class DeltaStrategy(Strategy):
         if not np.isfinite(new).all():
             return state.reject_non_finite(update, policy)
         delta = new.astype(np.float64) - base
-        clip = state.clip(update, policy, tau, math.sqrt(float(np.sum(delta * delta))))
-        if isinstance(clip, Decision):
-            return clip
-        if clip.scale is not None:
-            delta *= clip.scale
-        taking = Taking(update, tau, policy.staleness(tau, state.version), clip.norm, policy)
+        within = True
+        if policy.private:  # the DP clip, to C (the poisoning bound is off with DP)
+            clip = private_clip(state, policy, delta)
+            within = not clip.clipped
+        else:
+            found = state.clip(update, policy, tau, math.sqrt(float(np.sum(delta * delta))))
+            if isinstance(found, Decision):
+                return found
+            clip = found
+            if clip.scale is not None:
+                delta *= clip.scale
+        s = policy.staleness(tau, state.version)
+        taking = Taking(update, tau, s, clip.norm, policy, within)
         taken = self.prepare(state, taking, delta)
         if isinstance(taken, Decision):
             return taken
@@ -75,7 +85,7 @@ class DeltaStrategy(Strategy):
         decision = state.advance(update, policy, tau, alpha, norm, clip, server_step=stepped)
         if stepped:
             state.history.append((state.version, state.weights_view()))
-        _prune_history(state, policy.tau_max)
+        prune_history(state, policy.tau_max)
         state.forget_idle(policy)
         return decision
 
@@ -109,7 +119,17 @@ def base_weights(history: list[tuple[int, np.ndarray]], base_version: int) -> np
     return None
 
 
-def _prune_history(state: State, tau_max: int) -> None:
+def private_clip(state: State, policy: Policy, delta: np.ndarray) -> Clip:
+    """Differential privacy's clip of `delta` (float64, scaled in place) to the clip C in force
+    (shared/privacy/clipping.py): the norm it counts with, and the scale when it was beyond."""
+    bound = state.privacy.clip_norm(policy)
+    _, norm = clip_delta(delta, bound)
+    return Clip(bound, bound / norm) if norm > bound else Clip(norm)
+
+
+def prune_history(state: State, tau_max: int) -> None:
+    """Forget the base models no update within τ_max can name any more (the oldest kept is the
+    newest at or before version − τ_max)."""
     oldest_needed = state.version - tau_max
     history = state.history
     while len(history) > 1 and history[1][0] <= oldest_needed:

@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
-from fedasync.shared.decision import Decision
+from fedasync.shared.decision import Decision, DropReason, Outcome
 from fedasync.shared.modes.base import State, Strategy, sum_of_squares
+from fedasync.shared.modes.delta import base_weights, private_clip, prune_history
 from fedasync.shared.policy import Mode, Policy
 from fedasync.shared.update import Update
 
@@ -16,6 +17,14 @@ class FedAsync(Strategy):
     """x ← (1 − α)·x + α·x_new, with α = α0·s(τ) computed afresh; every update a server step.
 
     Holds nothing between updates, so a switch away from it has nothing to settle.
+
+    With differential privacy (`dp_clip`) the rule is DP-FedAsync: the device's own delta
+    against the model it trained from is clipped to C and noised, then mixed,
+
+        x ← x + α·(clip_C(x_new − x_base) + N(0, z²C²I))
+
+    so a step's sensitivity α·C meets noise of std α·z·C: every applied update is one Gaussian
+    mechanism of multiplier z. It needs the base models, kept as the delta modes keep them.
     """
 
     mode = Mode.FEDASYNC
@@ -30,6 +39,8 @@ class FedAsync(Strategy):
         What a previous mode left is settled first and x is the settled model, committed only
         once the update is known to be taken in.
         """
+        if policy.private:
+            return self._take_private(state, update, new, tau, policy)
         settlement = state.settle(policy)
         if settlement.settling and not np.isfinite(new).all():
             return state.reject_non_finite(update, policy)
@@ -65,3 +76,35 @@ class FedAsync(Strategy):
         state.history.clear()
         state.counters["server_steps"] += 1
         return state.advance(update, policy, tau, alpha, alpha * clip.norm, clip, server_step=True)
+
+    def _take_private(
+        self, state: State, update: Update, new: np.ndarray, tau: int, policy: Policy
+    ) -> Decision:
+        """DP-FedAsync (the class docstring): clip the delta against the base, noise, mix."""
+        if not state.history:
+            state.history.append((state.version, state.weights_view()))
+        base = base_weights(state.history, update.base_version)
+        if base is None:
+            return state.decide(
+                update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.BASE_UNAVAILABLE
+            )
+        if not np.isfinite(new).all():
+            return state.reject_non_finite(update, policy)
+        delta = new.astype(np.float64) - base
+        clip = private_clip(state, policy, delta)
+        # nothing below can refuse the update: the state may change from here on
+        settlement = state.settle(policy)  # nothing is held during a DP run (its mode is fixed)
+        settlement.commit()
+        x = settlement.weights
+        alpha = policy.alpha(tau, state.version)
+        bound = state.privacy.clip_norm(policy)
+        state.privacy.contribute(str(update.client_id), bound, not clip.clipped)
+        delta += state.private_step(policy, 1)
+        mixed = (x + alpha * delta).astype(np.float32)
+        step_norm = math.sqrt(sum_of_squares(np.subtract(mixed, x, out=state.scratch())))
+        state.replace_weights(mixed)
+        state.counters["server_steps"] += settlement.steps + 1
+        decision = state.advance(update, policy, tau, alpha, step_norm, clip, server_step=True)
+        state.history.append((state.version, state.weights_view()))
+        prune_history(state, policy.tau_max)
+        return decision

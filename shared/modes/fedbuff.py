@@ -18,6 +18,13 @@ class FedBuff(DeltaStrategy):
     """Buffer w·s(τ)·Δ with w = 1 (`weight`) and take one server step, through the server
     optimizer, once K are in: x ← opt(x, Σ w_i·s(τ_i)·Δ_i / Σ w_i).
 
+    With differential privacy (`dp_clip`), each Δ_i is clipped to C first (`private_clip`),
+    and the step adds Gaussian noise of std z·C to the sum of the K contributions before the
+    server optimizer divides it: x ← opt(x, (Σ w_i·s(τ_i)·clip_C(Δ_i) + N(0, z²C²I)) / Σ w_i)
+    (DP-FedBuff, as Papaya ran it). A contribution's sensitivity must stay at most C:
+    s(τ) ≤ 1 keeps it so in FedBuff, and fedbuff-fair's weight w_i (up to K) may raise a slow
+    client's contribution up to norm C but never beyond (`_private_scale`).
+
     Holds the buffer; a switch to a mode that does not buffer steps a partial buffer with the
     policy now in force. Under a robust rule (policy `robust`, shared/robust.py) the buffer also
     keeps each v_i = w·s(τ)·Δ and the step takes the rule's Δ̄ instead of the mean; a change of
@@ -43,14 +50,17 @@ class FedBuff(DeltaStrategy):
         x: np.ndarray,
         optimizer: OptimizerState,
     ) -> tuple[float, np.ndarray, OptimizerState, bool]:
-        update, tau, s, _, policy = taking
+        update, tau, s, _, policy, _ = taking
         weight = self.weight(state, update, tau, policy)
         buffer = state.buffer
-        contribution = (weight * s) * taken if weight != 1.0 else s * taken
+        scale = weight * s
+        if policy.private:
+            scale = _private_scale(state, taking, scale)
+        contribution = scale * taken
         buffer.total += contribution
         if buffer.count == 0:
             buffer.rule = RuleSpec.of(policy)
-        if buffer.rule is not None:
+        if buffer.rule is not None:  # a robust rule (never with DP: the policy refuses both)
             buffer.kept.append(Kept(str(update.update_id), weight, frozen(contribution)))
         buffer.count += 1
         buffer.weight += weight
@@ -89,7 +99,21 @@ class FedBuff(DeltaStrategy):
         decision taking the step what it left out: `State.note_step`)."""
         buffer = state.buffer
         if buffer.rule is None:
-            return server_step(x, buffer.total, buffer.weight, optimizer, policy)
+            total = buffer.total
+            if policy.private:  # Gaussian noise of std z·C on the sum of the K contributions
+                total = total + state.private_step(policy, buffer.count)
+            return server_step(x, total, buffer.weight, optimizer, policy)
         taken = robust.step(buffer.kept, buffer.rule)
         state.note_step(taken.excluded, taken.detail)
         return server_step(x, taken.total, taken.count, optimizer, policy)
+
+
+def _private_scale(state: State, taking: Taking, scale: float) -> float:
+    """w·s(τ), lowered where it would take the clipped delta's norm past C: each device's
+    contribution to a step's sum has norm at most C, the sensitivity its noise is set for.
+    Counts the contribution (shared/privacy/spent.py)."""
+    bound = state.privacy.clip_norm(taking.policy)
+    if scale * taking.delta_norm > bound:
+        scale = bound / taking.delta_norm
+    state.privacy.contribute(str(taking.update.client_id), bound, taking.within)
+    return scale

@@ -65,7 +65,7 @@ class MemoryMode(DeltaStrategy):
         optimizer: OptimizerState,
     ) -> tuple[float, np.ndarray, OptimizerState, bool]:
         """Returns α, the update's weight in each step it takes part in: η·s(τ)·n_i/W."""
-        update, tau, s, _, policy = taking
+        update, tau, s, policy = taking.update, taking.tau, taking.s, taking.policy
         client = str(update.client_id)
         memory = state.memory
         entry = state.clients.get(client)

@@ -21,7 +21,7 @@ from fedasync.services.runtime.settings import (
     setting_names,
     settings_env,
 )
-from fedasync.shared.policy import BUFFERED, FIELDS, MODE_PRESETS, START, Mode, Policy
+from fedasync.shared.policy import BUFFERED, DP_MODES, FIELDS, MODE_PRESETS, START, Mode, Policy
 from fedasync.shared.staleness import Decay
 from fedasync.sim.config import AsyncAlgorithmConfig, SimConfig, build, load_config
 from fedasync.sim.presets import PRESETS, preset_data
@@ -57,6 +57,20 @@ CHANGED: dict[str, Any] = {
 }
 #: fields whose other values only some modes take (a robust rule: the buffered modes)
 FOR_MODES: dict[str, tuple[Any, frozenset[str]]] = {"robust": ("trimmed_mean", BUFFERED)}
+#: the differential privacy fields, changed together: they combine under rules of their own
+#: (DP modes only, no poisoning bound; tests/unit/test_privacy_core.py)
+DP_CHANGED: dict[str, Any] = {
+    "dp_clip": 0.7,
+    "dp_noise": 0.4,
+    "dp_quantile": 0.6,
+    "dp_clip_lr": 0.3,
+    "dp_count_noise": 2.0,
+    "dp_delta": 1e-6,
+    "dp_population": 500,
+    "dp_participation": 9,
+    "privacy_budget": 8.0,
+    "privacy_model": "sampled",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -157,8 +171,8 @@ def test_a_mode_means_the_same_everywhere(
 
 def test_every_policy_field_is_settable_in_the_simulator() -> None:
     """Each start field of the schema, set alone in a simulator algorithm, reaches its policy."""
-    assert set(CHANGED) | set(FOR_MODES) | {"mode"} == set(START)  # add a new field here too
-    for name in START:
+    assert set(CHANGED) | set(FOR_MODES) | set(DP_CHANGED) | {"mode"} == set(START)  # add new
+    for name in sorted(set(START) - set(DP_CHANGED)):
         value, modes = FOR_MODES.get(name, (CHANGED.get(name), frozenset(m.value for m in Mode)))
         for kind in [m.value for m in Mode if m.value in modes]:
             if name == "mode":  # the algorithm's kind is its mode
@@ -174,6 +188,25 @@ def test_every_policy_field_is_settable_in_the_simulator() -> None:
             default = Policy.configured({"mode": kind})
             if name != "mode":
                 assert getattr(default, name) != want, (name, kind)  # the key changed something
+
+
+@pytest.mark.parametrize("mode", sorted(DP_MODES))
+def test_the_dp_fields_mean_the_same_everywhere(
+    mode: Mode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every DP field reaches the policy alike in the simulator, `fedasync up` and the
+    services' settings, and changes it from the default."""
+    chosen: dict[str, Any] = {"mode": mode.value} | DP_CHANGED
+    simulated = config(algorithms=[{"kind": mode.value} | DP_CHANGED]).algorithms[0]
+    assert isinstance(simulated, AsyncAlgorithmConfig)
+    expected = Policy.configured(chosen)
+    assert simulated.policy(advised_tau_max=10) == expected
+    assert up_policy(chosen, monkeypatch) == expected
+    assert env_policy(chosen, monkeypatch) == expected
+    default = Policy.configured({"mode": mode.value})
+    for name, value in DP_CHANGED.items():
+        assert expected.to_dict()[name] == value
+        assert getattr(default, name) != getattr(expected, name), name
 
 
 def test_the_simulator_applies_the_poisoning_bound() -> None:

@@ -92,7 +92,7 @@ def test_fedbuff_preset_uses_the_papers_weight() -> None:
 
 def test_every_numeric_field_has_a_range() -> None:
     named = ("mode", "decay", "norm_action", "server_optimizer", "paused", "ingest_paused")
-    named += ("max_updates", "max_seconds", "robust")
+    named += ("max_updates", "max_seconds", "robust", "privacy_model")
     numeric = {f.name for f in dataclasses.fields(Policy) if f.name not in named}
     assert numeric == set(POLICY_RANGES)
 
