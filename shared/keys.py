@@ -177,6 +177,15 @@ class Keys:
         return self._k("dedup")
 
     @property
+    def dp_secret(self) -> str:
+        """String: 32 random bytes, the run's differential-privacy noise secret (the core keys
+        each server step's Gaussian noise from HMAC-SHA256 of it). Made once per run (SET NX)
+        by the aggregator; readable by the aggregator and admin Redis users only, so
+        `ledger verify` as admin reproduces the noise and nobody else can subtract it. Never
+        copied into the ledger, a checkpoint, a status route or a log."""
+        return self._k("dp-secret")
+
+    @property
     def receipts_order(self) -> str:
         """List: the fields of `receipts` in the order they were written; the commit pops the
         oldest beyond FEDASYNC_RECEIPTS__CAPACITY and deletes them from `receipts`."""

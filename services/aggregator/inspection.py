@@ -47,13 +47,14 @@ class Inspection:
     #: the dedup memory's ids as the commits left them, (id, key)
     dedup_ids: list[tuple[str, int]] = field(default_factory=list)
 
-    def restore(self) -> AggregationState:
+    def restore(self, *, dp_secret: bytes | None = None) -> AggregationState:
         """The state of the last commit, with the weights of its model, the dedup ids and the
         clients' remembered deltas the commits keep beside it (call only once `found` passed the
         checks: then all exist).
 
         A checkpoint written before the ids moved out of it still carries them; those are
-        used, and journaled so that the next commit moves them into the sorted set."""
+        used, and journaled so that the next commit moves them into the sorted set. `dp_secret`
+        is the run's noise secret (never in a checkpoint: services/stores/dp_secret.py)."""
         if self.raw_state is None or self.raw_model is None:
             raise RuntimeError("no committed state to restore")
         model = decode_model(self.raw_model, max_bytes=len(self.raw_model))
@@ -62,6 +63,7 @@ class Inspection:
             weights=model.snapshot.weights,
             dedup_ids=self.dedup_ids,
             memory_deltas=self.memory,
+            dp_secret=dp_secret,
         )
         state.dedup.keep_journal(with_current=not self.dedup_ids and len(state.dedup) > 0)
         return state

@@ -128,6 +128,16 @@ class AggregatorMetrics:
             registry=r,
         )
 
+        # differential privacy: ε spent so far, as the last decision recorded it (its
+        # `epsilon_*` fields); no series while DP is off
+        self.epsilon = Gauge(
+            "fedasync_privacy_epsilon",
+            "Privacy spent so far: epsilon at the policy's delta, by accounting model "
+            "(sampled: Poisson-sampled steps with amplification; conservative: none)",
+            ["model"],
+            registry=r,
+        )
+
         self.state_mismatches = Counter(
             "fedasync_aggregator_state_mismatches",
             "Ways the state in Redis contradicted its ledger, consumer group or the last commit "
@@ -137,6 +147,12 @@ class AggregatorMetrics:
         )
         for check in Check:  # every series from 0, so a rule can watch for any increase
             self.state_mismatches.labels(check.value)
+
+    def spent(self, sampled: float | None, conservative: float | None) -> None:
+        """ε after the newest decision (or, at start, of the restored state)."""
+        for model, value in (("sampled", sampled), ("conservative", conservative)):
+            if value is not None:
+                self.epsilon.labels(model).set(value)
 
     def observe(self, decision: Decision, seconds: float) -> None:
         """Note one decision; the metrics take it in at the next `fold`.
@@ -189,6 +205,8 @@ class AggregatorMetrics:
         observe_all(self.tau, taus)
         observe_all(self.alpha, alphas)
         observe_all(self.step_norm, norms)
+        newest = decided[-1][0]
+        self.spent(newest.epsilon_sampled, newest.epsilon_conservative)
 
 
 def observe_all(histogram: Histogram, values: Sequence[float]) -> None:

@@ -64,6 +64,7 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import PayloadArchive
 from fedasync.services.stores.claim_check import ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
+from fedasync.services.stores.dp_secret import ensure_secret
 from fedasync.services.stores.ingest_markers import IngestMarkers
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy
 from fedasync.services.stores.run_record import check_task, record_run
@@ -183,15 +184,24 @@ class Aggregator:
         await check_policy_log(r, keys)
         await record_run(r, keys, self.settings.task, self.settings.budget)
         self.policy_refresh.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
+        # made once per run, whether or not DP is on now: a policy may turn it on later
+        secret = await ensure_secret(r, keys, durability, _secret_of(initial))
         if seq == 0:
-            state = self.decider.state = initial if initial is not None else self._initial_state()
+            if initial is None:
+                state = self._initial_state(secret)
+            else:
+                state = initial
+                if state.dp_secret not in (None, secret):
+                    raise ValueError(f"the initial state's noise secret is not {keys.dp_secret}")
+                state.dp_secret = secret
+            self.decider.state = state
             state.dedup.keep_journal(with_current=True)
             # the exact starting point, kept for ever so `ledger verify` can replay from it
             await r.set(keys.genesis, save_state(state))
             await self.pipeline.commit(Batch(b"", 0, b""), state)
         else:
             try:
-                state = self.decider.state = found.restore()
+                state = self.decider.state = found.restore(dp_secret=secret)
             except MemoryMissing as exc:  # written by one commit: only a Redis that lost writes
                 await self.refusal.refuse([Mismatch(Check.MEMORY_MISSING, str(exc))])
             self.pipeline.restored(state)
@@ -205,6 +215,7 @@ class Aggregator:
         claimed = await self._claim_pending()
         self.metrics.version.set(self.state.version)
         self.metrics.policy_version.set(self.policy.version)
+        self.metrics.spent(*self.state.epsilon(self.policy))
         self.ready.ready = True
         pending: Any = await r.xpending(keys.updates, AGGREGATOR_GROUP)
         log.info(
@@ -217,11 +228,11 @@ class Aggregator:
             claimed,
         )
 
-    def _initial_state(self) -> AggregationState:
+    def _initial_state(self, secret: bytes) -> AggregationState:
         task = self.settings.task.build()  # init_weights is numpy only: no torch needed
         weights = task.init_weights(stream(self.settings.task.seed, Stream.MODEL))
         dedup = DedupMemory(self.settings.dedup.horizon, self.settings.dedup.capacity)
-        return AggregationState(weights, task.layout, dedup=dedup)
+        return AggregationState(weights, task.layout, dedup=dedup, dp_secret=secret)
 
     async def _claim_pending(self) -> int:
         """Entries delivered to an earlier aggregator and never acknowledged become ours.
@@ -316,6 +327,12 @@ class Aggregator:
                 ", ".join(f"{n} from {who}" for who, n in sorted(taken.items())),
             )
             self.reader.reread_pending = True
+
+
+def _secret_of(initial: AggregationState | None) -> bytes | None:
+    """The noise secret a caller's initial state was made with (a test replaying the simulator
+    bit for bit): the run's, if the run has none yet. A run that has one refuses another."""
+    return None if initial is None else initial.dp_secret
 
 
 async def run(

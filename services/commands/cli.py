@@ -166,6 +166,7 @@ async def _ledger_job(
     from fedasync.services.stores.archive import PayloadArchive
     from fedasync.services.stores.claim_check import ClaimStore
     from fedasync.services.stores.committed import CommitsTooFast
+    from fedasync.services.stores.dp_secret import SecretUnreadable
     from fedasync.shared.keys import Keys
 
     redis = connect(redis_settings)
@@ -189,7 +190,7 @@ async def _ledger_job(
         claims = None if claim_check_dir is None else ClaimStore(claim_check_dir)
         try:
             report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
-        except CommitsTooFast as exc:
+        except (CommitsTooFast, SecretUnreadable) as exc:
             raise CommandError(f"ledger verify: {exc}", VERIFY_NOT_CHECKED) from None
         if report.nothing_committed:  # not a failed proof: most likely the wrong place
             raise CommandError(

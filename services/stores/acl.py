@@ -158,6 +158,8 @@ def users(prefix: str) -> tuple[User, ...]:
                     k.receipts_order,
                     k.dedup,
                     k.memory,
+                    # the run's noise secret: made once (SET NX), read at each start
+                    k.dp_secret,
                 ),
             ),
             (
@@ -288,6 +290,9 @@ def users(prefix: str) -> tuple[User, ...]:
                 ),
                 # and the dedup ids the commits keep beside the state
                 Grant(("zrangebyscore",), read=(k.dedup,)),
+                # a DP run's noise secret, to replay its noise bit for bit (no other user but
+                # the aggregator may read it)
+                Grant(("get",), read=(k.dp_secret,)),
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
             ),
         ),

@@ -25,8 +25,9 @@ from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entr
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.committed import Committed, read_committed
+from fedasync.services.stores.dp_secret import read_secret, uses_dp
 from fedasync.services.stores.memory_store import remembered
-from fedasync.services.stores.policy_store import policy_version
+from fedasync.services.stores.policy_store import every_policy, policy_version
 from fedasync.shared import ledger_record, stream_entry
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import WRITTEN_FORMATS, load_state, save_state
@@ -146,7 +147,9 @@ async def verify(
     commit's results, read in the same step (services/stores/committed.py): an aggregator that
     goes on committing meanwhile changes neither. A payload no longer in the updates stream is
     read from `archive` (the aggregator's, when it has one: services/stores/archive.py); a
-    claim-check update's message from `claims`."""
+    claim-check update's message from `claims`. A run that ever had differential privacy on is
+    replayed with its noise secret (services/stores/dp_secret.py): SecretUnreadable if this
+    Redis user may not read it."""
     report = VerifyReport()
     genesis = await get_bytes(redis, keys.genesis)
     if genesis is None:
@@ -154,7 +157,11 @@ async def verify(
         report.mismatches.append("no genesis checkpoint: nothing was ever committed")
         return report
     committed = await read_committed(redis, keys)
-    state = load_state(genesis)
+    # a DP run's noise is drawn from the run's secret: the replay needs it (admin only), any
+    # other run never reads it (SecretUnreadable if it cannot)
+    dp_on = uses_dp(await every_policy(redis, keys))
+    secret = None if dp_on is None else await read_secret(redis, keys, dp_on)
+    state = load_state(genesis, dp_secret=secret)
     policies: dict[int, Policy] = {}
     # an empty ledger then: nothing to replay ("0-0" ends the range before its start)
     async for record in records(redis, keys, until=committed.last_ledger_id or "0-0"):

@@ -166,6 +166,12 @@ async def policy_version(redis: aioredis.Redis, keys: Keys, version: int) -> Pol
     return _decode(raw)
 
 
+async def every_policy(redis: aioredis.Redis, keys: Keys) -> list[Policy]:
+    """Every policy version ever in force, oldest first (a replay asks whether any used DP)."""
+    raw: Any = await redis.hgetall(keys.policies)
+    return sorted(_decode(value) for value in raw.values())
+
+
 async def change_policy(
     redis: aioredis.Redis,
     keys: Keys,

@@ -26,7 +26,7 @@ from fedasync.services.snapshot.app import create_app as create_snapshot_app
 from fedasync.services.snapshot.app import wait_ready
 from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
-from tests.integration.helpers import initial_state, make_update, publish
+from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -156,3 +156,23 @@ async def test_readiness_is_lost_with_redis_while_the_aggregator_retries(
     finally:
         server.stop()
         await redis.aclose()
+
+
+async def test_the_epsilon_gauge_holds_the_newest_decisions_epsilon(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """With DP on, `fedasync_privacy_epsilon{model}` is the ε the newest ledger record carries,
+    for each model the policy reports (sampled needs the population N); valid for promtool."""
+    dp = settings.model_copy(
+        update={"policy": type(settings.policy)(dp_clip=1.0, dp_population=100)}
+    )
+    aggregator = await run_once(dp, redis)
+    text = generate_latest(aggregator.metrics.registry).decode()
+    newest = (await ledger(redis, Keys(settings.redis.key_prefix)))[-1]
+    assert newest["epsilon_conservative"] is not None
+    assert newest["epsilon_sampled"] is not None
+    for model in ("sampled", "conservative"):
+        value = float(newest[f"epsilon_{model}"])
+        assert f'fedasync_privacy_epsilon{{model="{model}"}} {value!r}' in text
+    if shutil.which("promtool") is not None:
+        promtool_check(text.encode())
