@@ -26,6 +26,7 @@ from redis.exceptions import RedisError, ResponseError
 from fedasync.services.control.auth import READ, WRITE, needs, token_checked
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.control.openapi import MAX_COUNT, spec
+from fedasync.services.control.privacy import PRIVACY_FIELDS, privacy_refusal, privacy_status
 from fedasync.services.control.rules_runner import RuleRunner
 from fedasync.services.control.switchboard import AlreadyInState, set_switch
 from fedasync.services.control.window import LedgerWindow
@@ -59,7 +60,7 @@ WINDOW = web.AppKey("window", LedgerWindow)
 METRICS = web.AppKey("metrics", ControlMetrics)
 
 #: the policy fields that set a budget (their change is checked against what is used up)
-BUDGET_FIELDS = frozenset({"max_updates", "max_seconds"})
+BUDGET_FIELDS = frozenset({"max_updates", "max_seconds", "privacy_budget"})
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -136,6 +137,12 @@ async def patch_policy(request: web.Request) -> web.Response:
         exceeded = await budget_refusal(request, new)
         if exceeded is not None:
             return exceeded
+    if PRIVACY_FIELDS & set(changes):
+        window = request.app[WINDOW]
+        await window.refresh(time.time())  # ε spent, from the ledger up to now
+        refused = privacy_refusal(current, new, window.spent)
+        if refused is not None:
+            return web.json_response(refused.body(), status=409)
     try:
         await change_policy(
             redis, keys, new, who=_operator(request), why=_text(why), at=time.time()
@@ -321,6 +328,8 @@ async def status(request: web.Request) -> web.Response:
             else max(max_seconds - (time.time() - float(started)), 0.0),
             "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
             "evaluation": None if evaluation is None else asdict(evaluation),
+            # differential privacy: ε spent (from the ledger) and the policy's DP settings
+            "privacy": privacy_status(policy, window.spent),
         }
     )
 

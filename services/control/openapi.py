@@ -52,6 +52,38 @@ _ALERT = {
 }
 
 
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+#: `/v1/status` (app.py `status`); only `privacy` is spelled out, the rest is described in
+#: docs/operations.md
+_STATUS = {
+    "type": "object",
+    "properties": {
+        "privacy": {
+            "description": "differential privacy (services/control/privacy.py): ε spent after "
+            "the newest decision, under each accounting model, and the policy's DP settings; "
+            "null while DP is off",
+            "type": ["object", "null"],
+            "properties": {
+                "epsilon_sampled": _NUMBER_OR_NULL,
+                "epsilon_conservative": _NUMBER_OR_NULL,
+                "delta": {"type": "number"},
+                "budget": _NUMBER_OR_NULL,
+                "model": {"type": "string", "enum": ["conservative", "sampled"]},
+                "clip": _NUMBER_OR_NULL,
+            },
+            "required": [
+                "epsilon_sampled",
+                "epsilon_conservative",
+                "delta",
+                "budget",
+                "model",
+                "clip",
+            ],
+        }
+    },
+}
+
+
 def _policy_change(policy: dict[str, Any]) -> dict[str, Any]:
     """One record of the policy log (services/stores/policy_store.py, log_entry)."""
     return {
@@ -159,7 +191,10 @@ def spec() -> dict[str, Any]:
                         "409": _json(
                             _ERROR,
                             "the policy changed meanwhile (read and retry), or a budget already "
-                            "used up, or a budget change after training ended",
+                            "used up, or a budget change after training ended, or a privacy "
+                            "change a run cannot take back (privacy_budget raised, unset or "
+                            "already spent, privacy_model changed under a budget, dp_clip unset): "
+                            "field, and used",
                         ),
                         "422": _json(_ERROR, "a value outside its range: field and allowed"),
                         **errors,
@@ -251,7 +286,7 @@ def spec() -> dict[str, Any]:
                 "get": {
                     "summary": "Versions, recent figures, backlog, latest evaluation, done",
                     "security": _TOKEN,
-                    "responses": {"200": _json({"type": "object"}, "status"), **errors},
+                    "responses": {"200": _json(_STATUS, "status"), **errors},
                 }
             },
             "/": {

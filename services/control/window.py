@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from fedasync.services.control.privacy import Spent
 from fedasync.services.stores import ledger
 from fedasync.shared.acceptance import acceptance_rows, closing_drop
 from fedasync.shared.keys import Keys
@@ -29,6 +30,8 @@ class LedgerWindow:
         self.totals: Counter[str] = Counter()
         #: applied per second since the first applied update (the run summary's definition)
         self.applied_rate = AppliedRate()
+        #: ε after the newest decision that carried it (differential privacy)
+        self.spent = Spent()
 
     async def refresh(self, now: float) -> None:
         """Take in what was committed since the last refresh; forget what left the window."""
@@ -37,6 +40,8 @@ class LedgerWindow:
                 self._cursor = r["ledger_id"]
                 self.totals[r["outcome"]] += 1
                 self.applied_rate.add(float(r["at"]), r["outcome"])
+                if "epsilon_sampled" in r or "epsilon_conservative" in r:
+                    self.spent = Spent(r.get("epsilon_sampled"), r.get("epsilon_conservative"))
                 if not closing_drop(r):  # after the budget: says nothing about the fleet
                     self.window.add(
                         float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]

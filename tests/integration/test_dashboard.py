@@ -26,7 +26,7 @@ from fedasync.services.stores import evaluations
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.policy_store import read_policy
 from fedasync.shared.keys import Keys
-from tests.integration.helpers import initial_state, make_update, publish
+from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -104,6 +104,7 @@ async def test_dashboard_flips_a_switch_in_chromium(
         assert await page.locator("#chart-accuracy path").count() == 4
         assert await page.locator("#chart-tau rect").count() > 0
         assert await page.locator("#chart-alpha rect").count() > 0
+        assert not await page.is_visible("#privacy-chart")  # DP off: no ε anywhere
         await page.click("#flip-raise-gamma")
         await page.wait_for_selector("#flip-raise-gamma:text('turn off')")
         shot = tmp_path / "dashboard.png"
@@ -148,3 +149,43 @@ async def test_dashboard_asks_for_the_token_when_reads_need_it(base_url: str) ->
     assert all(header is None for _, header in reads[:4])  # nothing stored yet: 401 each
     assert {header for _, header in reads[4:]} == {f"Bearer {TOKEN}"}
     assert all(url.startswith(base_url) for url in requested), requested  # no outside host
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed")
+async def test_dashboard_shows_the_privacy_spent_with_dp_on(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """DP on: the ε card shows what the newest ledger record carries, and the ε chart draws a
+    line per accounting model and the budget. (DP off, both stay hidden: the test above.)"""
+    policy = type(settings.policy)(dp_clip=1.0, dp_population=10, privacy_budget=1000.0)
+    control = settings.control.model_copy(update={"token": TOKEN, "open_reads": True})
+    settings = settings.model_copy(update={"control": control, "policy": policy})
+    keys = Keys(settings.redis.key_prefix)
+    for i in range(5):
+        await publish(redis, keys, make_update(f"p{i}", base=0, client=f"device-{i}"))
+    await run_aggregator(
+        settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    newest = (await ledger(redis, keys))[-1]
+    shown = (
+        f"{newest['epsilon_conservative']:.2f} conservative · "
+        f"{newest['epsilon_sampled']:.2f} sampled"
+    )
+    runner = web.AppRunner(create_app(settings, redis, run_rules=False))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with chromium() as browser:
+            page = await browser.new_page(viewport={"width": 1100, "height": 900})
+            page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+            await page.goto(base_url + "/")
+            await page.wait_for_selector(f"#epsilon:text-is('{shown}')")
+            # two refreshes make a line each: one per model, and the budget's (flat lines
+            # have no height: attached, not "visible")
+            third = "#chart-epsilon path:nth-of-type(3)"
+            await page.wait_for_selector(third, state="attached")
+            assert await page.locator("#chart-epsilon path").count() == 3
+            assert await page.is_visible("#privacy-chart")
+    finally:
+        await runner.cleanup()

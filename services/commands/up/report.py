@@ -16,12 +16,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedasync.services.commands.up import plots
-from fedasync.services.commands.up.summary import fairness, summarize
-from fedasync.services.commands.up.view import num
+from fedasync.services.commands.up.summary import fairness, spent, summarize
+from fedasync.services.commands.up.view import describe_privacy, num
+from fedasync.services.control.privacy import privacy_status
 from fedasync.services.runtime.redis_conn import as_text, connect, get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations, ledger
 from fedasync.services.stores.alerts import alert_record
+from fedasync.services.stores.policy_store import read_policy
 from fedasync.shared.keys import Keys
 from fedasync.shared.per_class import describe_lagging, lagging_classes
 
@@ -37,6 +39,7 @@ async def write_run_folder(
         dead: Any = await redis.xrange(keys.deadletter)
         started = await get_bytes(redis, keys.started)
         raised: Any = await redis.xrange(keys.alerts)
+        policy = await read_policy(redis, keys)
     finally:
         await redis.aclose()
     with (out / "ledger.jsonl").open("w") as file:  # what `fedasync ledger export` writes
@@ -51,6 +54,9 @@ async def write_run_folder(
         wall_seconds=wall_seconds,
         dead_letter_reasons=Counter(as_text(fields.get(b"reason", b"?")) for _, fields in dead),
     )
+    privacy = privacy_status(policy, spent(records))
+    if privacy is not None:  # a run without DP: the summary it always had
+        summary["privacy"] = privacy
     summary |= extra
     summary["problems"] = list(summary.get("problems", []))
     nothing = nothing_applied(summary, settings, out)
@@ -163,6 +169,8 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         "applied per second",
         f"{num(summary['applied_per_second'], 1)} (from the first applied update to the last)",
     )
+    if summary.get("privacy"):
+        table.add_row("privacy spent ε", escape(describe_privacy(summary["privacy"])))
     alpha = summary["alpha"]
     for label, tau in (
         ("τ of applied, p50 / p95 / max", summary.get("tau_applied")),

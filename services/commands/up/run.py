@@ -50,6 +50,9 @@ from fedasync.shared.keys import Keys
 FINAL_EVALUATION_S = 30.0
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
+#: the ends of a run that are its budgets running out, as asked (exit 0): updates, time, and
+#: the privacy budget (the core closes training before a step that would spend past it)
+BUDGETS = frozenset({"max_updates", "max_seconds", "privacy_budget"})
 #: how long every worker may be stopped before the control service says training is done
 WORKERS_GONE_GRACE_S = 15.0
 
@@ -301,7 +304,7 @@ def run_up(args: argparse.Namespace) -> int:
         finally:
             if redis.server is not None:
                 redis.server.stop()
-    return 0 if ended_by in ("max_updates", "max_seconds") and not summary["problems"] else 1
+    return 0 if ended_by in BUDGETS and not summary["problems"] else 1
 
 
 def _supervised(

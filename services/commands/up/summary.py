@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedasync.services.control.privacy import Spent
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.shared.acceptance import acceptance_rows, count_acceptance
 from fedasync.shared.per_class import lagging_classes
@@ -76,6 +77,14 @@ def summarize(
         "evaluations": len(curve),
         "clients": acceptance_rows(count_acceptance(records)),
     }
+
+
+def spent(records: Sequence[dict[str, Any]]) -> Spent:
+    """ε after the last decision that carried it (differential privacy), as the ledger says."""
+    for r in reversed(records):
+        if "epsilon_sampled" in r or "epsilon_conservative" in r:
+            return Spent(r.get("epsilon_sampled"), r.get("epsilon_conservative"))
+    return Spent()
 
 
 def fairness(

@@ -38,6 +38,22 @@ def _budget(status: dict[str, Any]) -> str:
     return f"{updates if updates is not None else '–'} updates / {num(seconds, 0)} s"
 
 
+def describe_privacy(privacy: dict[str, Any]) -> str:
+    """ε spent under each model the run reports, at its δ, against the budget (if any): the
+    live view's and the summary's line, from `/v1/status`'s `privacy` (or the summary's)."""
+    spent = [
+        f"{num(privacy.get(f'epsilon_{model}'))} {model}"
+        for model in ("conservative", "sampled")
+        if privacy.get(f"epsilon_{model}") is not None
+    ]
+    text = " · ".join(spent) or "–"
+    text += f" at δ {privacy.get('delta'):g}" if privacy.get("delta") is not None else ""
+    budget = privacy.get("budget")
+    if budget is not None:
+        text += f"; budget {budget:g} ({privacy.get('model')})"
+    return text
+
+
 def starting(status: dict[str, Any]) -> bool:
     """Nothing decided yet: the devices are still loading, fetching and training their first
     update (about half a minute with the defaults), so there is no rate or τ to show."""
@@ -71,6 +87,8 @@ def figures(status: dict[str, Any]) -> list[tuple[str, str]]:
         ("τ p50/p95", _tau(recent)),
         ("accuracy", _accuracy(status)),
         ("budget left", _budget(status)),
+        # differential privacy only: a run without it shows what it always showed
+        *([("ε", describe_privacy(status["privacy"]))] if status.get("privacy") else []),
     ]
 
 
