@@ -167,6 +167,44 @@ def test_up_runs_the_memory_mode_on_a_rare_class_partition_and_its_ledger_verifi
     assert "committed state: reproduced byte for byte, 10 remembered client deltas" in verified
 
 
+def test_up_with_dp_ends_at_its_privacy_budget_shows_epsilon_and_verifies(
+    tmp_path: Path,
+    processes: list[subprocess.Popen[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """DP on with a privacy budget far below the update budget: the run closes on the privacy
+    budget (exit 0, as for any budget), ε is in the progress lines, the summary and every
+    ledger record, and `ledger verify --run` replays the noise with the run's secret."""
+    out = tmp_path / "run"
+    dp = ("--dp-clip", "1.0", "--dp-noise", "5.0", "--dp-population", "3")
+    process = up(
+        out, "--devices", "3", "--profile", "none", *dp, "--privacy-budget", "3.0",
+        "--max-updates", "400",
+    )  # fmt: skip
+    processes.append(process)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    assert re.search(r"ε [0-9.]+ conservative · [0-9.]+ sampled at δ 1e-05; budget 3", output)
+    assert "privacy spent ε" in output  # the summary's row
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended_by"] == "privacy_budget"
+    assert 0 < summary["updates"]["applied"] < 400
+    privacy = summary["privacy"]
+    assert (privacy["budget"], privacy["model"], privacy["clip"]) == (3.0, "conservative", 1.0)
+    assert 0 < privacy["epsilon_conservative"] <= 3.0
+    records = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    assert all("epsilon_conservative" in r and "epsilon_sampled" in r for r in records)
+    assert records[-1]["epsilon_conservative"] == privacy["epsilon_conservative"]
+    assert not any(r.get("reason") == "closed" and r.get("detail") != "privacy_budget"
+                   for r in records)  # fmt: skip
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+    capsys.readouterr()
+    assert main(["ledger", "verify", "--run", str(out)]) == 0
+    assert "reproduced bit for bit" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("sigint_ignored", [False, True], ids=["terminal", "nohup-shell"])
 def test_ctrl_c_stops_every_child_writes_the_report_and_a_killed_worker_is_reported(
     tmp_path: Path, processes: list[subprocess.Popen[str]], sigint_ignored: bool

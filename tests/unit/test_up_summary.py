@@ -14,7 +14,8 @@ from fedasync.services.commands.up.report import (
     print_summary,
     refusals,
 )
-from fedasync.services.commands.up.summary import fairness, summarize
+from fedasync.services.commands.up.summary import fairness, spent, summarize
+from fedasync.services.control.privacy import Spent
 from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.evaluations import EvaluationRecord
 
@@ -184,3 +185,13 @@ def test_a_class_the_model_has_not_learned_is_flagged_in_one_line() -> None:
     ]
     [row] = [line for line in shown_summary(summary).splitlines() if "not learned" in line]
     assert "class 2 at 0.00 (the others' median 0.93): the model has not learned it" in row
+
+
+def test_the_privacy_spent_is_the_newest_record_carrying_epsilon() -> None:
+    records: list[dict[str, Any]] = [
+        {"outcome": "applied", "epsilon_sampled": 0.1, "epsilon_conservative": 0.5},
+        {"outcome": "applied", "epsilon_sampled": 0.2, "epsilon_conservative": 1.0},
+        {"outcome": "rejected"},  # a record written before DP was on, or without ε
+    ]
+    assert spent(records) == Spent(0.2, 1.0)
+    assert spent([{"outcome": "applied"}]) == Spent()

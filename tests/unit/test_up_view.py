@@ -69,3 +69,31 @@ def test_the_plain_line_shows_a_pause_and_the_switches_as_the_live_view_does() -
     assert row.split() == ["switched", "on", "aggregation", "paused,", "raise-gamma"]
     alert = {"id": "1-0", "rule": "fairness", "message": "device-3 under 10%"}
     assert view.alert_line(alert) == "alert [fairness] device-3 under 10%"
+
+
+PRIVACY = {
+    "epsilon_sampled": 0.4213,
+    "epsilon_conservative": 3.1,
+    "delta": 1e-5,
+    "budget": 8.0,
+    "model": "conservative",
+    "clip": 1.0,
+}
+
+
+def test_with_dp_on_both_views_show_epsilon_against_the_budget() -> None:
+    running = status(12, privacy=PRIVACY)
+    expected = "ε 3.10 conservative · 0.42 sampled at δ 1e-05; budget 8 (conservative)"
+    assert expected in view.line(running, 30.0)
+    assert "3.10 conservative · 0.42 sampled at δ 1e-05; budget 8" in shown(
+        view.render(running, [], 30.0, [])
+    )
+
+
+def test_without_dp_neither_view_shows_epsilon() -> None:
+    running = status(12, privacy=None)
+    assert "ε" not in view.line(running, 30.0)
+    assert "ε" not in shown(view.render(running, [], 30.0, []))
+    # sampled is not reported without the population: only what is reported is shown
+    only = view.describe_privacy(PRIVACY | {"epsilon_sampled": None, "budget": None})
+    assert only == "3.10 conservative at δ 1e-05"
