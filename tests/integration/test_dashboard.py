@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -155,8 +156,9 @@ async def test_dashboard_asks_for_the_token_when_reads_need_it(base_url: str) ->
 async def test_dashboard_shows_the_privacy_spent_with_dp_on(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    """DP on: the ε card shows what the newest ledger record carries, and the ε chart draws a
-    line per accounting model and the budget. (DP off, both stay hidden: the test above.)"""
+    """DP on: the ε card shows the ε the budget counts (the newest ledger record's) against the
+    budget, lowered at runtime; the ε chart draws a line per accounting model and the budget's.
+    (DP off, both stay hidden: the first test.)"""
     policy = type(settings.policy)(dp_clip=1.0, dp_population=10, privacy_budget=1000.0)
     control = settings.control.model_copy(update={"token": TOKEN, "open_reads": True})
     settings = settings.model_copy(update={"control": control, "policy": policy})
@@ -166,26 +168,31 @@ async def test_dashboard_shows_the_privacy_spent_with_dp_on(
     await run_aggregator(
         settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
     )
-    newest = (await ledger(redis, keys))[-1]
-    shown = (
-        f"{newest['epsilon_conservative']:.2f} conservative · "
-        f"{newest['epsilon_sampled']:.2f} sampled"
-    )
+    spent = (await ledger(redis, keys))[-1]["epsilon_conservative"]
+    budget = round(1.5 * spent, 3)  # lowered at runtime: close enough to be drawn
     runner = web.AppRunner(create_app(settings, redis, run_rules=False))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
+        async with aiohttp.ClientSession() as session:
+            change = {"changes": {"privacy_budget": budget}, "why": "dashboard test"}
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with session.patch(f"{base_url}/v1/policy", json=change, headers=auth) as r:
+                assert r.status == 200, await r.text()
         async with chromium() as browser:
             page = await browser.new_page(viewport={"width": 1100, "height": 900})
             page.on("dialog", lambda dialog: dialog.accept(TOKEN))
             await page.goto(base_url + "/")
-            await page.wait_for_selector(f"#epsilon:text-is('{shown}')")
+            await page.wait_for_selector(f"#epsilon:text-is('{spent:.2f} / {budget:g}')")
+            assert await page.text_content("#epsilon-model") == "conservative"
             # two refreshes make a line each: one per model, and the budget's (flat lines
             # have no height: attached, not "visible")
             third = "#chart-epsilon path:nth-of-type(3)"
             await page.wait_for_selector(third, state="attached")
             assert await page.locator("#chart-epsilon path").count() == 3
             assert await page.is_visible("#privacy-chart")
+            legend = await page.text_content("#legend-epsilon") or ""
+            assert f"conservative {spent:.2f}" in legend
     finally:
         await runner.cleanup()
