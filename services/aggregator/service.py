@@ -185,7 +185,14 @@ class Aggregator:
         await record_run(r, keys, self.settings.task, self.settings.budget)
         self.policy_refresh.policy = await ensure_policy(r, keys, self.settings.policy.to_policy())
         # made once per run, whether or not DP is on now: a policy may turn it on later
-        secret = await ensure_secret(r, keys, durability, _secret_of(initial))
+        secret, made = await ensure_secret(r, keys, durability, _secret_of(initial))
+        if seq > 0 and made and self.policy.dp_clip is not None:
+            log.warning(
+                "differential privacy is on and %s was missing at commit %d: a new noise secret "
+                "is made; `ledger verify` cannot reproduce the noise of the steps before it",
+                keys.dp_secret,
+                seq,
+            )
         if seq == 0:
             if initial is None:
                 state = self._initial_state(secret)

@@ -31,28 +31,30 @@ class SecretUnreadable(Exception):
 
 async def ensure_secret(
     redis: aioredis.Redis, keys: Keys, durability: Durability, proposed: bytes | None = None
-) -> bytes:
-    """The run's secret: `proposed` (else 32 fresh random bytes) if the run has none yet, else
-    the one it has. SET NX, so every start of every aggregator of a run reads the same secret.
-    In durable mode it is on the replicas before any noise is drawn from it (a failover must not
-    hand the run a new one): a secret found already there is written again, the same bytes, so
-    that the WAIT covers it even when the start that made it gave up waiting."""
+) -> tuple[bytes, bool]:
+    """The run's secret, and whether this call made it: `proposed` (else 32 fresh random
+    bytes) if the run has none yet, else the one it has. SET NX, so every start of every
+    aggregator of a run reads the same secret, and a SET that reaches Redis late (after its
+    retry) changes nothing. In durable mode it is on the replicas before any noise is drawn from
+    it (a failover must not hand the run a new one): a secret found already there is written
+    again, the same bytes, so that the WAIT covers it even when the start that made it gave up
+    waiting."""
     fresh = proposed if proposed is not None else os.urandom(SECRET_BYTES)
     if len(fresh) != SECRET_BYTES:
         raise ValueError(f"a noise secret is {SECRET_BYTES} bytes, not {len(fresh)}")
 
-    async def write(client: aioredis.Redis) -> bytes | None:
+    async def write(client: aioredis.Redis) -> tuple[bytes | None, bool]:
         if await client.set(keys.dp_secret, fresh, nx=True):
-            return fresh
+            return fresh, True
         stored = await get_bytes(client, keys.dp_secret)
         if durability.replicas and stored is not None:
             await client.set(keys.dp_secret, stored, xx=True)
-        return stored
+        return stored, False
 
-    stored = await replicated(redis, durability, write)
+    stored, made = await replicated(redis, durability, write)
     if stored is None or len(stored) != SECRET_BYTES:
         raise RuntimeError(f"{keys.dp_secret} is not a {SECRET_BYTES}-byte secret")
-    return stored
+    return stored, made
 
 
 def uses_dp(policies: Iterable[Policy]) -> Policy | None:

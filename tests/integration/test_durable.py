@@ -37,6 +37,7 @@ from fedasync.services.runtime.redis_conn import (
     retrying,
 )
 from fedasync.services.runtime.settings import Durability, RedisSettings
+from fedasync.services.stores.dp_secret import SECRET_BYTES, ensure_secret
 from fedasync.shared.device_auth import Proof
 from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.wire import pack
@@ -262,3 +263,22 @@ async def refused_within(client: aioredis.Redis, deadline_s: float) -> FailoverE
             return exc
         await asyncio.sleep(0.1)
     raise AssertionError(f"the primary still takes writes after {deadline_s} s")
+
+
+async def test_the_noise_secret_counts_only_once_a_replica_holds_it(
+    pair: Pair, primary: aioredis.Redis
+) -> None:
+    """A DP run's secret made while the replica is away is not relied on (NotReplicated, the
+    start-up is retried); the retry keeps the secret made, never draws another, and returns once
+    the replica holds it: a failover cannot hand the run a new secret."""
+    await wait_linked(pair, primary)
+    pair.replica.kill()
+    with pytest.raises(NotReplicated):
+        await ensure_secret(primary, KEYS, DURABLE)
+    made = await primary.get(KEYS.dp_secret)
+    assert isinstance(made, bytes)
+    assert len(made) == SECRET_BYTES
+    pair.start_replica()
+    await wait_linked(pair, primary)
+    assert await ensure_secret(primary, KEYS, DURABLE) == (made, False)
+    assert await on_replica(pair, "GET", KEYS.dp_secret) == made

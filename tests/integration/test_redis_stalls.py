@@ -80,6 +80,8 @@ START = (
     "INCRBY aggregator-epoch",
     "PING",
     "SCRIPT LOAD",
+    # the run's noise secret, made (SET NX) at the first start (stores/dp_secret.py)
+    "SET dp-secret",
     "SET genesis",
     "SET policy",
     "SET started-at",
@@ -117,6 +119,8 @@ RESTART = (
     "EVALSHA announced",
     "EXISTS started-at",
     "GET commit-seq",
+    # ... and read at every later one, once its SET NX found it there
+    "GET dp-secret",
     "GET model:*",
     "GET policy",
     "GET started-at",
@@ -130,6 +134,7 @@ RESTART = (
     "INCRBY aggregator-epoch",
     "PING",
     "SCRIPT LOAD",
+    "SET dp-secret",
     "SET policy",
     "SET started-at",
     "TYPE policy-log",
