@@ -105,7 +105,8 @@ def _service(module: str) -> Callable[[argparse.Namespace], int]:
 
 
 #: `ledger verify` could not check (Redis unreachable or refusing, commits landing faster than
-#: it can read them): not exit 1, which says the ledger did not reproduce the committed model
+#: it can read them, a DP run's noise secret unreadable): not exit 1, which says the ledger did
+#: not reproduce the committed model
 VERIFY_NOT_CHECKED = 3
 
 
@@ -253,8 +254,9 @@ def _add_ledger(ledger: argparse.ArgumentParser) -> None:
         description="Replay the ledger through the core and check the committed model. Exit "
         "code 0: reproduced; 1: not reproduced; 2: nothing to check where it looked (settings, "
         f"key prefix, run folder); {VERIFY_NOT_CHECKED}: could not check (Redis unreachable or "
-        "refusing, or commits landing faster than it can read them); 141: the reader of its "
-        "output went away.",
+        "refusing, commits landing faster than it can read them, or a differential-privacy run "
+        "whose noise secret this Redis user may not read: run it as admin); 141: the reader of "
+        "its output went away.",
     )
     for sub in (export, verify):
         sub.add_argument(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,8 +108,9 @@ async def everything_but_the_secret(observer: aioredis.Redis) -> bytes:
 
 @pytest.mark.asyncio
 async def test_the_aggregator_makes_the_secret_once_and_only_it_and_admin_may_read_it(
-    acl_server: RedisServer,
+    acl_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     await train(acl_server, DP, 0, 4)
     observer = client_of(acl_server, "observer")
     admin = client_of(acl_server, "admin")
@@ -121,8 +123,11 @@ async def test_the_aggregator_makes_the_secret_once_and_only_it_and_admin_may_re
         await train(acl_server, DP, 4, 3)
         assert await admin.get(KEYS.dp_secret) == secret
         assert len(await ledger(observer, KEYS)) == 7
-        # in nothing else Redis holds: ledger, state, genesis, models, policies, ...
+        # in nothing else Redis holds (ledger, state, genesis, models, policies, ...), nor the log
         assert secret not in await everything_but_the_secret(observer)
+        assert caplog.records, "nothing was logged: the check below would say nothing"
+        for shown in (secret.hex(), repr(secret), secret.decode("latin-1")):
+            assert shown not in caplog.text
         for client in others.values():
             with pytest.raises(NoPermissionError):
                 await client.get(KEYS.dp_secret)
