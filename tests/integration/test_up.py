@@ -186,6 +186,7 @@ def test_up_with_dp_ends_at_its_privacy_budget_shows_epsilon_and_verifies(
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     assert re.search(r"ε [0-9.]+ conservative · [0-9.]+ sampled at δ 1e-05; budget 3", output)
+    assert "differential privacy: clip C 1, noise z 5, δ 1e-05, privacy budget 3" in output
     assert "privacy spent ε" in output  # the summary's row
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ended_by"] == "privacy_budget"

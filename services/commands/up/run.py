@@ -220,6 +220,15 @@ def _header(
         highlight=False,
         soft_wrap=True,
     )
+    policy = settings.policy.to_policy()
+    if policy.dp_clip is not None:  # what the ε in the live view is measured against
+        eps = "none" if policy.privacy_budget is None else f"{policy.privacy_budget:g}"
+        console.print(
+            f"differential privacy: clip C {policy.dp_clip:g}, noise z {policy.dp_noise:g}, "
+            f"δ {policy.dp_delta:g}, privacy budget {eps} ({policy.privacy_model})",
+            highlight=False,
+            soft_wrap=True,
+        )
     rows = [
         ("dashboard", ports.url("control") + "/", f"operator token: {settings.control.token}"),
         ("snapshot", ports.url("snapshot") + "/v1/models/latest", ""),
