@@ -1,0 +1,69 @@
+"""The privacy guards of the control service (services/control/privacy.py), without Redis: which
+runtime changes of the DP fields a run may take, and what `/v1/status` shows."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedasync.services.control.privacy import Spent, privacy_refusal, privacy_status
+from fedasync.shared.policy import Policy
+
+DP = Policy(dp_clip=1.0, dp_population=100, dp_participation=10, privacy_budget=8.0)
+SPENT = Spent(sampled=0.5, conservative=3.0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"privacy_budget": 9.0}, "privacy_budget"),  # raised
+        ({"privacy_budget": None}, "privacy_budget"),  # unset
+        ({"privacy_budget": 3.0}, "privacy_budget"),  # at what is spent
+        ({"privacy_budget": 2.0}, "privacy_budget"),  # below it
+        ({"privacy_model": "sampled"}, "privacy_model"),  # recounted under a budget
+        ({"dp_clip": None}, "dp_clip"),  # DP turned off
+    ],
+)
+def test_a_change_the_run_cannot_take_back_is_refused_naming_its_field(
+    changes: dict[str, object], field: str
+) -> None:
+    refused = privacy_refusal(DP, DP.evolve(**changes), SPENT)
+    assert refused is not None
+    assert refused.field == field
+    assert refused.body()["field"] == field
+
+
+def test_what_is_spent_is_in_the_refusal_of_a_budget_already_spent() -> None:
+    refused = privacy_refusal(DP, DP.evolve(privacy_budget=2.0), SPENT)
+    assert refused is not None
+    assert refused.body()["used"] == 3.0
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"privacy_budget": 5.0}, {"dp_clip": 2.0}, {"dp_noise": 2.0}, {"alpha0": 0.3}],
+)
+def test_lowering_the_budget_and_other_changes_are_taken(changes: dict[str, object]) -> None:
+    assert privacy_refusal(DP, DP.evolve(**changes), SPENT) is None
+
+
+def test_a_first_budget_may_be_set_above_what_is_spent_and_under_either_model() -> None:
+    none = Policy(dp_clip=1.0, dp_population=100, dp_participation=10)
+    assert privacy_refusal(none, none.evolve(privacy_budget=4.0), SPENT) is None
+    sampled = none.evolve(privacy_budget=1.0, privacy_model="sampled")
+    assert privacy_refusal(none, sampled, SPENT) is None  # 1.0 > the sampled 0.5
+    conservative = none.evolve(privacy_budget=1.0)
+    refused = privacy_refusal(none, conservative, SPENT)  # 1.0 < the conservative 3.0
+    assert refused is not None
+    assert refused.used == 3.0
+
+
+def test_status_shows_privacy_only_with_dp_on() -> None:
+    assert privacy_status(Policy(), Spent()) is None
+    assert privacy_status(DP, SPENT) == {
+        "epsilon_sampled": 0.5,
+        "epsilon_conservative": 3.0,
+        "delta": 1e-5,
+        "budget": 8.0,
+        "model": "conservative",
+        "clip": 1.0,
+    }
