@@ -46,7 +46,9 @@ async def trained(settings: Settings, redis: aioredis.Redis) -> list[dict[str, A
 
 @pytest_asyncio.fixture
 async def dp(settings: Settings, redis: aioredis.Redis) -> AsyncIterator[TestClient]:
-    settings = with_policy(settings, dp_clip=1.0, dp_population=50, privacy_budget=BUDGET)
+    settings = with_policy(
+        settings, dp_clip=1.0, dp_population=50, dp_participation=100, privacy_budget=BUDGET
+    )
     await trained(settings, redis)
     async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as client:
         yield client
@@ -122,7 +124,7 @@ async def test_dp_cannot_be_turned_off_nor_the_budget_counted_under_another_mode
 async def test_a_budget_may_be_set_at_runtime_in_a_run_that_had_none(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
-    settings = with_policy(settings, dp_clip=1.0)
+    settings = with_policy(settings, dp_clip=1.0, dp_participation=100)
     await trained(settings, redis)
     async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as client:
         status, body = await patch(client, privacy_budget=BUDGET)

@@ -159,7 +159,9 @@ async def test_dashboard_shows_the_privacy_spent_with_dp_on(
     """DP on: the ε card shows the ε the budget counts (the newest ledger record's) against the
     budget, lowered at runtime; the ε chart draws a line per accounting model and the budget's.
     (DP off, both stay hidden: the first test.)"""
-    policy = type(settings.policy)(dp_clip=1.0, dp_population=10, privacy_budget=1000.0)
+    policy = type(settings.policy)(
+        dp_clip=1.0, dp_population=10, dp_participation=100, privacy_budget=1000.0
+    )
     control = settings.control.model_copy(update={"token": TOKEN, "open_reads": True})
     settings = settings.model_copy(update={"control": control, "policy": policy})
     keys = Keys(settings.redis.key_prefix)

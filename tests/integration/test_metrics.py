@@ -164,7 +164,9 @@ async def test_the_epsilon_gauge_holds_the_newest_decisions_epsilon(
     """With DP on, `fedasync_privacy_epsilon{model}` is the ε the newest ledger record carries,
     for each model the policy reports (sampled needs the population N); valid for promtool."""
     dp = settings.model_copy(
-        update={"policy": type(settings.policy)(dp_clip=1.0, dp_population=100)}
+        update={
+            "policy": type(settings.policy)(dp_clip=1.0, dp_population=100, dp_participation=100)
+        }
     )
     aggregator = await run_once(dp, redis)
     text = generate_latest(aggregator.metrics.registry).decode()

@@ -177,7 +177,16 @@ def test_up_with_dp_ends_at_its_privacy_budget_shows_epsilon_and_verifies(
     budget (exit 0, as for any budget), ε is in the progress lines, the summary and every
     ledger record, and `ledger verify --run` replays the noise with the run's secret."""
     out = tmp_path / "run"
-    dp = ("--dp-clip", "1.0", "--dp-noise", "5.0", "--dp-population", "3")
+    dp = (
+        "--dp-clip",
+        "1.0",
+        "--dp-noise",
+        "5.0",
+        "--dp-population",
+        "3",
+        "--dp-participation",
+        "1000",
+    )
     process = up(
         out, "--devices", "3", "--profile", "none", *dp, "--privacy-budget", "3.0",
         "--max-updates", "400",
