@@ -50,7 +50,11 @@ from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import MAX_ID_LENGTH, Update
 from fedasync.shared.validation import NON_FINITE_DETAIL, is_count, update_problem
 
-__all__ = ["AggregationState", "FedBuffBuffer", "Memory", "ModelSnapshot", "Tier"]
+#: why the core itself closes training: a step would take ε past the policy's privacy budget
+#: (the budgets of updates and time are the drivers' to close, between two updates)
+PRIVACY_BUDGET = "privacy_budget"
+
+__all__ = ["PRIVACY_BUDGET", "AggregationState", "FedBuffBuffer", "Memory", "ModelSnapshot", "Tier"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -233,7 +237,7 @@ class AggregationState:
             steps = policy.mode is Mode.FEDASYNC or self.buffer.count + 1 >= policy.buffer_size
             spent = self.privacy.prospective(policy, client, steps)
             if spent > budget:
-                self.close("privacy_budget")
+                self.close(PRIVACY_BUDGET)
                 return self.decide(
                     update,
                     policy,

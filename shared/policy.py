@@ -75,7 +75,7 @@ class PrivacyModel(StrEnum):
 #: the modes differential privacy applies to: those that take in one clipped delta per update
 DP_MODES = frozenset({Mode.FEDASYNC, Mode.FEDBUFF, Mode.FEDBUFF_FAIR})
 #: the fields that may not change once a run has started with DP (its accounting assumes them)
-_DP_FIXED = ("mode", "dp_quantile", "dp_population")
+_DP_FIXED = ("mode", "dp_quantile", "dp_population", "privacy_model")
 
 
 class NormAction(StrEnum):

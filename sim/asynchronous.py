@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.aggregation import PRIVACY_BUDGET, AggregationState
 from fedasync.shared.policy import Policy
 from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
@@ -204,7 +204,7 @@ class AsyncRun:
                 if self.stall.stalled:
                     ended_by, end = "stalled", time
                     break
-                if self.state.closed == "privacy_budget":
+                if self.state.closed == PRIVACY_BUDGET:
                     ended_by, end = "privacy_budget", time
                     break
                 if ready_now is not None:

@@ -3,12 +3,10 @@ and the runtime changes of the privacy fields a run may never take back.
 
 ε is what the ledger says: each record carries the ε after its decision (`epsilon_sampled`,
 `epsilon_conservative`, written by the core), so the control service, which never reads the
-noise secret or the state, shows what the aggregator committed. The guards are those of the
-issue: a privacy budget may be lowered, never raised and never unset once set, and never set at
-or below what is already spent (that would end training at once, as a used-up `max_updates`
-would), nor counted under another accounting model (the sampled ε is the smaller: a switch
-to it would raise the budget); differential privacy once on stays on (a clip norm never goes
-back to null), since the guarantee of every step so far assumes the steps after it are noised.
+noise secret or the state, shows what the aggregator committed. The core refuses what no DP run
+may take (`Policy.evolve`: DP turned off, a budget raised or unset, another accounting model);
+the guard here is the one that needs the run's figures: a budget never set at or below what is
+already spent (that would end training at once, as a used-up `max_updates` would).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from typing import Any
 from fedasync.shared.policy import Policy
 
 #: the policy fields whose runtime change is checked here
-PRIVACY_FIELDS = frozenset({"privacy_budget", "dp_clip", "privacy_model"})
+PRIVACY_FIELDS = frozenset({"privacy_budget"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,30 +63,12 @@ class Refusal:
 
 
 def privacy_refusal(current: Policy, new: Policy, spent: Spent) -> Refusal | None:
-    """Why `new` may not follow `current` in a run that spent `spent`, or None."""
-    if current.dp_clip is not None and new.dp_clip is None:
-        return Refusal(
-            "dp_clip",
-            f"dp_clip cannot be unset: differential privacy is on (C = {current.dp_clip:g}) and "
-            "stays on for the rest of the run, or the ε reported for it would not hold",
-        )
+    """Why `new` may not follow `current` in a run that spent `spent`, or None.
+
+    What a change may never do to a DP run whatever it has spent (turn DP off, raise or unset
+    the budget, count it under another model) the core refuses in `Policy.evolve`, before this
+    is asked; what is refused here needs the run's figures: a budget at or below the ε spent."""
     was, now = current.privacy_budget, new.privacy_budget
-    if was is not None and now is None:
-        return Refusal(
-            "privacy_budget",
-            f"privacy_budget cannot be unset once set (it is {was:g}); it may only be lowered",
-        )
-    if was is not None and now is not None and now > was:
-        return Refusal(
-            "privacy_budget",
-            f"privacy_budget cannot be raised ({was:g} → {now:g}); it may only be lowered",
-        )
-    if was is not None and new.privacy_model != current.privacy_model:
-        return Refusal(
-            "privacy_model",
-            f"privacy_model cannot change while a privacy budget is set ({was:g} under "
-            f"{current.privacy_model}): counting ε under another model would raise the budget",
-        )
     if now is not None and now != was:
         used = spent.of(new)
         if used is not None and now <= used:

@@ -29,7 +29,7 @@ from fedasync.services.stores.dp_secret import read_secret, uses_dp
 from fedasync.services.stores.memory_store import remembered
 from fedasync.services.stores.policy_store import every_policy, policy_version
 from fedasync.shared import ledger_record, stream_entry
-from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.aggregation import PRIVACY_BUDGET, AggregationState
 from fedasync.shared.checkpoint import WRITTEN_FORMATS, load_state, save_state
 from fedasync.shared.decision import DropReason
 from fedasync.shared.keys import Keys, update_digest
@@ -192,7 +192,10 @@ async def verify(
                 "(set FEDASYNC_AGGREGATOR__ARCHIVE_DIR, or KEEP_PAYLOADS=true, to audit)"
             )
             break
-        if record["reason"] == DropReason.CLOSED and state.closed is None:
+        # the aggregator closes on its budgets between two updates, which the replay cannot
+        # know; the privacy budget the core closes itself, as it decides the update
+        closed_here = record["detail"] == PRIVACY_BUDGET
+        if record["reason"] == DropReason.CLOSED and state.closed is None and not closed_here:
             state.close(record["detail"])
         update = decode_update(raw, max_message_bytes)
         replayed = state.apply(update, policies[number]).to_dict()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedasync.services.control.privacy import Spent, privacy_refusal, privacy_status
+from fedasync.shared.params import ParamError
 from fedasync.shared.policy import Policy
 
 DP = Policy(dp_clip=1.0, dp_population=100, dp_participation=10, privacy_budget=8.0)
@@ -17,19 +18,25 @@ SPENT = Spent(sampled=0.5, conservative=3.0)
     [
         ({"privacy_budget": 9.0}, "privacy_budget"),  # raised
         ({"privacy_budget": None}, "privacy_budget"),  # unset
-        ({"privacy_budget": 3.0}, "privacy_budget"),  # at what is spent
-        ({"privacy_budget": 2.0}, "privacy_budget"),  # below it
-        ({"privacy_model": "sampled"}, "privacy_model"),  # recounted under a budget
+        ({"privacy_model": "sampled"}, "privacy_model"),  # recounted
         ({"dp_clip": None}, "dp_clip"),  # DP turned off
     ],
 )
-def test_a_change_the_run_cannot_take_back_is_refused_naming_its_field(
+def test_a_change_no_dp_run_may_take_is_the_cores_to_refuse(
     changes: dict[str, object], field: str
 ) -> None:
-    refused = privacy_refusal(DP, DP.evolve(**changes), SPENT)
+    """One rule, in the core: `evolve` refuses it, naming the field (the API's 422)."""
+    with pytest.raises(ParamError) as refused:
+        DP.evolve(**changes)
+    assert refused.value.param == field
+
+
+@pytest.mark.parametrize("budget", [3.0, 2.0])  # at what is spent, below it
+def test_a_budget_already_spent_is_refused_here_naming_its_field(budget: float) -> None:
+    refused = privacy_refusal(DP, DP.evolve(privacy_budget=budget), SPENT)
     assert refused is not None
-    assert refused.field == field
-    assert refused.body()["field"] == field
+    assert refused.field == "privacy_budget"
+    assert refused.body()["field"] == "privacy_budget"
 
 
 def test_what_is_spent_is_in_the_refusal_of_a_budget_already_spent() -> None:
@@ -49,8 +56,9 @@ def test_lowering_the_budget_and_other_changes_are_taken(changes: dict[str, obje
 def test_a_first_budget_may_be_set_above_what_is_spent_and_under_either_model() -> None:
     none = Policy(dp_clip=1.0, dp_population=100, dp_participation=10)
     assert privacy_refusal(none, none.evolve(privacy_budget=4.0), SPENT) is None
-    sampled = none.evolve(privacy_budget=1.0, privacy_model="sampled")
-    assert privacy_refusal(none, sampled, SPENT) is None  # 1.0 > the sampled 0.5
+    counted = Policy(dp_clip=1.0, dp_population=100, privacy_model="sampled")
+    sampled = counted.evolve(privacy_budget=1.0)
+    assert privacy_refusal(counted, sampled, SPENT) is None  # 1.0 > the sampled 0.5
     conservative = none.evolve(privacy_budget=1.0)
     refused = privacy_refusal(none, conservative, SPENT)  # 1.0 < the conservative 3.0
     assert refused is not None
