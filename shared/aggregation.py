@@ -46,6 +46,7 @@ from fedasync.shared.policy import NormAction, Policy
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import MAX_ID_LENGTH, Update
 from fedasync.shared.validation import NON_FINITE_DETAIL, is_count, update_problem
+from fedasync.shared.zeno import ValidationGradient, due, score
 
 __all__ = ["AggregationState", "FedBuffBuffer", "Memory", "ModelSnapshot", "Tier"]
 
@@ -107,6 +108,10 @@ class AggregationState:
         self.memory = Memory(np.zeros(layout.size, dtype=np.float64))
         #: tiered mode: one entry per tier, fastest first; empty outside tiered mode
         self.tiers: list[Tier] = []
+        #: Zeno++ (FedAsync, policy `zeno_margin`): the validation gradient v its driver
+        #: computed at the weights of a version (`zeno_refresh`); None until the first refresh.
+        #: Not checkpointed: a restarted driver computes it afresh at the restored version
+        self.zeno_gradient: ValidationGradient | None = None
         self._weights = frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
 
@@ -278,6 +283,43 @@ class AggregationState:
             reason=RejectReason.NORM_BOUND,
             detail=f"delta norm {delta:.6g} > bound {bound:.6g} "
             f"({policy.norm_bound:g} × median of the last {policy.norm_window} applied)",
+        )
+
+    # ----------------------------------------------------------------------------- Zeno++
+    def zeno_due(self, policy: Policy) -> bool:
+        """True when the driver must hand in a fresh validation gradient (`zeno_refresh`) before
+        it submits the next update: Zeno++ is on and v is missing or `zeno_every` steps old."""
+        return due(self.zeno_gradient, self.version, policy)
+
+    def zeno_refresh(self, gradient: np.ndarray) -> None:
+        """Install v, the held-out set's mean loss gradient at the current weights, computed by
+        the driver with its task (`Task.gradient`): the core has no data."""
+        if gradient.shape != (self._size,):
+            raise ValueError(
+                f"validation gradient of shape {gradient.shape}, the model has {self._size}"
+            )
+        self.zeno_gradient = ValidationGradient.at(self.version, gradient)
+
+    def zeno_check(
+        self, update: Update, policy: Policy, tau: int, delta: np.ndarray, norm: float
+    ) -> Decision | None:
+        """Zeno++ on an update that pulls the model by `delta` (shared/zeno.py): None to go on,
+        or its rejection (reason `zeno`, the score in the detail). With no validation gradient
+        handed in, nothing is scored: a driver that does not refresh leaves the defence off."""
+        v = self.zeno_gradient
+        if policy.zeno_margin is None or v is None:
+            return None
+        verdict = score(v, delta, policy)
+        if verdict.accepted:
+            return None
+        return self.decide(
+            update,
+            policy,
+            Outcome.REJECTED,
+            tau=tau,
+            delta_norm=norm,
+            reason=RejectReason.ZENO,
+            detail=verdict.detail(v.version),
         )
 
     def reject_non_finite(self, update: Update, policy: Policy) -> Decision:

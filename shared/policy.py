@@ -164,6 +164,23 @@ class Policy:
         "applied updates the poisoning bound's median is taken over",
         Range(NORM_MIN_HISTORY, NORM_WINDOW_LIMIT, integer=True),
     )
+    zeno_margin: float | None = param(
+        None,
+        "Zeno++ ε (fedasync only): an update is rejected when its descent score on the "
+        "server's held-out set, γ⟨v, g̃⟩ − ρ‖g̃‖², is below −γε; null: off",
+        Range(0.0, 1e6, optional=True),
+    )
+    zeno_rho: float = param(
+        0.001, "Zeno++ ρ, the weight of the candidate's squared norm in its score", Range(0.0, 1e6)
+    )
+    zeno_lr: float = param(
+        0.1, "Zeno++ γ, the step size the score assumes", Range(0.0, 1e6, low_open=True)
+    )
+    zeno_every: int = param(
+        10,
+        "Zeno++: server steps between two refreshes of the validation gradient v",
+        Range(1, 10**9, integer=True),
+    )
     paused: bool = param(
         False,
         "the aggregator decides nothing; updates wait in the stream, none is lost",
@@ -191,6 +208,13 @@ class Policy:
     def __post_init__(self) -> None:
         for spec in SCHEMA:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
+        if self.zeno_margin is not None and self.mode is not Mode.FEDASYNC:
+            raise ParamError(
+                "zeno_margin",
+                self.zeno_margin,
+                "null unless mode is fedasync (Zeno++ scores updates one at a time; the "
+                "buffered modes have their robust rules)",
+            )
 
     def staleness(self, tau: int, t: int) -> float:
         """s(τ) under this policy's rule; t is the current version (used by the progress rule)."""
@@ -220,8 +244,14 @@ class Policy:
         return replace(self, version=self.version + 1, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/msgpack-safe form (enums as their string values)."""
+        """Plain JSON/msgpack-safe form (enums as their string values). The fields of
+        `QUIET_AT_DEFAULT` are left out while at their default, so that what a run without
+        them records (policy log, golden ledgers) stays byte-identical; `from_dict` restores
+        them as defaults."""
         out = asdict(self)
+        for name in QUIET_AT_DEFAULT:
+            if out[name] == FIELDS[name].default:
+                del out[name]
         for name, value in out.items():
             if isinstance(value, StrEnum):
                 out[name] = value.value
@@ -316,6 +346,9 @@ def _unwrap(hint: Any) -> tuple[type, bool]:
 #: every policy field, in declaration order
 SCHEMA: tuple[FieldSpec, ...] = _schema()
 FIELDS: Mapping[str, FieldSpec] = types.MappingProxyType({s.name: s for s in SCHEMA})
+#: fields added after ledgers were first recorded (issue 27): `to_dict` omits them at their
+#: default, so a run that does not use them records exactly what it recorded before
+QUIET_AT_DEFAULT: tuple[str, ...] = ("zeno_margin", "zeno_rho", "zeno_lr", "zeno_every")
 #: the fields chosen before a run: settings, `fedasync up` flags, simulator keys
 START: tuple[str, ...] = tuple(s.name for s in SCHEMA if s.scope is Scope.START)
 #: the fields a runtime change (`evolve`, PATCH /v1/policy) may name
