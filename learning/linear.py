@@ -68,7 +68,8 @@ class LinearRegression(Task):
         self.check_weights(weights)
         X = np.asarray(data.X, np.float64)
         residual = X @ weights.astype(np.float64) - data.y
-        return 2.0 * (X.T @ residual) / max(len(data), 1)
+        grad: np.ndarray = 2.0 * (X.T @ residual) / max(len(data), 1)
+        return grad
 
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         self.check_weights(weights)

@@ -228,6 +228,7 @@ class AsyncRun:
             alerts=tuple(self.alerts),
             rule_figures=tuple(self.rule_figures),
             stalled=self.stall.why() if ended_by == "stalled" else None,
+            attack_success=self.world.attack_success(self.state.weights_view()),
         )
 
     def _run_rules(self, now: float) -> None:
@@ -321,15 +322,13 @@ class AsyncRun:
         """The device's local training: a pure function of the base model, the device's data
         and its run's own stream, so it gives the same weights whenever it is computed."""
         device = self.devices[arrival.device]
-        params = self.world.training
         self.trainings += 1
-        return self.world.task.train(
-            arrival.base_weights.copy(),  # a private copy: a device never holds server memory
+        return self.world.local_training(
+            arrival.device,
             device.data,
+            arrival.base_weights,
             device.train_rng(arrival.run),
-            epochs=params.epochs,
-            lr=params.lr,
-            batch_size=params.batch_size,
+            arrival.run,
         )
 
     def _decide_next(self, now: float) -> None:
@@ -363,6 +362,8 @@ class AsyncRun:
             created_at=arrival.at,
             metrics=metrics,
         )
+        if self.state.zeno_due(self.policy):  # Zeno++: v afresh, as the aggregator does
+            self.state.zeno_refresh(self.world.validation_gradient(self.state.weights_view()))
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
         self.stall.decided(decision)

@@ -45,3 +45,5 @@ class RunResult:
     rule_figures: tuple[tuple[float, float, float], ...] = ()
     #: why the run ended as "stalled" (`Stall.why`: the refusals and their counts), else None
     stalled: str | None = None
+    #: the backdoor's success on the final model (`[attack] kind = "backdoor"`), else None
+    attack_success: float | None = None

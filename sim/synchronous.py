@@ -113,6 +113,7 @@ class SyncRun:
             counters={"rounds": self.rounds, "applied": self.recorder.updates_applied},
             trainings=self.trainings,
             stalled=self.stall.why() if ended_by == "stalled" else None,
+            attack_success=self.world.attack_success(self.weights),
         )
 
     def _start(self, now: float) -> None:
@@ -151,7 +152,6 @@ class SyncRun:
         self.queue.push(end, EndRound(plans, kept, now))
 
     def _end(self, now: float, event: EndRound) -> None:
-        params = self.world.training
         models, counts = [], []
         for index, plan in event.plans.items():
             self.recorder.submitted[index] += plan.lost_at is None
@@ -162,13 +162,8 @@ class SyncRun:
         for index in event.kept:
             device = self.devices[index]
             run = event.plans[index].run
-            weights, _ = self.world.task.train(
-                self.weights,
-                device.data,
-                device.train_rng(run),
-                epochs=params.epochs,
-                lr=params.lr,
-                batch_size=params.batch_size,
+            weights, _ = self.world.local_training(
+                index, device.data, self.weights, device.train_rng(run), run
             )
             self.trainings += 1
             update = Update(
