@@ -1,0 +1,116 @@
+"""Malicious devices in the simulator (sim/attacks.py, learning/backdoor.py) and Zeno++ against
+them: each attack's transformation exact, seeded attackers, and the defence's effect on a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedasync.learning.dataset import Dataset
+from fedasync.learning.backdoor import Trigger
+from fedasync.sim.attacks import attacked, malicious_devices, noise, scaled, sign_flipped
+from fedasync.sim.config import AttackConfig, build
+from fedasync.sim.runner import simulate
+from fedasync.sim.summary import build_summary, dumps
+from tests.sim.helpers import config
+
+BASE = np.array([1.0, -2.0, 0.5], np.float32)
+TRAINED = np.array([1.5, -2.5, 0.5], np.float32)  # Δ = (0.5, −0.5, 0)
+
+
+def test_a_sign_flip_sends_the_base_minus_the_honest_delta() -> None:
+    assert sign_flipped(BASE, TRAINED).tolist() == [0.5, -1.5, 0.5]
+    assert sign_flipped(BASE, TRAINED).dtype == np.float32
+
+
+def test_scaling_multiplies_the_honest_delta() -> None:
+    assert scaled(BASE, TRAINED, 10.0).tolist() == [6.0, -7.0, 0.5]
+
+
+def test_noise_replaces_the_delta_with_the_streams_gaussian_draws() -> None:
+    expected = BASE.astype(np.float64) + np.random.default_rng(7).normal(0.0, 2.0, 3)
+    sent = noise(BASE, 2.0, np.random.default_rng(7))
+    assert sent.tobytes() == expected.astype(np.float32).tobytes()
+
+
+def test_the_dispatcher_applies_the_configured_attack_and_the_backdoor_sends_its_training() -> None:
+    rng = np.random.default_rng(0)
+    flip = AttackConfig(kind="sign_flip")
+    assert attacked(flip, BASE, TRAINED, rng).tolist() == [0.5, -1.5, 0.5]
+    assert attacked(AttackConfig(kind="scale", factor=-1.0), BASE, TRAINED, rng).tolist() == [
+        0.5,
+        -1.5,
+        0.5,
+    ]
+    assert attacked(AttackConfig(kind="backdoor"), BASE, TRAINED, rng) is TRAINED
+
+
+def test_the_attackers_are_a_seeded_share_of_the_fleet() -> None:
+    first = malicious_devices(50, 0.2, np.random.default_rng(4))
+    assert len(first) == 10 and all(0 <= d < 50 for d in first)
+    assert malicious_devices(50, 0.2, np.random.default_rng(4)) == first
+    assert len(malicious_devices(3, 0.01, np.random.default_rng(4))) == 1
+
+
+def test_the_trigger_stamps_the_last_features_and_relabels_a_share() -> None:
+    trigger = Trigger(target=3, size=2, value=1.0)
+    data = Dataset(np.zeros((4, 5)), np.array([0, 1, 2, 3]))
+    stamped = trigger.stamp(data.X)
+    assert stamped[:, -2:].tolist() == [[1.0, 1.0]] * 4 and not stamped[:, :-2].any()
+    assert not data.X.any()  # a copy
+    poisoned = trigger.poison(data, 0.5, np.random.default_rng(0))
+    changed = np.flatnonzero(poisoned.X[:, -1] == 1.0)
+    assert len(changed) == 2 and (poisoned.y[changed] == 3).all()
+    test = trigger.test_set(data)
+    assert test.y.tolist() == [3, 3, 3] and (test.X[:, -2:] == 1.0).all()
+
+
+DIGITS: dict[str, Any] = {
+    "seed": 1,
+    "task": {"name": "digits", "params": {"hidden": 32}},
+    "training": {"epochs": 2, "lr": 0.1, "batch_size": 8},
+    "fleet": {"devices": 50, "latency": {"kind": "lognormal", "median_s": 60.0, "sigma": 0.5}},
+    "budget": {"max_updates": 400, "max_seconds": 1e9},
+    "eval": {"interval_s": 600},
+    "algorithms": [
+        {"kind": "fedasync", "name": "plain"},
+        {"kind": "fedasync", "name": "zeno", "zeno_margin": 0.01},
+    ],
+}
+
+
+def test_zeno_ends_more_accurate_than_plain_fedasync_with_a_fifth_of_sign_flippers() -> None:
+    summary = build_summary(simulate(build({**DIGITS, "attack": {"kind": "sign_flip"}})))
+    plain, zeno = summary["algorithms"]["plain"], summary["algorithms"]["zeno"]
+    assert zeno["attack"]["malicious_devices"] == 10
+    assert zeno["attack"]["malicious_rejected_by_reason"]["zeno"] > 0
+    assert plain["attack"]["malicious_rejected_by_reason"] == {}
+    assert zeno["attack"]["malicious_acceptance"] < plain["attack"]["malicious_acceptance"]
+    assert zeno["final"]["score"] > plain["final"]["score"]
+
+
+def test_a_backdoor_run_reports_its_success_and_is_deterministic() -> None:
+    data = {
+        **DIGITS,
+        "budget": {"max_updates": 200, "max_seconds": 1e9},
+        "algorithms": [{"kind": "fedasync"}, {"kind": "fedavg", "clients_per_round": 10}],
+        "attack": {"kind": "backdoor", "share": 0.2, "target": 0},
+    }
+    first = build_summary(simulate(build(data)))
+    for result in first["algorithms"].values():
+        assert 0.0 <= result["attack"]["backdoor_success"] <= 1.0
+    assert dumps(build_summary(simulate(build(data)))) == dumps(first)
+
+
+def test_without_an_attack_the_summary_has_no_attack_section_nor_zeno_keys() -> None:
+    summary = build_summary(simulate(config()))
+    assert "attack" not in summary["config"] and "validation" not in summary["config"]
+    assert not any(k.startswith("zeno") for k in summary["config"]["algorithms"][0])
+    assert "attack" not in summary["algorithms"]["fedasync"]
+
+
+def test_zeno_on_a_buffered_mode_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="zeno_margin"):
+        config(algorithms=[{"kind": "fedbuff", "zeno_margin": 0.1}])
