@@ -37,7 +37,8 @@ def test_the_gradient_is_the_evaluation_losss_gradient(task: Task) -> None:
     _, held_out = task.dataset(rng)
     weights = rng.normal(0.0, 0.3, task.layout.size).astype(np.float32)
     gradient = task.gradient(weights, held_out)
-    assert gradient.dtype == np.float64 and gradient.shape == (task.layout.size,)
+    assert gradient.dtype == np.float64
+    assert gradient.shape == (task.layout.size,)
     np.testing.assert_allclose(
         gradient, _central_differences(task, weights, held_out), rtol=1e-5, atol=1e-7
     )

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedasync.learning.dataset import Dataset
 from fedasync.learning.backdoor import Trigger
+from fedasync.learning.dataset import Dataset
 from fedasync.sim.attacks import attacked, malicious_devices, noise, scaled, sign_flipped
 from fedasync.sim.config import AttackConfig, build
 from fedasync.sim.runner import simulate
@@ -49,7 +49,8 @@ def test_the_dispatcher_applies_the_configured_attack_and_the_backdoor_sends_its
 
 def test_the_attackers_are_a_seeded_share_of_the_fleet() -> None:
     first = malicious_devices(50, 0.2, np.random.default_rng(4))
-    assert len(first) == 10 and all(0 <= d < 50 for d in first)
+    assert len(first) == 10
+    assert all(0 <= d < 50 for d in first)
     assert malicious_devices(50, 0.2, np.random.default_rng(4)) == first
     assert len(malicious_devices(3, 0.01, np.random.default_rng(4))) == 1
 
@@ -58,13 +59,16 @@ def test_the_trigger_stamps_the_last_features_and_relabels_a_share() -> None:
     trigger = Trigger(target=3, size=2, value=1.0)
     data = Dataset(np.zeros((4, 5)), np.array([0, 1, 2, 3]))
     stamped = trigger.stamp(data.X)
-    assert stamped[:, -2:].tolist() == [[1.0, 1.0]] * 4 and not stamped[:, :-2].any()
+    assert stamped[:, -2:].tolist() == [[1.0, 1.0]] * 4
+    assert not stamped[:, :-2].any()
     assert not data.X.any()  # a copy
     poisoned = trigger.poison(data, 0.5, np.random.default_rng(0))
     changed = np.flatnonzero(poisoned.X[:, -1] == 1.0)
-    assert len(changed) == 2 and (poisoned.y[changed] == 3).all()
+    assert len(changed) == 2
+    assert (poisoned.y[changed] == 3).all()
     test = trigger.test_set(data)
-    assert test.y.tolist() == [3, 3, 3] and (test.X[:, -2:] == 1.0).all()
+    assert test.y.tolist() == [3, 3, 3]
+    assert (test.X[:, -2:] == 1.0).all()
 
 
 DIGITS: dict[str, Any] = {
@@ -106,7 +110,8 @@ def test_a_backdoor_run_reports_its_success_and_is_deterministic() -> None:
 
 def test_without_an_attack_the_summary_has_no_attack_section_nor_zeno_keys() -> None:
     summary = build_summary(simulate(config()))
-    assert "attack" not in summary["config"] and "validation" not in summary["config"]
+    assert "attack" not in summary["config"]
+    assert "validation" not in summary["config"]
     assert not any(k.startswith("zeno") for k in summary["config"]["algorithms"][0])
     assert "attack" not in summary["algorithms"]["fedasync"]
 

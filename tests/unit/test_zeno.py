@@ -80,7 +80,8 @@ def test_a_sign_flipped_update_is_rejected_and_the_honest_one_applied() -> None:
 
     state, outcome, reason = decide(flipped, "bad")
     assert (outcome, reason) == (Outcome.REJECTED, RejectReason.ZENO)
-    assert state.version == 0 and np.array_equal(state.weights_view(), w0)
+    assert state.version == 0
+    assert np.array_equal(state.weights_view(), w0)
     state, outcome, reason = decide(honest, "good")
     assert (outcome, reason) == (Outcome.APPLIED, None)
     assert state.version == 1
@@ -93,7 +94,8 @@ def test_the_rejection_records_the_score_and_the_gradients_version() -> None:
     decision = state.apply(make_update("u", 0, np.array([3.0, 4.0], np.float32)), policy)
     assert decision.reason == RejectReason.ZENO
     assert decision.detail == "zeno++ score -18.75 < -γε = -0.25 (validation gradient of version 0)"
-    assert decision.delta_norm == 5.0 and decision.tau == 0
+    assert decision.delta_norm == 5.0
+    assert decision.tau == 0
 
 
 def test_without_a_validation_gradient_nothing_is_scored() -> None:
