@@ -28,6 +28,7 @@ the settling changed the weights, so a version still names exactly one model.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -290,6 +291,15 @@ class AggregationState:
         """True when the driver must hand in a fresh validation gradient (`zeno_refresh`) before
         it submits the next update: Zeno++ is on and v is missing or `zeno_every` steps old."""
         return due(self.zeno_gradient, self.version, policy)
+
+    def zeno_prepare(self, policy: Policy, gradient_at: Callable[[np.ndarray], np.ndarray]) -> None:
+        """What every driver calls before it submits an update under `policy`: when a refresh
+        is due (`zeno_due`), v = `gradient_at(current weights)` is installed. The driver's
+        function (the task's gradient on its held-out set: learning/held_out.py) is the only
+        thing the core does not hold; the simulator, the aggregator and `ledger verify` call
+        this at the same decisions, so they score with the same v."""
+        if self.zeno_due(policy):
+            self.zeno_refresh(gradient_at(self._weights))
 
     def zeno_refresh(self, gradient: np.ndarray) -> None:
         """Install v, the held-out set's mean loss gradient at the current weights, computed by

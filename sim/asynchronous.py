@@ -362,8 +362,7 @@ class AsyncRun:
             created_at=arrival.at,
             metrics=metrics,
         )
-        if self.state.zeno_due(self.policy):  # Zeno++: v afresh, as the aggregator does
-            self.state.zeno_refresh(self.world.validation_gradient(self.state.weights_view()))
+        self.state.zeno_prepare(self.policy, self.world.validation_gradient)  # Zeno++'s v
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
         self.stall.decided(decision)

@@ -17,6 +17,7 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.backdoor import Trigger, attack_success
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.held_out import held_out
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import get_task, task_data
@@ -231,10 +232,7 @@ def build_world(config: cfg.SimConfig) -> World:
     slow = slowest(medians, config.data.slow_share)
     train, test = task_data(config.task.name, task, stream(config.seed, Stream.DATA))
     parts = _partition(config.data, train.y, n, slow, stream(config.seed, Stream.PARTITION))
-    held_out = min(config.validation.samples, len(train))
-    validation = train.subset(
-        np.sort(stream(config.seed, Stream.VALIDATION).choice(len(train), held_out, replace=False))
-    )
+    validation = held_out(train, config.validation.samples, config.seed)
     attack = config.attack
     attackers: frozenset[int] = frozenset()
     trigger = triggered = None
