@@ -23,7 +23,7 @@ from fedasync.services.runtime.settings import (
 )
 from fedasync.shared.policy import FIELDS, MODE_PRESETS, START, Mode, Policy
 from fedasync.shared.staleness import Decay
-from fedasync.sim.config import AsyncAlgorithmConfig, SimConfig, build, load_config
+from fedasync.sim.config import AsyncAlgorithmConfig, ConfigError, SimConfig, build, load_config
 from fedasync.sim.presets import PRESETS, preset_data
 from fedasync.sim.runner import fleet_advice, simulate
 from fedasync.sim.world import build_world
@@ -51,7 +51,12 @@ CHANGED: dict[str, Any] = {
     "norm_bound": 2.5,
     "norm_action": "clip",
     "norm_window": 12,
+    "zeno_rho": 0.01,
+    "zeno_lr": 0.5,
+    "zeno_every": 4,
 }
+#: start fields only FedAsync takes: set alone in another mode, a config error
+FEDASYNC_ONLY: dict[str, Any] = {"zeno_margin": 0.05}
 
 
 @pytest.fixture(autouse=True)
@@ -150,8 +155,13 @@ def test_a_mode_means_the_same_everywhere(
 
 def test_every_policy_field_is_settable_in_the_simulator() -> None:
     """Each start field of the schema, set alone in a simulator algorithm, reaches its policy."""
-    assert set(CHANGED) | {"mode"} == set(START)  # a new field must be added here too
-    for name in START:
+    assert set(CHANGED) | set(FEDASYNC_ONLY) | {"mode"} == set(START)  # add a new field too
+    for name, value in FEDASYNC_ONLY.items():
+        assert getattr(config(algorithms=[{"kind": "fedasync", name: value}]).algorithms[0], name)
+        for kind in [m.value for m in Mode if m is not Mode.FEDASYNC]:
+            with pytest.raises(ConfigError, match=name):
+                config(algorithms=[{"kind": kind, name: value}])
+    for name in [n for n in START if n not in FEDASYNC_ONLY]:
         for kind in [m.value for m in Mode]:
             if name == "mode":  # the algorithm's kind is its mode
                 table: dict[str, Any] = {"kind": kind}
