@@ -111,7 +111,7 @@ class AggregationState:
         self.tiers: list[Tier] = []
         #: Zeno++ (FedAsync, policy `zeno_margin`): the validation gradient v its driver
         #: computed at the weights of a version (`zeno_refresh`); None until the first refresh.
-        #: Not checkpointed: a restarted driver computes it afresh at the restored version
+        #: Checkpointed (shared/checkpoint.py), so a restored state scores with the same v
         self.zeno_gradient: ValidationGradient | None = None
         self._weights = frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None

@@ -20,6 +20,7 @@ from fedasync.shared.modes.holdings import Tier
 from fedasync.shared.policy import ServerOptimizer
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.wire import WireError, pack, unpack
+from fedasync.shared.zeno import ValidationGradient
 
 #: 2 added FedBuff's server optimizer state; a build that cannot step it must not restore it.
 #: Format 1 (no optimizer state) is still read: its FedBuff versions were numbered per update,
@@ -119,6 +120,13 @@ def save_state(
             "norms": list(state.norms),
             "optimizer": _optimizer(state.optimizer),
         }
+        # Zeno++'s validation gradient, only when there is one: a run without it saves the
+        # bytes it always saved; a build before it restores without it and computes it afresh
+        | (
+            {}
+            if state.zeno_gradient is None
+            else {"zeno": [state.zeno_gradient.version, _bytes(state.zeno_gradient.gradient, _F64)]}
+        )
     )
 
 
@@ -182,6 +190,11 @@ def load_state(
         state.norms.extend(float(n) for n in data.get("norms", ()))
         if "optimizer" in data:
             state.optimizer = _restore_optimizer(data["optimizer"], layout.size)
+        if "zeno" in data:
+            zeno_version, gradient = data["zeno"]
+            state.zeno_gradient = ValidationGradient.at(
+                int(zeno_version), _array(gradient, _F64, layout.size)
+            )
     except MemoryMissing:
         raise
     except (KeyError, TypeError, ValueError) as exc:

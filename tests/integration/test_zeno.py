@@ -48,14 +48,21 @@ def simulated() -> tuple[list[tuple[Update, Decision]], np.ndarray]:
     return submitted, sim.results[0].weights
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["one-run", "restarted-midway"])
 async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
-    redis_server: RedisServer,
+    redis_server: RedisServer, restart: bool
 ) -> None:
+    """Restarted midway, the aggregator restores v from its checkpoint and goes on scoring
+    with it, as the simulator, which never stopped, did."""
     submitted, weights = simulated()
     assert any(d.reason == "zeno" for _, d in submitted)  # the attack met the defence
     assert any(d.applied for _, d in submitted)
     settings: Settings = load_settings(
-        redis={"url": redis_server.url, "key_prefix": "t-zeno-parity", "socket_timeout_s": 5.0},
+        redis={
+            "url": redis_server.url,
+            "key_prefix": f"t-zeno-parity-{restart}",
+            "socket_timeout_s": 5.0,
+        },
         task={**TASK, "seed": 0, "validation_samples": 50},
         policy=ZENO,
         aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
@@ -63,11 +70,15 @@ async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
     keys = Keys(settings.redis.key_prefix)
     redis: aioredis.Redis = connect(settings.redis)
     try:
-        for update, _ in submitted:
-            await publish(redis, keys, update)
-        aggregator = Aggregator(settings, redis, keys)
-        await aggregator.start(None)  # version 0 from the task and seed, as the simulator's
-        await aggregator.run(asyncio.Event(), burst=True)
+        cut = len(submitted) // 2 if restart else len(submitted)
+        for phase in (submitted[:cut], submitted[cut:]):
+            if not phase:
+                continue
+            for update, _ in phase:
+                await publish(redis, keys, update)
+            aggregator = Aggregator(settings, redis, keys)
+            await aggregator.start(None)  # version 0 from the task and seed, or restored
+            await aggregator.run(asyncio.Event(), burst=True)
         recorded = [
             {k: v for k, v in r.items() if k not in ("stream_id", "at", "ledger_id")}
             for r in await ledger(redis, keys)

@@ -8,6 +8,7 @@ import pytest
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.linear import LinearRegression
 from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.checkpoint import load_state, save_state
 from fedasync.shared.decision import Outcome, RejectReason
 from fedasync.shared.params import ParamError
 from fedasync.shared.policy import Mode, Policy
@@ -107,3 +108,44 @@ def test_without_a_validation_gradient_nothing_is_scored() -> None:
 def test_a_gradient_of_the_wrong_size_is_refused() -> None:
     with pytest.raises(ValueError, match="shape"):
         make_state(size=2).zeno_refresh(np.ones(3))
+
+
+def test_a_restored_state_scores_with_the_same_gradient_as_one_never_stopped() -> None:
+    task, train, held_out, w0 = _toy()
+    policy = Policy(zeno_margin=0.01, zeno_every=3, tau_max=100)
+    rng = np.random.default_rng(5)
+
+    def gradient_at(weights: np.ndarray) -> np.ndarray:
+        return task.gradient(weights, held_out)
+
+    updates = []
+    model = w0
+    for i in range(12):
+        trained, _ = task.train(model, train, rng, epochs=1, lr=0.05, batch_size=64)
+        sent = trained if i % 3 else (model - (trained - model)).astype(np.float32)
+        updates.append(Update(f"u{i}", f"c{i % 4}", 0, 10, sent))
+        model = trained
+
+    def run(state: AggregationState, batch: list[Update]) -> list[dict[str, object]]:
+        out = []
+        for update in batch:
+            state.zeno_prepare(policy, gradient_at)
+            out.append(state.apply(update, policy).to_dict())
+        return out
+
+    never = AggregationState(w0.copy(), task.layout)
+    expected = run(never, updates)
+    assert {d["reason"] for d in expected} >= {"zeno"}
+    first = AggregationState(w0.copy(), task.layout)
+    decided = run(first, updates[:7])
+    assert first.zeno_gradient is not None
+    restored = load_state(save_state(first))
+    assert restored.zeno_gradient is not None
+    assert restored.zeno_gradient.version == first.zeno_gradient.version
+    decided += run(restored, updates[7:])
+    assert decided == expected
+    assert restored.weights_view().tobytes() == never.weights_view().tobytes()
+
+
+def test_a_checkpoint_without_zeno_has_no_zeno_section() -> None:
+    assert b"zeno" not in save_state(make_state())
