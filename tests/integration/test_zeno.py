@@ -6,6 +6,7 @@ same held-out set, the same validation gradient refreshed at the same versions),
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.deciding import zeno_gradient_source
 from fedasync.services.aggregator.service import Aggregator
+from fedasync.services.commands.cli import main
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
@@ -50,7 +52,7 @@ def simulated() -> tuple[list[tuple[Update, Decision]], np.ndarray]:
 
 @pytest.mark.parametrize("restart", [False, True], ids=["one-run", "restarted-midway"])
 async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
-    redis_server: RedisServer, restart: bool
+    redis_server: RedisServer, restart: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Restarted midway, the aggregator restores v from its checkpoint and goes on scoring
     with it, as the simulator, which never stopped, did."""
@@ -92,5 +94,12 @@ async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
             gradient_at=zeno_gradient_source(settings.task),
         )
         assert report.ok, report.describe()
+        # the command an admin runs: the run's recorded task, its own held-out size
+        for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("FEDASYNC_REDIS__URL", redis_server.url)
+        monkeypatch.setenv("FEDASYNC_REDIS__KEY_PREFIX", settings.redis.key_prefix)
+        monkeypatch.setenv("FEDASYNC_TASK__VALIDATION_SAMPLES", "50")
+        assert await asyncio.to_thread(main, ["ledger", "verify"]) == 0
     finally:
         await redis.aclose()
