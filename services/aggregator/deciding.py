@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fedasync.learning.held_out import gradient_source, held_out
+from fedasync.learning.task import Task
 from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import task_data
 from fedasync.services.aggregator.commit import Batch, DeadLetter, LedgerEntry
@@ -25,7 +26,7 @@ from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.reader import Entry
 from fedasync.services.runtime.redis_conn import retrying
-from fedasync.services.runtime.settings import Settings, TaskSettings
+from fedasync.services.runtime.settings import Problem, Settings, SettingsError, TaskSettings
 from fedasync.services.stores.archive import ADDRESS_MARK
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
@@ -211,7 +212,14 @@ class Decider:
 def zeno_gradient_source(task: TaskSettings) -> Callable[[np.ndarray], np.ndarray]:
     """The validation gradient of the task `task` names, on its held-out set: the task's data
     made as every service makes it (`task_data`, the seed's data stream), then `held_out`."""
-    built = guarded(task.build(), task.name)
+    raw = task.build()
+    if type(raw).gradient is Task.gradient:  # refused in one line, not at the first decision
+        message = (
+            f"Zeno++ is on, but task {task.name!r} does not compute loss gradients "
+            "(Task.gradient): implement it, or turn Zeno++ off (null)"
+        )
+        raise SettingsError.of((Problem(("policy", "zeno_margin"), None, message),))
+    built = guarded(raw, task.name)
     train, _ = task_data(task.name, built, stream(task.seed, Stream.DATA))
     return gradient_source(built, held_out(train, task.validation_samples, task.seed))
 

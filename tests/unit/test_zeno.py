@@ -7,6 +7,9 @@ import pytest
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.linear import LinearRegression
+from fedasync.learning.task import Task
+from fedasync.services.aggregator.deciding import zeno_gradient_source
+from fedasync.services.runtime.settings import SettingsError, TaskSettings
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import load_state, save_state
 from fedasync.shared.decision import Outcome, RejectReason
@@ -149,3 +152,15 @@ def test_a_restored_state_scores_with_the_same_gradient_as_one_never_stopped() -
 
 def test_a_checkpoint_without_zeno_has_no_zeno_section() -> None:
     assert b"zeno" not in save_state(make_state())
+
+
+class NoGradientTask(LinearRegression):
+    """A task that keeps Task.gradient's default: it computes no gradient."""
+
+    gradient = Task.gradient
+
+
+def test_zeno_with_a_task_that_has_no_gradient_is_one_settings_error() -> None:
+    task = TaskSettings(name="tests.unit.test_zeno:NoGradientTask")
+    with pytest.raises(SettingsError, match=r"FEDASYNC_POLICY__ZENO_MARGIN.*does not compute"):
+        zeno_gradient_source(task)
