@@ -216,6 +216,12 @@ def build_world(config: cfg.SimConfig) -> World:
     """Load the task's data, split it over the fleet, and draw the initial model."""
     # its train and evaluate fail in one line naming the user's frame (learning/task_failure.py)
     task = guarded(get_task(config.task.name, **config.task.params), config.task.name)
+    zeno = [cfg.label(a) for a in config.algorithms if getattr(a, "zeno_margin", None) is not None]
+    if zeno and type(getattr(task, "task", task)).gradient is Task.gradient:
+        raise cfg.ConfigError(
+            f"algorithms {', '.join(zeno)} set zeno_margin, but task {config.task.name!r} does "
+            "not compute loss gradients (Task.gradient), which Zeno++ needs"
+        )
     base = Path(config.base_dir)
     durations = windows = None
     if isinstance(config.fleet.latency, cfg.TraceLatency):

@@ -11,9 +11,10 @@ import pytest
 from fedasync.learning.backdoor import Trigger
 from fedasync.learning.dataset import Dataset
 from fedasync.sim.attacks import attacked, malicious_devices, noise, scaled, sign_flipped
-from fedasync.sim.config import AttackConfig, build
+from fedasync.sim.config import AttackConfig, ConfigError, build
 from fedasync.sim.runner import simulate
 from fedasync.sim.summary import build_summary, dumps
+from fedasync.sim.world import build_world
 from tests.sim.helpers import config
 
 BASE = np.array([1.0, -2.0, 0.5], np.float32)
@@ -119,3 +120,12 @@ def test_without_an_attack_the_summary_has_no_attack_section_nor_zeno_keys() -> 
 def test_zeno_on_a_buffered_mode_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="zeno_margin"):
         config(algorithms=[{"kind": "fedbuff", "zeno_margin": 0.1}])
+
+
+def test_zeno_with_a_task_without_gradients_is_a_config_error() -> None:
+    cfg = config(
+        task={"name": "tests.unit.test_zeno:NoGradientTask", "params": {"samples": 100}},
+        algorithms=[{"kind": "fedasync", "zeno_margin": 0.1}],
+    )
+    with pytest.raises(ConfigError, match="does not compute loss gradients"):
+        build_world(cfg)
