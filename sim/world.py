@@ -19,7 +19,7 @@ from fedasync.learning.backdoor import Trigger, attack_success
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.held_out import held_out
 from fedasync.learning.task import Task, TrainParams
-from fedasync.learning.task_failure import guarded
+from fedasync.learning.task_failure import GuardedTask, guarded
 from fedasync.learning.tasks import get_task, task_data
 from fedasync.shared import fleet as profiles
 from fedasync.shared.fleet import (
@@ -217,7 +217,8 @@ def build_world(config: cfg.SimConfig) -> World:
     # its train and evaluate fail in one line naming the user's frame (learning/task_failure.py)
     task = guarded(get_task(config.task.name, **config.task.params), config.task.name)
     zeno = [cfg.label(a) for a in config.algorithms if getattr(a, "zeno_margin", None) is not None]
-    if zeno and type(getattr(task, "task", task)).gradient is Task.gradient:
+    inner: Task = task.task if isinstance(task, GuardedTask) else task
+    if zeno and type(inner).gradient is Task.gradient:
         raise cfg.ConfigError(
             f"algorithms {', '.join(zeno)} set zeno_margin, but task {config.task.name!r} does "
             "not compute loss gradients (Task.gradient), which Zeno++ needs"
