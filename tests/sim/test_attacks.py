@@ -12,6 +12,7 @@ from fedasync.learning.backdoor import Trigger
 from fedasync.learning.dataset import Dataset
 from fedasync.sim.attacks import attacked, malicious_devices, noise, scaled, sign_flipped
 from fedasync.sim.config import AttackConfig, ConfigError, build
+from fedasync.sim.report import attack_section
 from fedasync.sim.runner import simulate
 from fedasync.sim.summary import build_summary, dumps
 from fedasync.sim.world import build_world
@@ -129,3 +130,20 @@ def test_zeno_with_a_task_without_gradients_is_a_config_error() -> None:
     )
     with pytest.raises(ConfigError, match="does not compute loss gradients"):
         build_world(cfg)
+
+
+def test_the_report_has_an_attack_table_only_when_there_is_an_attack() -> None:
+    assert attack_section(build_summary(simulate(config()))) == []
+    attacked_run = build_summary(
+        simulate(
+            config(
+                attack={"kind": "sign_flip", "share": 0.5},
+                algorithms=[{"kind": "fedasync", "tau_max": 3, "zeno_margin": 0.0}],
+            )
+        )
+    )
+    lines = attack_section(attacked_run)
+    assert lines[0] == "## Attack: `sign_flip`, 50% of the devices"
+    [row] = [line for line in lines if line.startswith("| fedasync |")]
+    at = attacked_run["algorithms"]["fedasync"]["attack"]
+    assert f"| {at['malicious_applied']} / {at['malicious_submitted']} |" in row
