@@ -3,6 +3,7 @@ them: each attack's transformation exact, seeded attackers, and the defence's ef
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from fedasync.learning.backdoor import Trigger
 from fedasync.learning.dataset import Dataset
 from fedasync.sim.attacks import attacked, malicious_devices, noise, scaled, sign_flipped
 from fedasync.sim.config import AttackConfig, ConfigError, build
+from fedasync.sim.multiseed import aggregate, configs_for, run_seeds, tables
 from fedasync.sim.report import attack_section
 from fedasync.sim.runner import simulate
 from fedasync.sim.summary import build_summary, dumps
@@ -147,3 +149,19 @@ def test_the_report_has_an_attack_table_only_when_there_is_an_attack() -> None:
     [row] = [line for line in lines if line.startswith("| fedasync |")]
     at = attacked_run["algorithms"]["fedasync"]["attack"]
     assert f"| {at['malicious_applied']} / {at['malicious_submitted']} |" in row
+
+
+def test_the_seeds_table_shows_the_attack_over_seeds(tmp_path: Path) -> None:
+    attacked_config = config(
+        attack={"kind": "noise", "share": 0.5},
+        algorithms=[{"kind": "fedasync", "tau_max": 3}],
+    )
+    runs = run_seeds(configs_for(attacked_config, 2), tmp_path)
+    result = aggregate(runs, attacked_config)
+    share = result["algorithms"]["fedasync"]["attack"]["malicious_acceptance"]
+    assert share["n"] == 2
+    assert share["values"] == [
+        r.summary["algorithms"]["fedasync"]["attack"]["malicious_acceptance"] for r in runs
+    ]
+    assert "Attack `noise` by 50% of the devices:" in tables(result)
+    assert "attack" not in aggregate(runs[:1], config())
