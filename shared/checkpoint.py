@@ -125,7 +125,7 @@ def save_state(
         | (
             {}
             if state.zeno_gradient is None
-            else {"zeno": [state.zeno_gradient.version, _bytes(state.zeno_gradient.gradient, _F64)]}
+            else {"zeno": [state.zeno_gradient.version, _bytes(state.zeno_gradient.gradient, _F32)]}
         )
     )
 
@@ -193,7 +193,7 @@ def load_state(
         if "zeno" in data:
             zeno_version, gradient = data["zeno"]
             state.zeno_gradient = ValidationGradient.at(
-                int(zeno_version), _array(gradient, _F64, layout.size)
+                int(zeno_version), _array(gradient, _F32, layout.size)
             )
     except MemoryMissing:
         raise

@@ -47,14 +47,18 @@ class ValidationGradient:
     """v, the held-out set's mean loss gradient at the model of `version` (float64, read-only)."""
 
     version: int
+    #: float64 holding float32 values: the checkpoint keeps v in 4 bytes a parameter, as the
+    #: model, and restores exactly what was scored with
     gradient: np.ndarray
     #: ‖v‖², summed once per refresh
     norm_sq: float
 
     @classmethod
     def at(cls, version: int, gradient: np.ndarray) -> ValidationGradient:
-        """v as computed by the driver at the weights of `version`; refused if not finite."""
-        v = np.array(gradient, dtype=np.float64)  # a private copy
+        """v as computed by the driver at the weights of `version`, rounded to float32;
+        refused if not finite."""
+        with np.errstate(over="ignore"):  # an overflow to ±inf is refused just below
+            v = np.asarray(gradient, dtype=np.float64).astype(np.float32).astype(np.float64)
         if v.ndim != 1:
             raise ValueError(f"a validation gradient is a flat vector, got shape {v.shape}")
         norm_sq = float(np.sum(v * v))
