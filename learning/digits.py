@@ -79,3 +79,27 @@ class DigitsMLP(TorchTask):
         logits = (hidden @ parts["out.weight"].T + parts["out.bias"]).astype(np.float64)
         loss, _ = cross_entropy(logits, data.y)
         return classification(loss, np.argmax(logits, axis=1), data.y)
+
+    def gradient(self, weights: np.ndarray, data: Dataset) -> np.ndarray:
+        """∇ of the mean cross-entropy by backpropagation in numpy (float64), so the aggregator
+        computes Zeno++'s validation gradient without torch; the same as TorchTask's autograd
+        on the MLP (tests/learning)."""
+        self.check_weights(weights)
+        parts = self.layout.split(np.asarray(weights, dtype=np.float64))
+        X = np.asarray(data.X, np.float64)
+        w1, b1, w2, b2 = (
+            parts[n] for n in ("hidden.weight", "hidden.bias", "out.weight", "out.bias")
+        )
+        pre = X @ w1.T + b1
+        hidden = np.maximum(pre, 0.0)
+        _, probs = cross_entropy(hidden @ w2.T + b2, data.y)
+        d_logits = (probs - np.eye(CLASSES)[data.y]) / max(len(data), 1)
+        d_pre = (d_logits @ w2) * (pre > 0)
+        return np.concatenate(
+            [
+                (d_pre.T @ X).ravel(),
+                d_pre.sum(axis=0),
+                (d_logits.T @ hidden).ravel(),
+                d_logits.sum(axis=0),
+            ]
+        )

@@ -63,6 +63,14 @@ class LinearRegression(Task):
         loss = float(np.mean(losses)) if losses else 0.0
         return w.astype(np.float32), {"loss": loss, "num_samples": float(len(data))}
 
+    def gradient(self, weights: np.ndarray, data: Dataset) -> np.ndarray:
+        """∇ of the mean squared error (the evaluation's loss): 2·Xᵀ(Xw − y)/n."""
+        self.check_weights(weights)
+        X = np.asarray(data.X, np.float64)
+        residual = X @ weights.astype(np.float64) - data.y
+        grad: np.ndarray = 2.0 * (X.T @ residual) / max(len(data), 1)
+        return grad
+
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         self.check_weights(weights)
         return regression(data.X @ weights.astype(np.float64), data.y)

@@ -90,6 +90,15 @@ class SyntheticClassification(Task):
         loss = float(np.mean(losses)) if losses else 0.0
         return flat.astype(np.float32), {"loss": loss, "num_samples": float(len(data))}
 
+    def gradient(self, weights: np.ndarray, data: Dataset) -> np.ndarray:
+        """∇ of the mean cross-entropy: Xᵀ(p − onehot)/n for W, the column sums for b."""
+        self.check_weights(weights)
+        W, b = self._parts(weights.astype(np.float64))
+        X = np.asarray(data.X, np.float64)
+        _, probs = cross_entropy(X @ W + b, data.y)
+        diff = (probs - np.eye(self.num_classes)[data.y]) / max(len(data), 1)
+        return np.concatenate([(X.T @ diff).ravel(), diff.sum(axis=0)])
+
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         self.check_weights(weights)
         W, b = self._parts(weights.astype(np.float64))

@@ -66,12 +66,29 @@ class Task(ABC):
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         """Loss and scores of `weights` on `data`."""
 
+    def gradient(self, weights: np.ndarray, data: Dataset) -> np.ndarray:
+        """The mean loss gradient over `data` at `weights`, a flat float64 vector in the layout.
+
+        Zeno++'s validation gradient (shared/zeno.py): the server scores updates against it, so
+        it must be the same bits in every process (the simulator and the aggregator decide
+        alike): numpy in float64, or torch on one thread. A task that cannot compute one keeps
+        this default, and Zeno++ is refused for it with this error.
+        """
+        raise NoGradientError(
+            f"task {self.name!r} does not compute loss gradients (Task.gradient), which "
+            "Zeno++ (zeno_margin) needs"
+        )
+
     def check_weights(self, weights: np.ndarray) -> None:
         """Refuse a vector that is not this task's model, before it is cut into tensors."""
         if weights.ndim != 1 or weights.size != self.layout.size:
             raise ValueError(
                 f"{self.name}: expected {self.layout.size} weights, got shape {weights.shape}"
             )
+
+
+class NoGradientError(NotImplementedError):
+    """The task does not implement `Task.gradient`."""
 
 
 def batches(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:

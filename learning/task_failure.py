@@ -132,6 +132,11 @@ class GuardedTask(Task):
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         return run_task(self.named, "evaluate", self.task.evaluate, weights, data)
 
+    def gradient(self, weights: np.ndarray, data: Dataset) -> np.ndarray:
+        if type(self.task).gradient is Task.gradient:  # not implemented: the contract's error
+            return self.task.gradient(weights, data)
+        return run_task(self.named, "gradient", self.task.gradient, weights, data)
+
     def check_weights(self, weights: np.ndarray) -> None:
         self.task.check_weights(weights)  # fedasync's own check: its ValueError is the contract
 

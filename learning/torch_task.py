@@ -179,6 +179,33 @@ class TorchTask(Task):
         loss_mean = float(np.mean(losses)) if losses else 0.0
         return flat, {"loss": loss_mean, "num_samples": float(len(data))}
 
+    def gradient(self, weights: np.ndarray, data: Dataset) -> np.ndarray:
+        """∇ of `loss` over all of `data` in one batch, in eval mode (no dropout, BatchNorm's
+        running statistics), on `threads` threads: the same bits in every process. Buffers,
+        which no loss moves, have a zero gradient."""
+        import torch
+
+        X, y = self.tensors(data)
+        with self.forked(0):
+            model = self.load(weights)
+            model.eval()
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            loss = self.loss(model, X, y)
+            grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        by_name = {
+            name: grad.detach().double().numpy()
+            for (name, _), grad in zip(named, grads, strict=True)
+            if grad is not None
+        }
+        out = np.zeros(self.layout.size, np.float64)
+        start = 0
+        for name, shape in self.layout.tensors:
+            size = int(np.prod(shape, dtype=np.int64))
+            if name in by_name:
+                out[start : start + size] = by_name[name].ravel()
+            start += size
+        return out
+
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         """Scores of the model's outputs: logits (classification) or one value per row."""
         import torch

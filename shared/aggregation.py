@@ -28,6 +28,7 @@ the settling changed the weights, so a version still names exactly one model.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,7 @@ from fedasync.shared.privacy.spent import PrivacyError, PrivacySpent
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.update import MAX_ID_LENGTH, Update
 from fedasync.shared.validation import NON_FINITE_DETAIL, is_count, update_problem
+from fedasync.shared.zeno import ValidationGradient, due, score
 
 #: why the core itself closes training: a step would take ε past the policy's privacy budget
 #: (the budgets of updates and time are the drivers' to close, between two updates)
@@ -119,6 +121,10 @@ class AggregationState:
         self.privacy = PrivacySpent()
         #: the per-run secret the DP noise is drawn from (shared/privacy/noise.py); never saved
         self.dp_secret = dp_secret
+        #: Zeno++ (FedAsync, policy `zeno_margin`): the validation gradient v its driver
+        #: computed at the weights of a version (`zeno_refresh`); None until the first refresh.
+        #: Checkpointed (shared/checkpoint.py), so a restored state scores with the same v
+        self.zeno_gradient: ValidationGradient | None = None
         self._weights = frozen(weights.copy())
         self._scratch_buffer: np.ndarray | None = None
         #: what a robust rule left out of a server step taken while deciding the current
@@ -355,6 +361,52 @@ class AggregationState:
             reason=RejectReason.NORM_BOUND,
             detail=f"delta norm {delta:.6g} > bound {bound:.6g} "
             f"({policy.norm_bound:g} × median of the last {policy.norm_window} applied)",
+        )
+
+    # ----------------------------------------------------------------------------- Zeno++
+    def zeno_due(self, policy: Policy) -> bool:
+        """True when the driver must hand in a fresh validation gradient (`zeno_refresh`) before
+        it submits the next update: Zeno++ is on and v is missing or `zeno_every` steps old."""
+        return due(self.zeno_gradient, self.version, policy)
+
+    def zeno_prepare(self, policy: Policy, gradient_at: Callable[[np.ndarray], np.ndarray]) -> None:
+        """What every driver calls before it submits an update under `policy`: when a refresh
+        is due (`zeno_due`), v = `gradient_at(current weights)` is installed. The driver's
+        function (the task's gradient on its held-out set: learning/held_out.py) is the only
+        thing the core does not hold; the simulator, the aggregator and `ledger verify` call
+        this at the same decisions, so they score with the same v."""
+        if self.zeno_due(policy):
+            self.zeno_refresh(gradient_at(self._weights))
+
+    def zeno_refresh(self, gradient: np.ndarray) -> None:
+        """Install v, the held-out set's mean loss gradient at the current weights, computed by
+        the driver with its task (`Task.gradient`): the core has no data."""
+        if gradient.shape != (self._size,):
+            raise ValueError(
+                f"validation gradient of shape {gradient.shape}, the model has {self._size}"
+            )
+        self.zeno_gradient = ValidationGradient.at(self.version, gradient)
+
+    def zeno_check(
+        self, update: Update, policy: Policy, tau: int, delta: np.ndarray, norm: float
+    ) -> Decision | None:
+        """Zeno++ on an update that pulls the model by `delta` (shared/zeno.py): None to go on,
+        or its rejection (reason `zeno`, the score in the detail). With no validation gradient
+        handed in, nothing is scored: a driver that does not refresh leaves the defence off."""
+        v = self.zeno_gradient
+        if policy.zeno_margin is None or v is None:
+            return None
+        verdict = score(v, delta, policy)
+        if verdict.accepted:
+            return None
+        return self.decide(
+            update,
+            policy,
+            Outcome.REJECTED,
+            tau=tau,
+            delta_norm=norm,
+            reason=RejectReason.ZENO,
+            detail=verdict.detail(v.version),
         )
 
     def reject_non_finite(self, update: Update, policy: Policy) -> Decision:

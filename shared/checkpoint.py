@@ -22,6 +22,7 @@ from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.robust import Kept, RuleSpec
 from fedasync.shared.server_optimizer import OptimizerState
 from fedasync.shared.wire import WireError, pack, unpack
+from fedasync.shared.zeno import ValidationGradient
 
 #: 2 added FedBuff's server optimizer state; a build that cannot step it must not restore it.
 #: Format 1 (no optimizer state) is still read: its FedBuff versions were numbered per update,
@@ -35,7 +36,8 @@ from fedasync.shared.wire import WireError, pack, unpack
 #: contribution), and privacy (shared/privacy/spent.py: what a DP run has spent, the adaptive
 #: clip). A state with neither is still written as format 3, byte for byte as before: a format-3
 #: build restores it faithfully, and must refuse one it would step with the mean or could not
-#: account privacy for.
+#: account privacy for. Zeno++'s validation gradient (`zeno`) may be in either format: a build
+#: without it restores the rest and computes the gradient afresh.
 FORMAT_VERSION = 4
 _PLAIN_FORMAT = 3
 _READABLE = (1, 2, _PLAIN_FORMAT, FORMAT_VERSION)
@@ -135,6 +137,13 @@ def save_state(
             "optimizer": _optimizer(state.optimizer),
             **privacy,
         }
+        # Zeno++'s validation gradient, only when there is one: a run without it saves the
+        # bytes it always saved; a build before it restores without it and computes it afresh
+        | (
+            {}
+            if state.zeno_gradient is None
+            else {"zeno": [state.zeno_gradient.version, _bytes(state.zeno_gradient.gradient, _F32)]}
+        )
     )
 
 
@@ -205,6 +214,11 @@ def load_state(
             state.optimizer = _restore_optimizer(data["optimizer"], layout.size)
         if "privacy" in data:
             state.privacy = PrivacySpent.from_dict(data["privacy"])
+        if "zeno" in data:
+            zeno_version, gradient = data["zeno"]
+            state.zeno_gradient = ValidationGradient.at(
+                int(zeno_version), _array(gradient, _F32, layout.size)
+            )
     except MemoryMissing:
         raise
     except (KeyError, TypeError, ValueError) as exc:

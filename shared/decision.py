@@ -42,6 +42,8 @@ class RejectReason(StrEnum):
     BAD_ID = "bad_id"
     #: its delta norm exceeds the poisoning bound (policy `norm_bound`, `norm_action = reject`)
     NORM_BOUND = "norm_bound"
+    #: its Zeno++ descent score on the server's held-out set is below −γε (policy `zeno_margin`)
+    ZENO = "zeno"
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,6 +224,27 @@ class Policy:
         Range(1, 10_000, integer=True, optional=True),
         quiet=True,
     )
+    zeno_margin: float | None = param(
+        None,
+        "Zeno++ ε (fedasync only): an update is rejected when its descent score on the "
+        "server's held-out set, γ⟨v, g̃⟩ − ρ‖g̃‖², is below −γε; null: off",
+        Range(0.0, 1e6, optional=True),
+        quiet=True,
+    )
+    zeno_rho: float = param(
+        0.001, "Zeno++ ρ, the weight of the candidate's squared norm in its score", Range(0.0, 1e6),
+        quiet=True,
+    )
+    zeno_lr: float = param(
+        0.1, "Zeno++ γ, the step size the score assumes", Range(0.0, 1e6, low_open=True),
+        quiet=True,
+    )
+    zeno_every: int = param(
+        10,
+        "Zeno++: server steps between two refreshes of the validation gradient v",
+        Range(1, 10**9, integer=True),
+        quiet=True,
+    )
     paused: bool = param(
         False,
         "the aggregator decides nothing; updates wait in the stream, none is lost",
@@ -317,6 +338,20 @@ class Policy:
         for spec in SCHEMA:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
         _check_robust(self)
+        if self.zeno_margin is not None and self.mode is not Mode.FEDASYNC:
+            raise ParamError(
+                "zeno_margin",
+                self.zeno_margin,
+                "null unless mode is fedasync (Zeno++ scores updates one at a time; the "
+                "buffered modes have their robust rules)",
+            )
+        if self.zeno_margin is not None and self.dp_clip is not None:
+            raise ParamError(
+                "zeno_margin",
+                self.zeno_margin,
+                "null while DP is on (dp_clip set): Zeno++ reads each update's own delta to "
+                "accept or refuse it, which DP's accounting does not cover",
+            )
         if self.dp_clip is not None:
             _check_private(self)
         elif self.privacy_budget is not None:

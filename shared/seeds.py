@@ -20,12 +20,18 @@ class Stream(IntEnum):
     MODEL = 3
     SERVER = 4
     DEVICE = 5
+    #: the server's held-out set (Zeno++'s validation gradient)
+    VALIDATION = 6
+    #: which devices are malicious (sim/attacks.py)
+    ATTACK = 7
 
 
 class DeviceStream(IntEnum):
     LATENCY = 0
     AVAILABILITY = 1
     TRAIN = 2
+    #: a malicious device's own draws: its noise, its poisoned samples
+    ATTACK = 3
 
 
 def stream(seed: int, *key: int) -> np.random.Generator:

@@ -240,6 +240,7 @@ class AsyncRun:
             privacy=privacy_summary(self.state.privacy, self.policy)
             if self.policy.private
             else None,
+            attack_success=self.world.attack_success(self.state.weights_view()),
         )
 
     def _run_rules(self, now: float) -> None:
@@ -333,15 +334,13 @@ class AsyncRun:
         """The device's local training: a pure function of the base model, the device's data
         and its run's own stream, so it gives the same weights whenever it is computed."""
         device = self.devices[arrival.device]
-        params = self.world.training
         self.trainings += 1
-        return self.world.task.train(
-            arrival.base_weights.copy(),  # a private copy: a device never holds server memory
+        return self.world.local_training(
+            arrival.device,
             device.data,
+            arrival.base_weights,
             device.train_rng(arrival.run),
-            epochs=params.epochs,
-            lr=params.lr,
-            batch_size=params.batch_size,
+            arrival.run,
         )
 
     def _decide_next(self, now: float) -> None:
@@ -375,6 +374,7 @@ class AsyncRun:
             created_at=arrival.at,
             metrics=metrics,
         )
+        self.state.zeno_prepare(self.policy, self.world.validation_gradient)  # Zeno++'s v
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
         self.stall.decided(decision)

@@ -284,6 +284,34 @@ class RulesConfig(Strict):
         return off
 
 
+class AttackConfig(Strict):
+    """Malicious devices (sim/attacks.py): a share of the fleet, drawn once from the seed, sends
+    a transformed delta x_base + T(x_new − x_base) instead of its honest one."""
+
+    kind: Literal["sign_flip", "scale", "noise", "backdoor"] = Field(
+        description="sign_flip: −Δ; scale: factor·Δ; noise: Gaussian noise instead of Δ; "
+        "backdoor: trains on samples stamped with a trigger and relabelled to `target`"
+    )
+    share: float = Field(0.2, gt=0, le=1, description="share of the devices that are malicious")
+    factor: float = Field(10.0, description="scale: the factor Δ is multiplied by")
+    noise_std: float = Field(1.0, gt=0, description="noise: σ of each coordinate of the noise")
+    target: int = Field(0, ge=0, description="backdoor: the class triggered inputs are given")
+    poison_share: float = Field(
+        0.5, gt=0, le=1, description="backdoor: share of a malicious device's samples poisoned"
+    )
+    trigger_size: int = Field(
+        4, ge=1, description="backdoor: the trigger sets the last this many features"
+    )
+    trigger_value: float = Field(1.0, description="backdoor: the value the trigger sets them to")
+
+
+class ValidationConfig(Strict):
+    """The small held-out set the server keeps for Zeno++ (`zeno_margin`): samples drawn once
+    from the training set with their own stream (devices may hold them too, as in the paper)."""
+
+    samples: int = Field(100, ge=1, description="samples in the server's held-out set")
+
+
 class AsyncAlgorithmConfig(Strict):
     """What FedAsync and FedBuff share: the aggregator's speed, the operator rules, and every
     start field of the policy (added from the core's schema by `policy_model` below).
@@ -452,6 +480,10 @@ class SimConfig(Strict):
     algorithms: list[Algorithm] = Field(
         min_length=1, description="`[[algorithms]]`, each run on the same world, in order"
     )
+    attack: AttackConfig | None = Field(None, description="`[attack]`: malicious devices")
+    validation: ValidationConfig = Field(
+        ValidationConfig(), description="`[validation]`: the server's held-out set (Zeno++)"
+    )
     #: where relative trace paths are resolved from (the config file's folder)
     base_dir: str = "."
 
@@ -461,6 +493,19 @@ class SimConfig(Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"algorithm names must be unique, got {names}; set name = ...")
         return self
+
+    def dump(self) -> dict[str, Any]:
+        """The config as summary.json records it: the sections and policy keys added with
+        issue 27 left out while at their default, so existing runs keep their bytes."""
+        out = self.model_dump(mode="json", exclude={"base_dir"})
+        for name in ("attack", "validation"):
+            if getattr(self, name) == SimConfig.model_fields[name].default:
+                del out[name]
+        for algorithm in out["algorithms"]:
+            for name in QUIET:
+                if name in algorithm and algorithm[name] == FIELDS[name].default:
+                    del algorithm[name]
+        return out
 
 
 def label(algorithm: FedAsyncConfig | FedBuffConfig | FairModeConfig | FedAvgConfig) -> str:

@@ -50,6 +50,8 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
         "recommendation",
     ),
     ("[algorithms.rules]", cfg.RulesConfig, "the control service's rules on virtual time"),
+    ("[attack]", cfg.AttackConfig, "malicious devices and what they send (sim/attacks.py)"),
+    ("[validation]", cfg.ValidationConfig, "the server's held-out set, for Zeno++"),
 )
 
 

@@ -117,6 +117,12 @@ def aggregate(runs: Sequence[SeedRun], config: SimConfig) -> dict[str, Any]:
             "late_loss_step_std": spread([s["jitter"]["loss_step_std"] for s in summaries]),
             "loss_std": spread([s["jitter"]["loss_std"] for s in summaries]),
         }
+        if config.attack is not None:  # only then: other aggregates keep their bytes
+            attacks = [s["attack"] for s in summaries]
+            entry["attack"] = {
+                key: spread([a[key] for a in attacks])
+                for key in ("malicious_acceptance", "honest_acceptance", "backdoor_success")
+            }
         if rare is not None:
             entry["rare_class"] = entry["per_class"].get(str(rare))
             entry["other_classes"] = spread(
@@ -130,7 +136,7 @@ def aggregate(runs: Sequence[SeedRun], config: SimConfig) -> dict[str, Any]:
         "rare_class": rare,
         "thresholds": thresholds,
         "algorithms": algorithms,
-    }
+    } | ({} if config.attack is None else {"attack": config.attack.model_dump(mode="json")})
 
 
 def _pm(s: dict[str, Any] | None, digits: int = 3, scale: float = 1.0) -> str:
@@ -187,6 +193,16 @@ def tables(result: dict[str, Any]) -> str:
             f"| {name} | {_pm(a['early_loss_step_std'], 4)} | {_pm(a['late_loss_step_std'], 4)}"
             f" | {_pm(a['loss_std'], 4)} |"
         )
+    if "attack" in result:
+        attack = result["attack"]
+        lines += ["", f"Attack `{attack['kind']}` by {attack['share']:.0%} of the devices:", ""]
+        lines += [
+            "| algorithm | malicious acceptance | honest acceptance | backdoor success |",
+            "|---|---|---|---|",
+        ]
+        for name, a in result["algorithms"].items():
+            cells = [_pm(a["attack"][k]) for k in a["attack"]]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Per seed:", ""]
     target = f"{result['target']:g}" if result["target"] else None
     for name, a in result["algorithms"].items():

@@ -52,6 +52,30 @@ def table(summary: dict[str, Any]) -> list[str]:
     return rows
 
 
+def attack_section(summary: dict[str, Any]) -> list[str]:
+    """What the malicious devices (`[attack]`) got through, per algorithm; nothing without."""
+    attack = summary["config"].get("attack")
+    if attack is None:
+        return []
+    rows = [
+        f"## Attack: `{attack['kind']}`, {attack['share']:.0%} of the devices",
+        "",
+        "| algorithm | final | malicious applied / sent | honest acceptance | refused by reason"
+        " | backdoor success |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, a in summary["algorithms"].items():
+        at = a["attack"]
+        refused = ", ".join(f"{k} {v}" for k, v in at["malicious_rejected_by_reason"].items())
+        rows.append(
+            f"| {name} | {_num(a['final']['score'])}"
+            f" | {at['malicious_applied']} / {at['malicious_submitted']}"
+            f" | {_num(at['honest_acceptance'])} | {refused or '–'}"
+            f" | {_num(at['backdoor_success'])} |"
+        )
+    return [*rows, ""]
+
+
 #: alerts listed per algorithm in report.md (all of them are in summary.json)
 MAX_ALERTS_SHOWN = 20
 
@@ -108,6 +132,7 @@ def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
         f" which permanently drops {advice['permanently_dropped_share']:.0%} of the devices.",
         "",
         *rules_section(summary),
+        *attack_section(summary),
         "## Charts",
         "",
         *[f"![{name}]({name})" for name in images],

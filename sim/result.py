@@ -48,3 +48,5 @@ class RunResult:
     stalled: str | None = None
     #: DP runs: the privacy spent (`privacy_summary`), else None
     privacy: dict[str, Any] | None = None
+    #: the backdoor's success on the final model (`[attack] kind = "backdoor"`), else None
+    attack_success: float | None = None

@@ -64,6 +64,29 @@ def acceptance(result: RunResult, client_ids: Sequence[str], slow: Sequence[int]
     }
 
 
+def attack_summary(result: RunResult, sim: Simulation) -> dict[str, Any]:
+    """What the malicious devices got through, and the backdoor's success on the final model."""
+    rec, world = result.recorder, sim.world
+    attackers = sorted(world.attackers)
+    submitted = sum(rec.submitted[d] for d in attackers)
+    applied = sum(rec.applied[d] for d in attackers)
+    honest_submitted = sum(rec.submitted) - submitted
+    honest_applied = sum(rec.applied) - applied
+    refused = Counter(
+        d.reason for d in rec.decisions if d.outcome == "rejected" and d.device in world.attackers
+    )
+    return {
+        "kind": world.config.attack.kind if world.config.attack else None,
+        "malicious_devices": len(attackers),
+        "malicious_submitted": submitted,
+        "malicious_applied": applied,
+        "malicious_acceptance": applied / submitted if submitted else None,
+        "honest_acceptance": honest_applied / honest_submitted if honest_submitted else None,
+        "malicious_rejected_by_reason": dict(sorted((str(k), v) for k, v in refused.items())),
+        "backdoor_success": result.attack_success,
+    }
+
+
 def algorithm_summary(
     result: RunResult, sim: Simulation, target: float | None, window: int
 ) -> dict[str, Any]:
@@ -132,6 +155,8 @@ def algorithm_summary(
     if result.privacy is not None:  # DP runs only, likewise
         out["privacy"] = result.privacy
         out["epsilon"] = epsilon_curve(rec)
+    if world.config.attack is not None:  # likewise
+        out["attack"] = attack_summary(result, sim)
     if rec.rounds:
         durations = [r.end_s - r.start_s for r in rec.rounds]
         out["rounds"] = {"count": len(rec.rounds), "duration_s": stats(durations)}
@@ -153,7 +178,7 @@ def build_summary(sim: Simulation) -> dict[str, Any]:
         "schema": SCHEMA,
         "name": config.name,
         "seed": config.seed,
-        "config": config.model_dump(mode="json", exclude={"base_dir"}),
+        "config": config.dump(),
         "fleet": {
             "devices": world.num_devices,
             "median_latency_s": stats(world.medians_s),

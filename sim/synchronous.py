@@ -127,6 +127,7 @@ class SyncRun:
             privacy=None
             if self.dp_policy is None
             else privacy_summary(self.privacy, self.dp_policy),
+            attack_success=self.world.attack_success(self.weights),
         )
 
     def _start(self, now: float) -> None:
@@ -168,7 +169,6 @@ class SyncRun:
         if self._over_budget(event):
             self.closed = True
             return
-        params = self.world.training
         models, counts, clients = [], [], []
         for index, plan in event.plans.items():
             self.recorder.submitted[index] += plan.lost_at is None
@@ -179,13 +179,8 @@ class SyncRun:
         for index in event.kept:
             device = self.devices[index]
             run = event.plans[index].run
-            weights, _ = self.world.task.train(
-                self.weights,
-                device.data,
-                device.train_rng(run),
-                epochs=params.epochs,
-                lr=params.lr,
-                batch_size=params.batch_size,
+            weights, _ = self.world.local_training(
+                index, device.data, self.weights, device.train_rng(run), run
             )
             self.trainings += 1
             update = Update(

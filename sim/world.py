@@ -15,9 +15,11 @@ from typing import overload
 import numpy as np
 
 from fedasync.learning import partition
+from fedasync.learning.backdoor import Trigger, attack_success
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.held_out import held_out
 from fedasync.learning.task import Task, TrainParams
-from fedasync.learning.task_failure import guarded
+from fedasync.learning.task_failure import GuardedTask, guarded
 from fedasync.learning.tasks import get_task, task_data
 from fedasync.shared import fleet as profiles
 from fedasync.shared.fleet import (
@@ -30,6 +32,7 @@ from fedasync.shared.fleet import (
 )
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
 from fedasync.sim import config as cfg
+from fedasync.sim.attacks import attacked, malicious_devices
 from fedasync.sim.trace import read_durations, read_windows
 
 ALWAYS_ONLINE = AlwaysOnline()
@@ -98,6 +101,13 @@ class World:
     slow: list[int]
     _trace_durations: dict[str, tuple[float, ...]] | None
     _trace_windows: dict[str, list[tuple[float, float]]] | None
+    #: the malicious devices (`[attack]`, sim/attacks.py); empty without an attack
+    attackers: frozenset[int] = frozenset()
+    #: the backdoor's trigger, and the stamped test inputs its success is measured on
+    trigger: Trigger | None = None
+    triggered_test: Dataset | None = None
+    #: the server's held-out set, for Zeno++'s validation gradient (`[validation]`)
+    validation: Dataset | None = None
 
     @property
     def seed(self) -> int:
@@ -106,6 +116,44 @@ class World:
     @property
     def num_devices(self) -> int:
         return len(self.device_data)
+
+    def local_training(
+        self, index: int, data: Dataset, base: np.ndarray, rng: np.random.Generator, run: int
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Device `index`'s run `run` from `base` on its `data`, shuffled by `rng`: honest
+        training, or, for a malicious device, its attack (sim/attacks.py). `base` is not
+        modified."""
+        attack = self.config.attack
+        malicious = attack is not None and index in self.attackers
+        if malicious and self.trigger is not None:
+            assert attack is not None
+            own = device_stream(self.seed, index, DeviceStream.ATTACK)  # the same poison each run
+            data = self.trigger.poison(data, attack.poison_share, own)
+        params = self.training
+        weights, metrics = self.task.train(
+            base.copy(),  # a private copy: a device never holds server memory
+            data,
+            rng,
+            epochs=params.epochs,
+            lr=params.lr,
+            batch_size=params.batch_size,
+        )
+        if malicious:
+            assert attack is not None
+            rng_attack = device_stream(self.seed, index, DeviceStream.ATTACK, run)
+            weights = attacked(attack, base, weights, rng_attack)
+        return weights, metrics
+
+    def attack_success(self, weights: np.ndarray) -> float | None:
+        """The backdoor's success on `weights` (learning/backdoor.py); None without one."""
+        if self.triggered_test is None:
+            return None
+        return attack_success(self.task, weights, self.triggered_test)
+
+    def validation_gradient(self, weights: np.ndarray) -> np.ndarray:
+        """Zeno++'s v: the mean loss gradient on the server's held-out set at `weights`."""
+        assert self.validation is not None
+        return self.task.gradient(weights, self.validation)
 
     def new_fleet(self) -> Fleet:
         return Fleet(
@@ -168,6 +216,13 @@ def build_world(config: cfg.SimConfig) -> World:
     """Load the task's data, split it over the fleet, and draw the initial model."""
     # its train and evaluate fail in one line naming the user's frame (learning/task_failure.py)
     task = guarded(get_task(config.task.name, **config.task.params), config.task.name)
+    zeno = [cfg.label(a) for a in config.algorithms if getattr(a, "zeno_margin", None) is not None]
+    inner: Task = task.task if isinstance(task, GuardedTask) else task
+    if zeno and type(inner).gradient is Task.gradient:
+        raise cfg.ConfigError(
+            f"algorithms {', '.join(zeno)} set zeno_margin, but task {config.task.name!r} does "
+            "not compute loss gradients (Task.gradient), which Zeno++ needs"
+        )
     base = Path(config.base_dir)
     durations = windows = None
     if isinstance(config.fleet.latency, cfg.TraceLatency):
@@ -184,6 +239,15 @@ def build_world(config: cfg.SimConfig) -> World:
     slow = slowest(medians, config.data.slow_share)
     train, test = task_data(config.task.name, task, stream(config.seed, Stream.DATA))
     parts = _partition(config.data, train.y, n, slow, stream(config.seed, Stream.PARTITION))
+    validation = held_out(train, config.validation.samples, config.seed)
+    attack = config.attack
+    attackers: frozenset[int] = frozenset()
+    trigger = triggered = None
+    if attack is not None:
+        attackers = malicious_devices(n, attack.share, stream(config.seed, Stream.ATTACK))
+        if attack.kind == "backdoor":
+            trigger = Trigger(attack.target, attack.trigger_size, attack.trigger_value)
+            triggered = trigger.test_set(test)
     return World(
         config=config,
         task=task,
@@ -197,6 +261,10 @@ def build_world(config: cfg.SimConfig) -> World:
         slow=slow,
         _trace_durations=durations,
         _trace_windows=windows,
+        attackers=attackers,
+        trigger=trigger,
+        triggered_test=triggered,
+        validation=validation,
     )
 
 

@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
+import numpy as np
+
+from fedasync.learning.held_out import gradient_source, held_out
+from fedasync.learning.task import Task
+from fedasync.learning.task_failure import guarded
+from fedasync.learning.tasks import task_data
 from fedasync.services.aggregator.commit import Batch, DeadLetter, LedgerEntry
 from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.reader import Entry
 from fedasync.services.runtime.redis_conn import retrying
-from fedasync.services.runtime.settings import Settings
+from fedasync.services.runtime.settings import Problem, Settings, SettingsError, TaskSettings
 from fedasync.services.stores.archive import ADDRESS_MARK
 from fedasync.services.stores.claim_check import ClaimError, ClaimStore
 from fedasync.services.stores.device_keys import KeyCache
@@ -39,6 +46,7 @@ from fedasync.shared.device_auth import (
 )
 from fedasync.shared.keys import update_digest
 from fedasync.shared.policy import Policy
+from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.wire import WireError, decode_update, pack
 
 #: payload bytes in one read from which it is decided in a worker thread (numpy releases the
@@ -74,6 +82,15 @@ class Decider:
         self._archiving = archiving
         #: the messages of the read being decided, fetched by content address ahead of it
         self._claimed: dict[str, bytes | ClaimError] = {}
+        #: Zeno++'s validation gradient at given weights, built at its first use
+        self._gradient_at: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def gradient_at(self, weights: np.ndarray) -> np.ndarray:
+        """Zeno++'s v at `weights`: the task's loss gradient on the held-out set the simulator
+        would keep with the same task settings and seed (learning/held_out.py)."""
+        if self._gradient_at is None:
+            self._gradient_at = zeno_gradient_source(self._settings.task)
+        return self._gradient_at(weights)
 
     async def decide_read(
         self,
@@ -223,6 +240,7 @@ class Decider:
             log.warning("dead-lettered %s: %s", stream_id.decode(), exc)
             return
         state = self.state
+        state.zeno_prepare(policy, self.gradient_at)  # Zeno++: v afresh when due
         decision = state.apply(update, policy)
         self._metrics.observe(decision, time.perf_counter() - started)
         record = decision.to_dict() | {"stream_id": stream_id.decode(), "at": time.time()}
@@ -276,6 +294,21 @@ class Decider:
         if not self.state.closed and elapsed >= limit:
             self.state.close("max_seconds")
             log.info("budget reached: %.0f s of training", elapsed)
+
+
+def zeno_gradient_source(task: TaskSettings) -> Callable[[np.ndarray], np.ndarray]:
+    """The validation gradient of the task `task` names, on its held-out set: the task's data
+    made as every service makes it (`task_data`, the seed's data stream), then `held_out`."""
+    raw = task.build()
+    if type(raw).gradient is Task.gradient:  # refused in one line, not at the first decision
+        message = (
+            f"Zeno++ is on, but task {task.name!r} does not compute loss gradients "
+            "(Task.gradient): implement it, or turn Zeno++ off (null)"
+        )
+        raise SettingsError.of((Problem(("policy", "zeno_margin"), None, message),))
+    built = guarded(raw, task.name)
+    train, _ = task_data(task.name, built, stream(task.seed, Stream.DATA))
+    return gradient_source(built, held_out(train, task.validation_samples, task.seed))
 
 
 def _signer(fields: dict[bytes, bytes] | None) -> str | None:

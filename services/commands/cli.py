@@ -22,8 +22,12 @@ from fedasync.services.commands.parser import CommandParser
 from fedasync.shared import __version__
 
 if TYPE_CHECKING:
+    import numpy as np
+    import redis.asyncio as aioredis
+
     from fedasync.services.commands.flags import Flag
-    from fedasync.services.runtime.settings import RedisSettings
+    from fedasync.services.runtime.settings import RedisSettings, TaskSettings
+    from fedasync.shared.keys import Keys
 
 #: the policy fields that change α or whether an update is dropped (and the mode, for its preset)
 ALPHA_FIELDS = ("mode", "alpha0", "gamma", "lam", "hinge_a", "hinge_b", "tau_max")
@@ -132,6 +136,7 @@ def _ledger(args: argparse.Namespace) -> int:
                 settings.wire.max_message_bytes,
                 settings.aggregator.archive_dir,
                 settings.wire.claim_check_dir,
+                settings.task,
             )
         )
     prefix_given = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
@@ -149,8 +154,30 @@ def _ledger(args: argparse.Namespace) -> int:
                 settings.wire.max_message_bytes,
                 settings.aggregator.archive_dir,
                 settings.wire.claim_check_dir,
+                settings.task,
             )
         )
+
+
+async def _zeno_source(
+    redis: aioredis.Redis, keys: Keys, task: TaskSettings
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Zeno++'s validation gradient for a replay: the run's recorded task (name, params, seed)
+    with this process's FEDASYNC_TASK__VALIDATION_SAMPLES, built only if a decision needs it
+    (a run without Zeno++ never builds its task here)."""
+    from fedasync.services.aggregator.deciding import zeno_gradient_source
+    from fedasync.services.stores.run_record import recorded_task
+
+    recorded = await recorded_task(redis, keys)
+    run_task = task if recorded is None else task.model_copy(update=recorded)
+    built: list[Callable[[np.ndarray], np.ndarray]] = []
+
+    def gradient_at(weights: np.ndarray) -> np.ndarray:
+        if not built:
+            built.append(zeno_gradient_source(run_task))
+        return built[0](weights)
+
+    return gradient_at
 
 
 async def _ledger_job(
@@ -159,6 +186,7 @@ async def _ledger_job(
     max_message_bytes: int,
     archive_dir: Path | None = None,
     claim_check_dir: Path | None = None,
+    task: TaskSettings | None = None,
 ) -> int:
     from fedasync.services.commands.errors import CommandError
     from fedasync.services.commands.redis_target import redis_where, talking_to
@@ -190,7 +218,10 @@ async def _ledger_job(
         archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
         claims = None if claim_check_dir is None else ClaimStore(claim_check_dir)
         try:
-            report = await ledger.verify(redis, keys, max_message_bytes, archive, claims)
+            gradient_at = None if task is None else await _zeno_source(redis, keys, task)
+            report = await ledger.verify(
+                redis, keys, max_message_bytes, archive, claims, gradient_at
+            )
         except (CommitsTooFast, SecretUnreadable) as exc:
             raise CommandError(f"ledger verify: {exc}", VERIFY_NOT_CHECKED) from None
         if report.nothing_committed:  # not a failed proof: most likely the wrong place

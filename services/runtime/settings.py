@@ -325,6 +325,13 @@ class TaskSettings(Section):
         le=1,
         description="rare_class_on_slow: the slowest devices by their profile's median latency",
     )
+    validation_samples: int = Field(
+        100,
+        ge=1,
+        description="Zeno++ (policy zeno_margin): training samples the aggregator keeps as its "
+        "held-out set, drawn with the seed (learning/held_out.py), as the simulator's "
+        "[validation] samples",
+    )
 
     def build(self) -> Task:
         """The task these settings name, built (its module imported): or one SettingsError line.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -140,6 +140,7 @@ async def verify(
     max_message_bytes: int,
     archive: PayloadArchive | None = None,
     claims: ClaimStore | None = None,
+    gradient_at: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> VerifyReport:
     """Replay the ledger from genesis and compare decisions and the committed model.
 
@@ -149,7 +150,10 @@ async def verify(
     read from `archive` (the aggregator's, when it has one: services/stores/archive.py); a
     claim-check update's message from `claims`. A run that ever had differential privacy on is
     replayed with its noise secret (services/stores/dp_secret.py): SecretUnreadable if this
-    Redis user may not read it."""
+    Redis user may not read it. A run with Zeno++ on (policy `zeno_margin`) replays its scores
+    only with `gradient_at`, the aggregator's validation gradient
+    (services/aggregator/deciding.py, `zeno_gradient_source`); without it nothing is scored and
+    a Zeno++ rejection shows as a mismatch."""
     report = VerifyReport()
     genesis = await get_bytes(redis, keys.genesis)
     if genesis is None:
@@ -198,6 +202,8 @@ async def verify(
         if record["reason"] == DropReason.CLOSED and state.closed is None and not closed_here:
             state.close(record["detail"])
         update = decode_update(raw, max_message_bytes)
+        if gradient_at is not None:
+            state.zeno_prepare(policies[number], gradient_at)
         replayed = state.apply(update, policies[number]).to_dict()
         recorded = {k: v for k, v in record.items() if k not in (*_CONTEXT, "ledger_id")}
         if replayed != recorded:

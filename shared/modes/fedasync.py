@@ -59,6 +59,11 @@ class FedAsync(Strategy):
             exact = new.astype(np.float64) - x
             squares = float(np.sum(exact * exact))
             mixed = (x + alpha * exact).astype(np.float32)
+        if policy.zeno_margin is not None:  # Zeno++ (shared/zeno.py): scores x_new − x
+            delta = exact if exact is not None else np.subtract(new, x, out=state.scratch())
+            refused = state.zeno_check(update, policy, tau, delta, math.sqrt(squares))
+            if refused is not None:
+                return refused
         clip = state.clip(update, policy, tau, math.sqrt(squares))
         if isinstance(clip, Decision):
             return clip

@@ -23,7 +23,7 @@ from fedasync.services.runtime.settings import (
 )
 from fedasync.shared.policy import BUFFERED, DP_MODES, FIELDS, MODE_PRESETS, START, Mode, Policy
 from fedasync.shared.staleness import Decay
-from fedasync.sim.config import AsyncAlgorithmConfig, SimConfig, build, load_config
+from fedasync.sim.config import AsyncAlgorithmConfig, ConfigError, SimConfig, build, load_config
 from fedasync.sim.presets import PRESETS, preset_data
 from fedasync.sim.runner import fleet_advice, simulate
 from fedasync.sim.world import build_world
@@ -54,6 +54,9 @@ CHANGED: dict[str, Any] = {
     "robust_trim": 0.25,
     "robust_byzantine": 0,
     "robust_select": 3,
+    "zeno_rho": 0.01,
+    "zeno_lr": 0.5,
+    "zeno_every": 4,
 }
 #: fields whose other values only some modes take (a robust rule: the buffered modes)
 FOR_MODES: dict[str, tuple[Any, frozenset[str]]] = {"robust": ("trimmed_mean", BUFFERED)}
@@ -71,6 +74,8 @@ DP_CHANGED: dict[str, Any] = {
     "privacy_budget": 8.0,
     "privacy_model": "sampled",
 }
+#: start fields only FedAsync takes: set alone in another mode, a config error
+FEDASYNC_ONLY: dict[str, Any] = {"zeno_margin": 0.05}
 
 
 @pytest.fixture(autouse=True)
@@ -171,8 +176,15 @@ def test_a_mode_means_the_same_everywhere(
 
 def test_every_policy_field_is_settable_in_the_simulator() -> None:
     """Each start field of the schema, set alone in a simulator algorithm, reaches its policy."""
-    assert set(CHANGED) | set(FOR_MODES) | set(DP_CHANGED) | {"mode"} == set(START)  # add new
-    for name in sorted(set(START) - set(DP_CHANGED)):
+    assert set(CHANGED) | set(FOR_MODES) | set(DP_CHANGED) | set(FEDASYNC_ONLY) | {"mode"} == set(
+        START
+    )  # a new field: add it here too
+    for name, value in FEDASYNC_ONLY.items():
+        assert getattr(config(algorithms=[{"kind": "fedasync", name: value}]).algorithms[0], name)
+        for kind in [m.value for m in Mode if m is not Mode.FEDASYNC]:
+            with pytest.raises(ConfigError, match=name):
+                config(algorithms=[{"kind": kind, name: value}])
+    for name in sorted(set(START) - set(DP_CHANGED) - set(FEDASYNC_ONLY)):
         value, modes = FOR_MODES.get(name, (CHANGED.get(name), frozenset(m.value for m in Mode)))
         for kind in [m.value for m in Mode if m.value in modes]:
             if name == "mode":  # the algorithm's kind is its mode
