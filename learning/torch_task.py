@@ -36,6 +36,8 @@ from fedasync.shared.layout import Layout
 if TYPE_CHECKING:
     import torch
 
+    from fedasync.learning.dpsgd import DeviceAccountant
+
 
 def torch_seed(rng: np.random.Generator) -> int:
     """A seed for torch from `rng`'s next spawned child; `rng`'s own stream is not advanced."""
@@ -148,10 +150,18 @@ class TorchTask(Task):
         epochs: int,
         lr: float,
         batch_size: int,
+        privacy: DeviceAccountant | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Minibatch training of a copy of `weights`; metrics are the last epoch's mean loss."""
+        """Minibatch training of a copy of `weights`; metrics are the last epoch's mean loss.
+
+        `privacy`: train with DP-SGD (Opacus), accounted by this device's own accountant, and
+        report the device's ε in the metrics (learning/dpsgd.py); None: plain training."""
         import torch
 
+        if privacy is not None:
+            return self._train_private(
+                weights, data, rng, epochs=epochs, lr=lr, batch_size=batch_size, privacy=privacy
+            )
         X, y = self.tensors(data)
         losses: list[float] = []
         with self.seeded(rng):
@@ -178,6 +188,72 @@ class TorchTask(Task):
             flat = self.vector(model)
         loss_mean = float(np.mean(losses)) if losses else 0.0
         return flat, {"loss": loss_mean, "num_samples": float(len(data))}
+
+    def _train_private(
+        self,
+        weights: np.ndarray,
+        data: Dataset,
+        rng: np.random.Generator,
+        *,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        privacy: DeviceAccountant,
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """DP-SGD through Opacus: Poisson batches of expected size `batch_size`, each sample's
+        gradient clipped, Gaussian noise on each batch's sum, every step in `privacy`.
+
+        Batches and noise come from torch's generator, seeded from `rng` (`seeded`), so a run is
+        reproducible to the bit on CPU. A batch Poisson sampling leaves empty still takes its
+        (noise-only) step and counts in the accountant; it adds no loss to the mean."""
+        import warnings
+
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        X, y = self.tensors(data)
+        dp = privacy.dp
+        losses: list[float] = []
+        with self.seeded(rng), warnings.catch_warnings():
+            # the seeded generator is the point (reproducible runs): Opacus warns it is not a
+            # cryptographic one; torch warns that Opacus's backward hooks fire on the outputs
+            # of the first layer (the data needs no gradient); Opacus warns on each run after
+            # the first that a new dataset object came, which is the device's same data: all
+            # three are as intended
+            warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+            warnings.filterwarnings("ignore", message=".*new dataset object.*")
+            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+            model = self.load(weights)
+            model.train()
+            optimizer = self.optimizer(model, lr)
+            if optimizer is None:  # plain SGD, as the non-private loop: p ← p − lr·g
+                optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            loader = DataLoader(TensorDataset(X, y), batch_size=batch_size)
+            private, dp_optimizer, dp_loader = privacy.engine.make_private(
+                module=model,
+                optimizer=optimizer,
+                data_loader=loader,
+                noise_multiplier=dp.noise_multiplier,
+                max_grad_norm=dp.max_grad_norm,
+                poisson_sampling=True,
+            )
+            for _ in range(epochs):
+                losses.clear()
+                for X_batch, y_batch in dp_loader:
+                    dp_optimizer.zero_grad(set_to_none=True)
+                    if len(X_batch) == 0:  # noise only; Opacus knows the step is empty
+                        dp_optimizer.step()
+                        continue
+                    loss = self.loss(private, X_batch, y_batch)
+                    loss.backward()  # type: ignore[no-untyped-call]
+                    dp_optimizer.step()
+                    losses.append(float(loss.item()))
+            private.remove_hooks()
+            flat = self.vector(model)
+        privacy.runs += 1
+        loss_mean = float(np.mean(losses)) if losses else 0.0
+        metrics = {"loss": loss_mean, "num_samples": float(len(data))}
+        return flat, metrics | privacy.metrics()
 
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         """Scores of the model's outputs: logits (classification) or one value per row."""

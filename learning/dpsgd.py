@@ -1,0 +1,136 @@
+"""DP-SGD on the device: a device's settings for it, and its own accountant, kept across runs.
+
+Opacus (Yousefpour et al. 2021) clips each sample's gradient to `max_grad_norm`, adds Gaussian
+noise of standard deviation `noise_multiplier · max_grad_norm` to each batch's sum, and samples
+batches by Poisson sampling (each sample in with probability q = 1/⌈n/B⌉), the setting its RDP
+accountant (Mironov 2017; Mironov, Talwar, Zhang 2019) assumes. What it guarantees is
+sample-level: about one of this device's samples, for everything the device ever trained on
+them. So the accountant belongs to the device, not to one run: `DeviceAccountant` composes every
+run the device trained, and the ε it reports grows with each. The server's user-level DP
+(shared/privacy) is a different, stronger guarantee about a whole device (docs/your-model.md).
+
+Opacus is imported only when a private run trains (it costs seconds of import): a run without
+DP-SGD never imports it, and neither does building these settings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opacus import PrivacyEngine
+    from torch import nn
+
+#: the update metric carrying the device's ε (at `DEVICE_DELTA`) after the run it reports
+DEVICE_EPSILON = "dp_epsilon"
+#: the update metric carrying the δ that ε is stated at
+DEVICE_DELTA = "dp_delta"
+#: the fix Opacus offers for modules without per-sample gradients, named in the refusal
+FIX = "opacus.validators.ModuleValidator.fix(model)"
+
+
+class DPSGDError(ValueError):
+    """DP-SGD cannot run with this task or model: the message says why and what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class DPSGD:
+    """A device's DP-SGD settings: σ (noise multiplier), C (per-sample clip norm) and δ."""
+
+    noise_multiplier: float
+    max_grad_norm: float = 1.0
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        finite = all(
+            math.isfinite(v) for v in (self.noise_multiplier, self.max_grad_norm, self.delta)
+        )
+        if not finite or self.noise_multiplier <= 0 or self.max_grad_norm <= 0:
+            raise DPSGDError(
+                "DP-SGD needs noise_multiplier > 0 and max_grad_norm > 0, got "
+                f"{self.noise_multiplier} and {self.max_grad_norm}"
+            )
+        if not 0 < self.delta < 1:
+            raise DPSGDError(f"DP-SGD's delta must be in (0, 1), got {self.delta}")
+
+
+class DeviceAccountant:
+    """One device's Opacus privacy engine (RDP accountant), kept for all of its runs.
+
+    Each private run is made private through the same engine, so the accountant's history holds
+    every step the device ever took: `epsilon()` is the device's total sample-level ε at its δ.
+    One per device: two devices sharing one would add each other's steps.
+    """
+
+    def __init__(self, dp: DPSGD) -> None:
+        self.dp = dp
+        self._engine: PrivacyEngine | None = None
+        #: private runs trained through this accountant
+        self.runs = 0
+
+    @property
+    def engine(self) -> PrivacyEngine:
+        """The engine, made (and opacus imported) when the first private run needs it."""
+        if self._engine is None:
+            from opacus import PrivacyEngine
+
+            # RDP, the accountant the privacy literature and the server's sampled model use;
+            # secure_mode needs torchcsprng and gives up the seeded reproducibility runs have
+            self._engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+        return self._engine
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """(noise multiplier, sample rate, steps) of every step taken, as Opacus keeps them."""
+        if self._engine is None:
+            return []
+        return list(self._engine.accountant.history)
+
+    def epsilon(self) -> float:
+        """The device's ε at its δ over every step so far (0 before its first)."""
+        if not self.history:
+            return 0.0
+        return float(self.engine.accountant.get_epsilon(delta=self.dp.delta))
+
+    def metrics(self) -> dict[str, float]:
+        """The figures a device adds to its update's metrics: its ε and the δ it is at."""
+        return {DEVICE_EPSILON: self.epsilon(), DEVICE_DELTA: self.dp.delta}
+
+
+def check_module(model: nn.Module, task_name: str) -> None:
+    """Refuse a module Opacus cannot compute per-sample gradients for, naming the fix."""
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        found = "; ".join(sorted({str(e) for e in errors}))
+        raise DPSGDError(
+            f"task {task_name!r}: its model cannot train with DP-SGD ({found}). Replace those "
+            f"layers in the task's model(), e.g. return {FIX} (BatchNorm becomes GroupNorm)"
+        )
+
+
+def check_task(task: Any, task_name: str) -> None:
+    """Refuse, before anything runs, a task that cannot train with DP-SGD: only a TorchTask
+    can, and only with a model Opacus supports."""
+    from fedasync.learning.task_failure import GuardedTask
+    from fedasync.learning.torch_task import TorchTask
+
+    inner = task.task if isinstance(task, GuardedTask) else task
+    if not isinstance(inner, TorchTask):
+        raise DPSGDError(
+            f"task {task_name!r}: DP-SGD trains a fedasync.TorchTask (Opacus needs a torch "
+            f"module); {type(inner).__name__} is not one"
+        )
+    if "privacy" not in inspect.signature(inner.train).parameters:
+        raise DPSGDError(
+            f"task {task_name!r}: its train() overrides TorchTask's and takes no `privacy` "
+            "argument, so it cannot train with DP-SGD; use TorchTask's train (write loss() or "
+            "optimizer() instead) or accept and honour `privacy`"
+        )
+    with inner.forked(0):
+        model = inner.model()
+    check_module(model, task_name)
