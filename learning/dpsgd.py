@@ -20,14 +20,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fedasync.shared.device_privacy import DEVICE_DELTA, DEVICE_EPSILON
+
 if TYPE_CHECKING:
     from opacus import PrivacyEngine
     from torch import nn
 
-#: the update metric carrying the device's ε (at `DEVICE_DELTA`) after the run it reports
-DEVICE_EPSILON = "dp_epsilon"
-#: the update metric carrying the δ that ε is stated at
-DEVICE_DELTA = "dp_delta"
 #: the fix Opacus offers for modules without per-sample gradients, named in the refusal
 FIX = "opacus.validators.ModuleValidator.fix(model)"
 
@@ -98,6 +96,27 @@ class DeviceAccountant:
     def metrics(self) -> dict[str, float]:
         """The figures a device adds to its update's metrics: its ε and the δ it is at."""
         return {DEVICE_EPSILON: self.epsilon(), DEVICE_DELTA: self.dp.delta}
+
+
+class FleetAccountants:
+    """Each simulated device's own accountant, made at its first private run (the simulator
+    holds a fleet; a worker holds one `DeviceAccountant`)."""
+
+    def __init__(self, dp: DPSGD) -> None:
+        self.dp = dp
+        self._devices: dict[int, DeviceAccountant] = {}
+
+    def of(self, device: int) -> DeviceAccountant:
+        accountant = self._devices.get(device)
+        if accountant is None:
+            accountant = self._devices[device] = DeviceAccountant(self.dp)
+        return accountant
+
+
+def private(accountant: DeviceAccountant | None) -> dict[str, DeviceAccountant]:
+    """The keyword arguments a task's train gets for DP-SGD: none without it, so a run without
+    DP-SGD calls every task exactly as before."""
+    return {} if accountant is None else {"privacy": accountant}
 
 
 def check_module(model: nn.Module, task_name: str) -> None:

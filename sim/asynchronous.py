@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from fedasync.learning.dpsgd import FleetAccountants, private
 from fedasync.shared.aggregation import AggregationState
+from fedasync.shared.device_privacy import reported
 from fedasync.shared.policy import Policy
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
 from fedasync.shared.switches import switch_off, switch_on
@@ -131,7 +133,10 @@ class AsyncRun:
         #: train every update when it arrives, as before issue 16; off, an update the core
         #: drops without reading (stale, beyond the dedup horizon) is never trained. Both give
         #: the same decisions and curves (tests/sim/test_lazy_training.py)
-        self.eager = eager
+        #: with DP-SGD every run is trained, as a device trains it whatever the server does
+        #: with its update, so each device's ε counts every run, as on a real device
+        self.eager = eager or world.dpsgd is not None
+        self.privacy = None if world.dpsgd is None else FleetAccountants(world.dpsgd)
         #: local trainings run (device results computed)
         self.trainings = 0
         self.policy = policy
@@ -330,6 +335,7 @@ class AsyncRun:
             epochs=params.epochs,
             lr=params.lr,
             batch_size=params.batch_size,
+            **private(None if self.privacy is None else self.privacy.of(arrival.device)),
         )
 
     def _decide_next(self, now: float) -> None:
@@ -365,6 +371,8 @@ class AsyncRun:
         )
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
+        if self.privacy is not None:
+            self.recorder.device_privacy.add(device.client_id, reported(metrics))
         self.stall.decided(decision)
         if self.rules:  # only the rules read the window; without them it would only grow
             self.window.add(

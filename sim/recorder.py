@@ -13,6 +13,7 @@ from typing import overload
 
 from fedasync.learning.evaluation import Evaluation
 from fedasync.shared.decision import Decision
+from fedasync.shared.device_privacy import WorstDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,8 @@ class Recorder:
     lost: list[int] = field(default_factory=list)
     discarded: list[int] = field(default_factory=list)
     updates_applied: int = 0
+    #: the worst ε a device reported (DP-SGD on the devices); empty without it
+    device_privacy: WorstDevice = field(default_factory=WorstDevice)
 
     def __post_init__(self) -> None:
         for counts in (self.submitted, self.applied, self.lost, self.discarded):

@@ -16,6 +16,7 @@ import numpy as np
 
 from fedasync.shared.per_class import lagging_classes
 from fedasync.shared.stats import stats
+from fedasync.sim.config import SimConfig
 from fedasync.sim.recorder import Recorder
 from fedasync.sim.result import RunResult
 from fedasync.sim.runner import Simulation
@@ -129,10 +130,22 @@ def algorithm_summary(
     }
     if result.stalled is not None:  # only then: ordinary summaries keep their bytes
         out["stalled"] = result.stalled
+    device_privacy = rec.device_privacy.to_dict()
+    if device_privacy is not None:  # DP-SGD on the devices: the fleet's worst ε, and whose
+        out["device_privacy"] = device_privacy
     if rec.rounds:
         durations = [r.end_s - r.start_s for r in rec.rounds]
         out["rounds"] = {"count": len(rec.rounds), "duration_s": stats(durations)}
     return out
+
+
+def config_dump(config: SimConfig) -> dict[str, Any]:
+    """The config as the summary records it; keys added since, at their off value, left out so
+    the summaries of configs that do not use them keep their bytes."""
+    dump = config.model_dump(mode="json", exclude={"base_dir"})
+    if config.training.dpsgd is None:
+        del dump["training"]["dpsgd"]
+    return dump
 
 
 def build_summary(sim: Simulation) -> dict[str, Any]:
@@ -142,7 +155,7 @@ def build_summary(sim: Simulation) -> dict[str, Any]:
         "schema": SCHEMA,
         "name": config.name,
         "seed": config.seed,
-        "config": config.model_dump(mode="json", exclude={"base_dir"}),
+        "config": config_dump(config),
         "fleet": {
             "devices": world.num_devices,
             "median_latency_s": stats(world.medians_s),

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedasync.learning.dpsgd import FleetAccountants, private
 from fedasync.shared.decision import Decision, Outcome
+from fedasync.shared.device_privacy import reported
 from fedasync.shared.fedavg import fedavg
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.update import Update
@@ -58,6 +60,7 @@ class SyncRun:
         self.progress = progress
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
+        self.privacy = None if world.dpsgd is None else FleetAccountants(world.dpsgd)
         #: refusals since the last applied result: too many end the run (sim/stall.py)
         self.stall = Stall()
         self.queue: EventQueue[Event] = EventQueue()
@@ -162,14 +165,17 @@ class SyncRun:
         for index in event.kept:
             device = self.devices[index]
             run = event.plans[index].run
-            weights, _ = self.world.task.train(
+            weights, metrics = self.world.task.train(
                 self.weights,
                 device.data,
                 device.train_rng(run),
                 epochs=params.epochs,
                 lr=params.lr,
                 batch_size=params.batch_size,
+                **private(None if self.privacy is None else self.privacy.of(index)),
             )
+            if self.privacy is not None:
+                self.recorder.device_privacy.add(device.client_id, reported(metrics))
             self.trainings += 1
             update = Update(
                 update_id=f"{device.client_id}-r{run}",

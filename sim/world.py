@@ -16,6 +16,7 @@ import numpy as np
 
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.dpsgd import DPSGD, DPSGDError, check_task
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import get_task, task_data
@@ -98,6 +99,8 @@ class World:
     slow: list[int]
     _trace_durations: dict[str, tuple[float, ...]] | None
     _trace_windows: dict[str, list[tuple[float, float]]] | None
+    #: DP-SGD on every device ([training.dpsgd]); None: plain local training
+    dpsgd: DPSGD | None = None
 
     @property
     def seed(self) -> int:
@@ -178,6 +181,7 @@ def build_world(config: cfg.SimConfig) -> World:
             )
     if isinstance(config.fleet.availability, cfg.TraceAvailability):
         windows = read_windows(base / config.fleet.availability.path)
+    dpsgd = _dpsgd(config.training.dpsgd, task, config.task.name)
     n = config.fleet.devices
     client_ids = list(durations) if durations else [f"d{i:0{len(str(n - 1))}d}" for i in range(n)]
     medians = [lat.quantile(0.5) for lat in make_latencies(config, durations)]
@@ -197,7 +201,19 @@ def build_world(config: cfg.SimConfig) -> World:
         slow=slow,
         _trace_durations=durations,
         _trace_windows=windows,
+        dpsgd=dpsgd,
     )
+
+
+def _dpsgd(spec: cfg.DPSGDConfig | None, task: Task, name: str) -> DPSGD | None:
+    """The fleet's DP-SGD settings, refused before anything runs if the task cannot use them."""
+    if spec is None:
+        return None
+    try:
+        check_task(task, name)
+        return DPSGD(spec.noise_multiplier, spec.max_grad_norm, spec.delta)
+    except DPSGDError as exc:
+        raise cfg.ConfigError(f"[training.dpsgd]: {exc}") from None
 
 
 def _training(spec: cfg.TrainingConfig, suggested: TrainParams) -> TrainParams:
