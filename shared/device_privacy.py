@@ -11,7 +11,7 @@ privacy guarantee is only as good as the device that spent the most.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,7 @@ class WorstDevice:
         }
 
 
-def worst_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def worst_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The fleet's worst device ε over ledger records (`fedasync up`'s summary)."""
     worst = WorstDevice()
     for record in records:

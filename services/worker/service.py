@@ -30,6 +30,7 @@ from fedasync.client import (
     Unavailable,
     UnexpectedAnswer,
 )
+from fedasync.learning.dpsgd import private
 from fedasync.services.runtime.lifecycle import stop_on_signals
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
@@ -158,6 +159,7 @@ async def _trained(
         epochs=train.epochs,
         lr=train.lr,
         batch_size=train.batch_size,
+        **private(device.privacy),
     )
     if device.latency is not None:  # imitate this device's speed
         remaining = device.latency.sample(rng) - (time.monotonic() - started)
