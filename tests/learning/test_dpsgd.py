@@ -14,7 +14,7 @@ from opacus.accountants import RDPAccountant
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.digits import DigitsMLP
-from fedasync.learning.dpsgd import FIX, DeviceAccountant, DPSGD, DPSGDError, check_task
+from fedasync.learning.dpsgd import DPSGD, FIX, DeviceAccountant, DPSGDError, check_task
 from fedasync.learning.linear import LinearRegression
 from fedasync.learning.task_failure import guarded
 from fedasync.shared.device_privacy import DEVICE_DELTA, DEVICE_EPSILON
