@@ -20,6 +20,7 @@ scored where torch is not installed (the aggregator and evaluator images; see di
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -214,7 +215,9 @@ class TorchTask(Task):
         X, y = self.tensors(data)
         dp = privacy.dp
         losses: list[float] = []
-        with self.seeded(rng), warnings.catch_warnings():
+        # one private run at a time in a process: the warning filters below are process-wide,
+        # and a run in another thread leaving its `catch_warnings` would restore them mid-run
+        with _PRIVATE_RUN, self.seeded(rng), warnings.catch_warnings():
             # the seeded generator is the point (reproducible runs): Opacus warns it is not a
             # cryptographic one; torch warns that Opacus's backward hooks fire on the outputs
             # of the first layer (the data needs no gradient); Opacus warns on each run after
@@ -272,6 +275,10 @@ class TorchTask(Task):
             loss, _ = cross_entropy(out, data.y)
             return classification(loss, np.argmax(out, axis=1), data.y)
         return regression(out.reshape(len(data)), np.asarray(data.y, np.float64))
+
+
+#: held by a DP-SGD run for its duration (`TorchTask._train_private`)
+_PRIVATE_RUN = threading.Lock()
 
 
 def as_tensor(array: np.ndarray, dtype: type[np.generic]) -> torch.Tensor:
