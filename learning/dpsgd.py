@@ -15,10 +15,9 @@ DP-SGD never imports it, and neither does building these settings.
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedasync.shared.device_privacy import DEVICE_DELTA, DEVICE_EPSILON
 
@@ -130,26 +129,3 @@ def check_module(model: nn.Module, task_name: str) -> None:
             f"task {task_name!r}: its model cannot train with DP-SGD ({found}). Replace those "
             f"layers in the task's model(), e.g. return {FIX} (BatchNorm becomes GroupNorm)"
         )
-
-
-def check_task(task: Any, task_name: str) -> None:
-    """Refuse, before anything runs, a task that cannot train with DP-SGD: only a TorchTask
-    can, and only with a model Opacus supports."""
-    from fedasync.learning.task_failure import GuardedTask
-    from fedasync.learning.torch_task import TorchTask
-
-    inner = task.task if isinstance(task, GuardedTask) else task
-    if not isinstance(inner, TorchTask):
-        raise DPSGDError(
-            f"task {task_name!r}: DP-SGD trains a fedasync.TorchTask (Opacus needs a torch "
-            f"module); {type(inner).__name__} is not one"
-        )
-    if "privacy" not in inspect.signature(inner.train).parameters:
-        raise DPSGDError(
-            f"task {task_name!r}: its train() overrides TorchTask's and takes no `privacy` "
-            "argument, so it cannot train with DP-SGD; use TorchTask's train (write loss() or "
-            "optimizer() instead) or accept and honour `privacy`"
-        )
-    with inner.forked(0):
-        model = inner.model()
-    check_module(model, task_name)

@@ -20,6 +20,7 @@ scored where torch is not installed (the aggregator and evaluator images; see di
 
 from __future__ import annotations
 
+import inspect
 import threading
 from abc import abstractmethod
 from collections.abc import Iterator
@@ -29,8 +30,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.dpsgd import DPSGDError, check_module
 from fedasync.learning.evaluation import Evaluation, classification, cross_entropy, regression
 from fedasync.learning.task import Task, TrainParams, batches
+from fedasync.learning.task_failure import GuardedTask
 from fedasync.learning.torch_weights import layout_of, load_vector, to_vector
 from fedasync.shared.layout import Layout
 
@@ -275,6 +278,26 @@ class TorchTask(Task):
             loss, _ = cross_entropy(out, data.y)
             return classification(loss, np.argmax(out, axis=1), data.y)
         return regression(out.reshape(len(data)), np.asarray(data.y, np.float64))
+
+
+def check_private(task: Task, task_name: str) -> None:
+    """Refuse, before anything runs, a task that cannot train with DP-SGD: only a TorchTask
+    can, and only with a model Opacus supports."""
+    inner = task.task if isinstance(task, GuardedTask) else task
+    if not isinstance(inner, TorchTask):
+        raise DPSGDError(
+            f"task {task_name!r}: DP-SGD trains a fedasync.TorchTask (Opacus needs a torch "
+            f"module); {type(inner).__name__} is not one"
+        )
+    if "privacy" not in inspect.signature(inner.train).parameters:
+        raise DPSGDError(
+            f"task {task_name!r}: its train() overrides TorchTask's and takes no `privacy` "
+            "argument, so it cannot train with DP-SGD; use TorchTask's train (write loss() or "
+            "optimizer() instead) or accept and honour `privacy`"
+        )
+    with inner.forked(0):
+        model = inner.model()
+    check_module(model, task_name)
 
 
 #: held by a DP-SGD run for its duration (`TorchTask._train_private`)

@@ -16,10 +16,11 @@ import numpy as np
 
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
-from fedasync.learning.dpsgd import DPSGD, DPSGDError, check_task
+from fedasync.learning.dpsgd import DPSGD, DPSGDError
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import get_task, task_data
+from fedasync.learning.torch_task import check_private
 from fedasync.shared import fleet as profiles
 from fedasync.shared.fleet import (
     AlwaysOnline,
@@ -210,7 +211,7 @@ def _dpsgd(spec: cfg.DPSGDConfig | None, task: Task, name: str) -> DPSGD | None:
     if spec is None:
         return None
     try:
-        check_task(task, name)
+        check_private(task, name)
         return DPSGD(spec.noise_multiplier, spec.max_grad_norm, spec.delta)
     except DPSGDError as exc:
         raise cfg.ConfigError(f"[training.dpsgd]: {exc}") from None

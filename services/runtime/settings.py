@@ -521,18 +521,9 @@ class WorkerSettings(Section):
     epochs: int | None = Field(None, ge=1, description="local epochs; unset: the task's default")
     lr: float | None = Field(None, gt=0, description="local learning rate; unset: task default")
     batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
-    dpsgd_noise_multiplier: float | None = Field(
-        None,
-        gt=0,
-        description="train with DP-SGD (Opacus, `pip install fedasync[worker]`) at this noise "
-        "multiplier σ; the device reports its sample-level ε in each update; unset: off",
-    )
-    dpsgd_max_grad_norm: float = Field(
-        1.0, gt=0, description="DP-SGD: each sample's gradient is clipped to this norm C"
-    )
-    dpsgd_delta: float = Field(
-        1e-5, gt=0, lt=1, description="DP-SGD: the δ the device's ε is reported at"
-    )
+    dpsgd_noise_multiplier: float | None = _declared("worker", "dpsgd_noise_multiplier")
+    dpsgd_max_grad_norm: float = _declared("worker", "dpsgd_max_grad_norm")
+    dpsgd_delta: float = _declared("worker", "dpsgd_delta")
     max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
     download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
     journal: str | None = Field(

@@ -12,10 +12,11 @@ import numpy as np
 
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
-from fedasync.learning.dpsgd import DPSGD, DeviceAccountant, DPSGDError, check_task
+from fedasync.learning.dpsgd import DPSGD, DeviceAccountant, DPSGDError
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import task_data
+from fedasync.learning.torch_task import check_private
 from fedasync.services.runtime.settings import SettingsError, TaskSettings, WorkerSettings
 from fedasync.shared import fleet
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
@@ -87,7 +88,7 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
     privacy = None
     if worker.dpsgd_noise_multiplier is not None:
         try:
-            check_task(task, task_settings.name)
+            check_private(task, task_settings.name)
         except DPSGDError as exc:  # one line at start-up (exit code 2), not a traceback
             raise SettingsError(f"invalid settings: FEDASYNC_WORKER__DPSGD_*: {exc}") from None
         privacy = DeviceAccountant(

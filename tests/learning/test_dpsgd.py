@@ -14,9 +14,10 @@ from opacus.accountants import RDPAccountant
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.digits import DigitsMLP
-from fedasync.learning.dpsgd import DPSGD, FIX, DeviceAccountant, DPSGDError, check_task
+from fedasync.learning.dpsgd import DPSGD, FIX, DeviceAccountant, DPSGDError
 from fedasync.learning.linear import LinearRegression
 from fedasync.learning.task_failure import guarded
+from fedasync.learning.torch_task import check_private
 from fedasync.shared.device_privacy import DEVICE_DELTA, DEVICE_EPSILON
 from tests.learning.torch_models import QuadrantTask
 
@@ -104,7 +105,7 @@ def test_the_reported_epsilon_is_opacus_rdp_accountant_for_the_same_steps_and_gr
 
 def test_a_model_without_per_sample_gradients_is_refused_naming_the_fix() -> None:
     with pytest.raises(DPSGDError) as info:
-        check_task(guarded(QuadrantTask(), "quadrant"), "quadrant")
+        check_private(guarded(QuadrantTask(), "quadrant"), "quadrant")
     message = str(info.value)
     assert "BatchNorm" in message
     assert FIX in message
@@ -113,11 +114,11 @@ def test_a_model_without_per_sample_gradients_is_refused_naming_the_fix() -> Non
 
 def test_a_task_that_is_not_a_torch_task_is_refused() -> None:
     with pytest.raises(DPSGDError, match="TorchTask"):
-        check_task(LinearRegression(), "linear")
+        check_private(LinearRegression(), "linear")
 
 
 def test_digits_passes_the_check() -> None:
-    check_task(guarded(DigitsMLP(), "digits"), "digits")
+    check_private(guarded(DigitsMLP(), "digits"), "digits")
 
 
 @pytest.mark.parametrize(
