@@ -11,6 +11,7 @@ import pytest
 from opacus.accountants import RDPAccountant
 
 from fedasync.sim.config import ConfigError
+from fedasync.sim.report import device_privacy_section
 from fedasync.sim.runner import simulate
 from fedasync.sim.summary import build_summary, dumps
 from tests.sim.helpers import LINEAR, config
@@ -92,3 +93,15 @@ def test_a_task_opacus_cannot_train_is_a_config_error_naming_the_fix() -> None:
     bad = {**DIGITS, "task": {"name": "tests.learning.torch_models:QuadrantTask"}}
     with pytest.raises(ConfigError, match=r"ModuleValidator\.fix"):
         simulate(config(bad, training={**DIGITS["training"], "dpsgd": DPSGD}))
+
+
+def test_the_report_has_a_dpsgd_section_only_when_devices_trained_privately(
+    private_summary: tuple[Any, dict[str, Any]],
+) -> None:
+    _, summary = private_summary
+    lines = device_privacy_section(summary)
+    assert lines[0] == "## DP-SGD on the devices"
+    for name, algorithm in summary["algorithms"].items():
+        worst = algorithm["device_privacy"]["worst_epsilon"]
+        assert any(line.startswith(f"| {name} | {worst:.3f} |") for line in lines)
+    assert device_privacy_section(build_summary(simulate(config()))) == []
