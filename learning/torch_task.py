@@ -209,7 +209,7 @@ class TorchTask(Task):
 
         Batches and noise come from torch's generator, seeded from `rng` (`seeded`), so a run is
         reproducible to the bit on CPU. A batch Poisson sampling leaves empty still takes its
-        (noise-only) step and counts in the accountant; it adds no loss to the mean."""
+        (noise-only) step and counts in the accountant; it adds nothing to the mean loss."""
         import warnings
 
         import torch
@@ -247,13 +247,14 @@ class TorchTask(Task):
                 losses.clear()
                 for X_batch, y_batch in dp_loader:
                     dp_optimizer.zero_grad(set_to_none=True)
-                    if len(X_batch) == 0:  # noise only; Opacus knows the step is empty
-                        dp_optimizer.step()
-                        continue
+                    # an empty batch goes through too: its per-sample gradients are empty, so
+                    # the step is noise alone, as the accountant assumes; its loss (the mean of
+                    # nothing, NaN) is not part of the metric
                     loss = self.loss(private, X_batch, y_batch)
                     loss.backward()  # type: ignore[no-untyped-call]
                     dp_optimizer.step()
-                    losses.append(float(loss.item()))
+                    if len(X_batch):
+                        losses.append(float(loss.item()))
             private.remove_hooks()
             flat = self.vector(model)
         privacy.runs += 1
