@@ -72,11 +72,16 @@ class DeviceAccountant:
     def engine(self) -> PrivacyEngine:
         """The engine, made (and opacus imported) when the first private run needs it."""
         if self._engine is None:
+            import warnings
+
             from opacus import PrivacyEngine
 
             # RDP, the accountant the privacy literature and the server's sampled model use;
             # secure_mode needs torchcsprng and gives up the seeded reproducibility runs have
-            self._engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+            # (docs/your-model.md), which is what Opacus warns of here
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+                self._engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         return self._engine
 
     @property
@@ -85,6 +90,13 @@ class DeviceAccountant:
         if self._engine is None:
             return []
         return list(self._engine.accountant.history)
+
+    def restore(self, history: list[tuple[float, float, int]], runs: int) -> None:
+        """Continue from the steps a previous process of this device took (its saved state),
+        so a restarted device reports the ε of all its runs, not of those since the restart."""
+        if history:
+            self.engine.accountant.history = [(float(s), float(q), int(n)) for s, q, n in history]
+        self.runs = runs
 
     def epsilon(self) -> float:
         """The device's ε at its δ over every step so far (0 before its first)."""

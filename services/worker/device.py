@@ -7,6 +7,7 @@ device k of a real fleet holds the data and has the speed of device k in simulat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import task_data
 from fedasync.learning.torch_task import check_private
 from fedasync.services.runtime.settings import SettingsError, TaskSettings, WorkerSettings
+from fedasync.services.worker import dpsgd_state
 from fedasync.shared import fleet
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
 
@@ -94,6 +96,13 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
         privacy = DeviceAccountant(
             DPSGD(worker.dpsgd_noise_multiplier, worker.dpsgd_max_grad_norm, worker.dpsgd_delta)
         )
+        if worker.dpsgd_state is not None:
+            try:
+                dpsgd_state.load(Path(worker.dpsgd_state), privacy)
+            except dpsgd_state.StateFileError as exc:
+                raise SettingsError(
+                    f"invalid settings: FEDASYNC_WORKER__DPSGD_STATE: {exc}"
+                ) from None
     return Device(task, train_data.subset(shares[worker.device_index]), latency, params, privacy)
 
 

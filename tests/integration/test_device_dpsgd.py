@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -20,6 +22,7 @@ from fedasync.services.stores.ledger import records, verify
 from fedasync.services.worker.device import build_device
 from fedasync.services.worker.service import run as run_worker
 from fedasync.shared.keys import Keys
+from tests.integration.helpers import next_entries
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +140,59 @@ def test_a_device_whose_model_opacus_cannot_train_is_refused_in_one_line(
         build_device(mine.task, mine.worker)
     assert "ModuleValidator.fix" in str(info.value)
     assert "FEDASYNC_WORKER__DPSGD" in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_worker_with_a_state_file_goes_on_counting_its_epsilon(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Two runs of one worker process (2 updates each) over one state file: the ledger holds
+    the ε of its runs 1 to 4, not 1, 2, 1, 2."""
+    settings = settings.model_copy(
+        update={
+            "task": settings.task.model_copy(
+                update={"name": "digits", "num_devices": DEVICES, "seed": 3}
+            ),
+            "budget": settings.budget.model_copy(update={"max_updates": 100}),
+            "snapshot": settings.snapshot.model_copy(update={"port": 0}),
+        }
+    )
+    stopping = asyncio.Event()
+    aggregator = asyncio.create_task(
+        run_aggregator(settings, redis=redis, handle_signals=False, stopping=stopping)
+    )
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    snapshot = asyncio.create_task(
+        run_snapshot(
+            settings, redis=redis, handle_signals=False, stopping=stopping, started=started
+        )
+    )
+    mine = private(settings, 0, f"http://127.0.0.1:{await started}")
+    mine = mine.model_copy(
+        update={
+            "worker": mine.worker.model_copy(
+                update={"max_runs": 2, "dpsgd_state": str(tmp_path / "device-0.json")}
+            )
+        }
+    )
+    keys = Keys(settings.redis.key_prefix)
+    try:
+        for _ in range(2):  # the worker, then the worker restarted
+            result = await asyncio.wait_for(
+                run_worker(mine, redis=redis, handle_signals=False), timeout=120
+            )
+            assert result.published == 2
+        ledger: list[dict[str, Any]] = []
+        while len(ledger) < 4:  # the aggregator decides what was published: wait on the stream
+            await next_entries(redis, keys.ledger, ledger[-1]["ledger_id"] if ledger else "0-0", 30)
+            ledger = [r async for r in records(redis, keys)]
+    finally:
+        stopping.set()
+        await aggregator
+        await snapshot
+    built = build_device(mine.task, mine.worker.model_copy(update={"dpsgd_state": None}))
+    expected = [
+        epsilon_after(len(built.data), built.train.batch_size, built.train.epochs, k)
+        for k in range(1, 5)
+    ]
+    assert [r["device_epsilon"] for r in ledger] == expected
