@@ -184,3 +184,35 @@ def test_a_class_the_model_has_not_learned_is_flagged_in_one_line() -> None:
     ]
     [row] = [line for line in shown_summary(summary).splitlines() if "not learned" in line]
     assert "class 2 at 0.00 (the others' median 0.93): the model has not learned it" in row
+
+
+def test_the_fleets_worst_device_epsilon_is_in_the_summary_and_its_table() -> None:
+    ledger = [
+        decision(1.0, "applied", "a", 0, version=1) | {"device_epsilon": 2.5, "device_delta": 1e-5},
+        decision(2.0, "dropped", "b", 9, version=1, reason="stale")
+        | {"device_epsilon": 4.0, "device_delta": 1e-5},
+        decision(3.0, "applied", "a", 0, version=2) | {"device_epsilon": 3.0, "device_delta": 1e-5},
+    ]
+    summary = summarize(
+        ledger, [], ended_by="max_updates", dead_letters=0, started_at=0.0, wall_seconds=5.0
+    )
+    # a dropped update's ε was spent all the same: it counts
+    assert summary["device_privacy"] == {
+        "worst_epsilon": 4.0,
+        "client": "b",
+        "delta": 1e-5,
+        "devices_reporting": 2,
+    }
+    console = Console(record=True, width=200)
+    print_summary(console, summary, Path("runs/x"))
+    shown = console.export_text()
+    assert "device DP-SGD, worst ε" in shown
+    assert "4 at δ = 1e-05 (b; 2 devices reporting)" in shown
+
+
+def test_without_device_dpsgd_the_summary_has_no_device_privacy() -> None:
+    ledger = [decision(1.0, "applied", "a", 0, version=1)]
+    summary = summarize(
+        ledger, [], ended_by="max_updates", dead_letters=0, started_at=0.0, wall_seconds=5.0
+    )
+    assert "device_privacy" not in summary
