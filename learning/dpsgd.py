@@ -131,13 +131,22 @@ def private(accountant: DeviceAccountant | None) -> dict[str, DeviceAccountant]:
 
 
 def check_module(model: nn.Module, task_name: str) -> None:
-    """Refuse a module Opacus cannot compute per-sample gradients for, naming the fix."""
+    """Refuse a module Opacus cannot compute per-sample gradients for, naming its layers and
+    the fix (Opacus's own explanation is a paragraph; the log line names what to change)."""
     from opacus.validators import ModuleValidator
 
-    errors = ModuleValidator.validate(model, strict=False)
-    if errors:
-        found = "; ".join(sorted({str(e) for e in errors}))
-        raise DPSGDError(
-            f"task {task_name!r}: its model cannot train with DP-SGD ({found}). Replace those "
-            f"layers in the task's model(), e.g. return {FIX} (BatchNorm becomes GroupNorm)"
-        )
+    if not ModuleValidator.validate(model, strict=False):
+        return
+    layers = [
+        f"{name} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if name and not list(module.children()) and ModuleValidator.validate(module, strict=False)
+    ]
+    if not layers:  # the module as a whole: Opacus's first sentence says why
+        first = str(ModuleValidator.validate(model, strict=False)[0]).split(". ")[0]
+        layers = [first[:200]]
+    raise DPSGDError(
+        f"task {task_name!r}: its model cannot train with DP-SGD, Opacus computes no per-sample "
+        f"gradients for {', '.join(layers)}; replace them in the task's model(), e.g. return "
+        f"{FIX} (BatchNorm becomes GroupNorm)"
+    )

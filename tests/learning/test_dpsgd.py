@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
+from torch import nn
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.digits import DigitsMLP
@@ -172,3 +173,31 @@ def test_empty_poisson_batches_take_their_noise_step_and_leave_the_loss_finite()
     assert np.isfinite(trained).all()
     assert math.isfinite(metrics["loss"])
     assert accountant.history == [(DP.noise_multiplier, 0.1, 30)]
+
+
+class FixedQuadrant(QuadrantTask):
+    """The refused model after the fix the refusal names: BatchNorm replaced by GroupNorm."""
+
+    def model(self) -> nn.Module:
+        from opacus.validators import ModuleValidator
+
+        fixed: nn.Module = ModuleValidator.fix(super().model())
+        return fixed
+
+
+def test_the_named_fix_makes_the_refused_model_train_with_dpsgd() -> None:
+    task = FixedQuadrant(samples=64)
+    check_private(guarded(task, "quadrant"), "quadrant")
+    train, _ = task.dataset(np.random.default_rng(0))
+    start = task.init_weights(np.random.default_rng(1))
+    trained, metrics = task.train(
+        start,
+        train,
+        np.random.default_rng(2),
+        epochs=1,
+        lr=0.05,
+        batch_size=8,
+        privacy=DeviceAccountant(DP),
+    )
+    assert not np.array_equal(trained, start)
+    assert metrics[DEVICE_EPSILON] > 0
