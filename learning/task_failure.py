@@ -15,13 +15,16 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import numpy as np
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.evaluation import Evaluation
 from fedasync.learning.task import Task
+
+if TYPE_CHECKING:
+    from fedasync.learning.dpsgd import DeviceAccountant
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -116,7 +119,10 @@ class GuardedTask(Task):
         epochs: int,
         lr: float,
         batch_size: int,
+        privacy: DeviceAccountant | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
+        # `privacy` only when given: a task without DP-SGD is called exactly as before
+        extra: dict[str, Any] = {} if privacy is None else {"privacy": privacy}
         return run_task(
             self.named,
             "train",
@@ -127,6 +133,7 @@ class GuardedTask(Task):
             epochs=epochs,
             lr=lr,
             batch_size=batch_size,
+            **extra,
         )
 
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:

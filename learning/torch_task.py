@@ -20,6 +20,8 @@ scored where torch is not installed (the aggregator and evaluator images; see di
 
 from __future__ import annotations
 
+import inspect
+import threading
 from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -28,13 +30,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.dpsgd import DPSGDError, check_module
 from fedasync.learning.evaluation import Evaluation, classification, cross_entropy, regression
 from fedasync.learning.task import Task, TrainParams, batches
+from fedasync.learning.task_failure import GuardedTask
 from fedasync.learning.torch_weights import layout_of, load_vector, to_vector
 from fedasync.shared.layout import Layout
 
 if TYPE_CHECKING:
     import torch
+
+    from fedasync.learning.dpsgd import DeviceAccountant
 
 
 def torch_seed(rng: np.random.Generator) -> int:
@@ -148,10 +154,18 @@ class TorchTask(Task):
         epochs: int,
         lr: float,
         batch_size: int,
+        privacy: DeviceAccountant | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Minibatch training of a copy of `weights`; metrics are the last epoch's mean loss."""
+        """Minibatch training of a copy of `weights`; metrics are the last epoch's mean loss.
+
+        `privacy`: train with DP-SGD (Opacus), accounted by this device's own accountant, and
+        report the device's ε in the metrics (learning/dpsgd.py); None: plain training."""
         import torch
 
+        if privacy is not None:
+            return self._train_private(
+                weights, data, rng, epochs=epochs, lr=lr, batch_size=batch_size, privacy=privacy
+            )
         X, y = self.tensors(data)
         losses: list[float] = []
         with self.seeded(rng):
@@ -206,6 +220,75 @@ class TorchTask(Task):
             start += size
         return out
 
+    def _train_private(
+        self,
+        weights: np.ndarray,
+        data: Dataset,
+        rng: np.random.Generator,
+        *,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        privacy: DeviceAccountant,
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """DP-SGD through Opacus: Poisson batches of expected size `batch_size`, each sample's
+        gradient clipped, Gaussian noise on each batch's sum, every step in `privacy`.
+
+        Batches and noise come from torch's generator, seeded from `rng` (`seeded`), so a run is
+        reproducible to the bit on CPU. A batch Poisson sampling leaves empty still takes its
+        (noise-only) step and counts in the accountant; it adds nothing to the mean loss."""
+        import warnings
+
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        X, y = self.tensors(data)
+        dp = privacy.dp
+        losses: list[float] = []
+        # one private run at a time in a process: the warning filters below are process-wide,
+        # and a run in another thread leaving its `catch_warnings` would restore them mid-run
+        with _PRIVATE_RUN, self.seeded(rng), warnings.catch_warnings():
+            # the seeded generator is the point (reproducible runs): Opacus warns it is not a
+            # cryptographic one; torch warns that Opacus's backward hooks fire on the outputs
+            # of the first layer (the data needs no gradient); Opacus warns on each run after
+            # the first that a new dataset object came, which is the device's same data: all
+            # three are as intended
+            warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+            warnings.filterwarnings("ignore", message=".*new dataset object.*")
+            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+            model = self.load(weights)
+            model.train()
+            optimizer = self.optimizer(model, lr)
+            if optimizer is None:  # plain SGD, as the non-private loop: p ← p − lr·g
+                optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            loader = DataLoader(TensorDataset(X, y), batch_size=batch_size)
+            private, dp_optimizer, dp_loader = privacy.engine.make_private(
+                module=model,
+                optimizer=optimizer,
+                data_loader=loader,
+                noise_multiplier=dp.noise_multiplier,
+                max_grad_norm=dp.max_grad_norm,
+                poisson_sampling=True,
+            )
+            for _ in range(epochs):
+                losses.clear()
+                for X_batch, y_batch in dp_loader:
+                    dp_optimizer.zero_grad(set_to_none=True)
+                    # an empty batch goes through too: its per-sample gradients are empty, so
+                    # the step is noise alone, as the accountant assumes; its loss (the mean of
+                    # nothing, NaN) is not part of the metric
+                    loss = self.loss(private, X_batch, y_batch)
+                    loss.backward()  # type: ignore[no-untyped-call]
+                    dp_optimizer.step()
+                    if len(X_batch):
+                        losses.append(float(loss.item()))
+            private.remove_hooks()
+            flat = self.vector(model)
+        privacy.runs += 1
+        loss_mean = float(np.mean(losses)) if losses else 0.0
+        metrics = {"loss": loss_mean, "num_samples": float(len(data))}
+        return flat, metrics | privacy.metrics()
+
     def evaluate(self, weights: np.ndarray, data: Dataset) -> Evaluation:
         """Scores of the model's outputs: logits (classification) or one value per row."""
         import torch
@@ -223,6 +306,30 @@ class TorchTask(Task):
             loss, _ = cross_entropy(out, data.y)
             return classification(loss, np.argmax(out, axis=1), data.y)
         return regression(out.reshape(len(data)), np.asarray(data.y, np.float64))
+
+
+def check_private(task: Task, task_name: str) -> None:
+    """Refuse, before anything runs, a task that cannot train with DP-SGD: only a TorchTask
+    can, and only with a model Opacus supports."""
+    inner = task.task if isinstance(task, GuardedTask) else task
+    if not isinstance(inner, TorchTask):
+        raise DPSGDError(
+            f"task {task_name!r}: DP-SGD trains a fedasync.TorchTask (Opacus needs a torch "
+            f"module); {type(inner).__name__} is not one"
+        )
+    if "privacy" not in inspect.signature(inner.train).parameters:
+        raise DPSGDError(
+            f"task {task_name!r}: its train() overrides TorchTask's and takes no `privacy` "
+            "argument, so it cannot train with DP-SGD; use TorchTask's train (write loss() or "
+            "optimizer() instead) or accept and honour `privacy`"
+        )
+    with inner.forked(0):
+        model = inner.model()
+    check_module(model, task_name)
+
+
+#: held by a DP-SGD run for its duration (`TorchTask._train_private`)
+_PRIVATE_RUN = threading.Lock()
 
 
 def as_tensor(array: np.ndarray, dtype: type[np.generic]) -> torch.Tensor:

@@ -232,11 +232,15 @@ class Policy:
         quiet=True,
     )
     zeno_rho: float = param(
-        0.001, "Zeno++ ρ, the weight of the candidate's squared norm in its score", Range(0.0, 1e6),
+        0.001,
+        "Zeno++ ρ, the weight of the candidate's squared norm in its score",
+        Range(0.0, 1e6),
         quiet=True,
     )
     zeno_lr: float = param(
-        0.1, "Zeno++ γ, the step size the score assumes", Range(0.0, 1e6, low_open=True),
+        0.1,
+        "Zeno++ γ, the step size the score assumes",
+        Range(0.0, 1e6, low_open=True),
         quiet=True,
     )
     zeno_every: int = param(

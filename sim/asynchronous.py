@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from fedasync.learning.dpsgd import FleetAccountants
 from fedasync.shared.aggregation import PRIVACY_BUDGET, AggregationState
+from fedasync.shared.device_privacy import reported
 from fedasync.shared.policy import Policy
 from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
@@ -133,7 +135,10 @@ class AsyncRun:
         #: train every update when it arrives, as before issue 16; off, an update the core
         #: drops without reading (stale, beyond the dedup horizon) is never trained. Both give
         #: the same decisions and curves (tests/sim/test_lazy_training.py)
-        self.eager = eager
+        #: with DP-SGD every run is trained, as a device trains it whatever the server does
+        #: with its update, so each device's ε counts every run, as on a real device
+        self.eager = eager or world.dpsgd is not None
+        self.accountants = None if world.dpsgd is None else FleetAccountants(world.dpsgd)
         #: local trainings run (device results computed)
         self.trainings = 0
         self.policy = policy
@@ -341,6 +346,7 @@ class AsyncRun:
             arrival.base_weights,
             device.train_rng(arrival.run),
             arrival.run,
+            None if self.accountants is None else self.accountants.of(arrival.device),
         )
 
     def _decide_next(self, now: float) -> None:
@@ -377,6 +383,8 @@ class AsyncRun:
         self.state.zeno_prepare(self.policy, self.world.validation_gradient)  # Zeno++'s v
         decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
+        if self.accountants is not None:
+            self.recorder.device_privacy.add(device.client_id, reported(metrics))
         self.stall.decided(decision)
         if self.rules:  # only the rules read the window; without them it would only grow
             self.window.add(

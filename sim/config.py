@@ -214,12 +214,23 @@ class FleetConfig(Strict):
         return 1.0
 
 
+class DPSGDConfig(Strict):
+    """DP-SGD on each device (Opacus; learning/dpsgd.py): sample-level ε, each device's own."""
+
+    noise_multiplier: float = Field(gt=0, description="σ: noise std over the clip norm")
+    max_grad_norm: float = Field(1.0, gt=0, description="C: each sample's gradient clip norm")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ each device's ε is reported at")
+
+
 class TrainingConfig(Strict):
     """Local training; unset values take the task's suggestion."""
 
     epochs: int | None = Field(None, ge=1, description="local epochs per run")
     lr: float | None = Field(None, gt=0, description="local learning rate")
     batch_size: int | None = Field(None, ge=1, description="local batch size")
+    dpsgd: DPSGDConfig | None = Field(
+        None, description="train with DP-SGD on every device ([training.dpsgd]); unset: off"
+    )
 
 
 class BudgetConfig(Strict):
@@ -501,6 +512,8 @@ class SimConfig(Strict):
         for name in ("attack", "validation"):
             if getattr(self, name) == SimConfig.model_fields[name].default:
                 del out[name]
+        if self.training.dpsgd is None:
+            del out["training"]["dpsgd"]
         for algorithm in out["algorithms"]:
             for name in QUIET:
                 if name in algorithm and algorithm[name] == FIELDS[name].default:

@@ -38,6 +38,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
     ('[fleet.availability] kind = "trace"', cfg.TraceAvailability, "measured online windows"),
     ("[[fleet.phases]]", cfg.SpeedPhase, "a stretch of faster or slower runs"),
     ("[training]", cfg.TrainingConfig, "local training on each device"),
+    ("[training.dpsgd]", cfg.DPSGDConfig, "DP-SGD on each device (Opacus)"),
     ("[budget]", cfg.BudgetConfig, "when each algorithm's run ends"),
     ("[eval]", cfg.EvalConfig, "how the global model is scored"),
     ('[[algorithms]] kind = "fedavg"', cfg.FedAvgConfig, "synchronous rounds"),

@@ -13,6 +13,7 @@ from typing import overload
 
 from fedasync.learning.evaluation import Evaluation
 from fedasync.shared.decision import Decision
+from fedasync.shared.device_privacy import WorstDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,8 @@ class Recorder:
     epsilon: list[tuple[float, int, float | None, float | None]] = field(default_factory=list)
     #: DP runs: the ε of the latest decision (sampled, conservative), None before one
     epsilon_now: tuple[float | None, float | None] | None = None
+    #: the worst ε a device reported (DP-SGD on the devices); empty without it
+    device_privacy: WorstDevice = field(default_factory=WorstDevice)
 
     def __post_init__(self) -> None:
         for counts in (self.submitted, self.applied, self.lost, self.discarded):

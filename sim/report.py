@@ -105,6 +105,29 @@ def rules_section(summary: dict[str, Any]) -> list[str]:
     return ["## Automatic rules", "", *lines] if lines else []
 
 
+def device_privacy_section(summary: dict[str, Any]) -> list[str]:
+    """The fleet's worst sample-level ε per algorithm, when the devices trained with DP-SGD."""
+    rows = [
+        f"| {name} | {p['worst_epsilon']:.3f} | {p['client']} | {p['delta']:g}"
+        f" | {p['devices_reporting']} |"
+        for name, a in summary["algorithms"].items()
+        if (p := a.get("device_privacy")) is not None
+    ]
+    if not rows:
+        return []
+    return [
+        "## DP-SGD on the devices",
+        "",
+        "The largest sample-level ε a device reported (its own accountant, over every run it"
+        " trained), which device, at which δ, and how many devices reported.",
+        "",
+        "| algorithm | worst ε | device | δ | devices |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
     config = summary["config"]
     advice = summary["advisor"]
@@ -133,6 +156,7 @@ def write_report(summary: dict[str, Any], images: list[str], out: Path) -> None:
         "",
         *rules_section(summary),
         *attack_section(summary),
+        *device_privacy_section(summary),
         "## Charts",
         "",
         *[f"![{name}]({name})" for name in images],

@@ -157,6 +157,9 @@ def algorithm_summary(
         out["epsilon"] = epsilon_curve(rec)
     if world.config.attack is not None:  # likewise
         out["attack"] = attack_summary(result, sim)
+    device_privacy = rec.device_privacy.to_dict()
+    if device_privacy is not None:  # DP-SGD on the devices: the fleet's worst ε, and whose
+        out["device_privacy"] = device_privacy
     if rec.rounds:
         durations = [r.end_s - r.start_s for r in rec.rounds]
         out["rounds"] = {"count": len(rec.rounds), "duration_s": stats(durations)}

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedasync.learning.dpsgd import FleetAccountants
 from fedasync.shared.decision import Decision, Outcome
+from fedasync.shared.device_privacy import reported
 from fedasync.shared.fedavg import dp_fedavg, fedavg
 from fedasync.shared.privacy.noise import gaussian
 from fedasync.shared.privacy.spent import PrivacySpent
@@ -60,6 +62,7 @@ class SyncRun:
         self.progress = progress
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
+        self.accountants = None if world.dpsgd is None else FleetAccountants(world.dpsgd)
         #: refusals since the last applied result: too many end the run (sim/stall.py)
         self.stall = Stall()
         self.queue: EventQueue[Event] = EventQueue()
@@ -179,9 +182,16 @@ class SyncRun:
         for index in event.kept:
             device = self.devices[index]
             run = event.plans[index].run
-            weights, _ = self.world.local_training(
-                index, device.data, self.weights, device.train_rng(run), run
+            weights, metrics = self.world.local_training(
+                index,
+                device.data,
+                self.weights,
+                device.train_rng(run),
+                run,
+                None if self.accountants is None else self.accountants.of(index),
             )
+            if self.accountants is not None:
+                self.recorder.device_privacy.add(device.client_id, reported(metrics))
             self.trainings += 1
             update = Update(
                 update_id=f"{device.client_id}-r{run}",

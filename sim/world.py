@@ -17,10 +17,12 @@ import numpy as np
 from fedasync.learning import partition
 from fedasync.learning.backdoor import Trigger, attack_success
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.dpsgd import DPSGD, DeviceAccountant, DPSGDError, private
 from fedasync.learning.held_out import held_out
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.task_failure import GuardedTask, guarded
 from fedasync.learning.tasks import get_task, task_data
+from fedasync.learning.torch_task import check_private
 from fedasync.shared import fleet as profiles
 from fedasync.shared.fleet import (
     AlwaysOnline,
@@ -108,6 +110,8 @@ class World:
     triggered_test: Dataset | None = None
     #: the server's held-out set, for Zeno++'s validation gradient (`[validation]`)
     validation: Dataset | None = None
+    #: DP-SGD on every device ([training.dpsgd]); None: plain local training
+    dpsgd: DPSGD | None = None
 
     @property
     def seed(self) -> int:
@@ -118,11 +122,17 @@ class World:
         return len(self.device_data)
 
     def local_training(
-        self, index: int, data: Dataset, base: np.ndarray, rng: np.random.Generator, run: int
+        self,
+        index: int,
+        data: Dataset,
+        base: np.ndarray,
+        rng: np.random.Generator,
+        run: int,
+        accountant: DeviceAccountant | None = None,
     ) -> tuple[np.ndarray, dict[str, float]]:
         """Device `index`'s run `run` from `base` on its `data`, shuffled by `rng`: honest
-        training, or, for a malicious device, its attack (sim/attacks.py). `base` is not
-        modified."""
+        training (with DP-SGD through the device's `accountant` when it has one), or, for a
+        malicious device, its attack (sim/attacks.py). `base` is not modified."""
         attack = self.config.attack
         malicious = attack is not None and index in self.attackers
         if malicious and self.trigger is not None:
@@ -137,6 +147,7 @@ class World:
             epochs=params.epochs,
             lr=params.lr,
             batch_size=params.batch_size,
+            **private(accountant),
         )
         if malicious:
             assert attack is not None
@@ -233,6 +244,7 @@ def build_world(config: cfg.SimConfig) -> World:
             )
     if isinstance(config.fleet.availability, cfg.TraceAvailability):
         windows = read_windows(base / config.fleet.availability.path)
+    dpsgd = _dpsgd(config.training.dpsgd, task, config.task.name)
     n = config.fleet.devices
     client_ids = list(durations) if durations else [f"d{i:0{len(str(n - 1))}d}" for i in range(n)]
     medians = [lat.quantile(0.5) for lat in make_latencies(config, durations)]
@@ -265,7 +277,19 @@ def build_world(config: cfg.SimConfig) -> World:
         trigger=trigger,
         triggered_test=triggered,
         validation=validation,
+        dpsgd=dpsgd,
     )
+
+
+def _dpsgd(spec: cfg.DPSGDConfig | None, task: Task, name: str) -> DPSGD | None:
+    """The fleet's DP-SGD settings, refused before anything runs if the task cannot use them."""
+    if spec is None:
+        return None
+    try:
+        check_private(task, name)
+        return DPSGD(spec.noise_multiplier, spec.max_grad_norm, spec.delta)
+    except DPSGDError as exc:
+        raise cfg.ConfigError(f"[training.dpsgd]: {exc}") from None
 
 
 def _training(spec: cfg.TrainingConfig, suggested: TrainParams) -> TrainParams:

@@ -41,6 +41,7 @@ SMOKE: dict[str, Smoke] = {
         (("--rounds", "1", "--commands", "ledger"),), "fedasync ledger export --help"
     ),
     "core.py": Smoke((("--sizes", "1000", "--updates", "20"),), "core/bare"),
+    "dpsgd.py": Smoke((("--repeat", "1", "--updates", "4", "--devices", "3"),), "dp-sgd"),
     "durable.py": Smoke(
         (("--lag-ms", "0", "--publishers", "1", "--seconds", "0.5", "--rounds", "1"),),
         "| replica | XADD/s, durable off |",

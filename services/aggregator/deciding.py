@@ -44,6 +44,7 @@ from fedasync.shared.device_auth import (
     stream_id_ms,
     verify,
 )
+from fedasync.shared.device_privacy import reported
 from fedasync.shared.keys import update_digest
 from fedasync.shared.policy import Policy
 from fedasync.shared.seeds import Stream, stream
@@ -244,6 +245,9 @@ class Decider:
         decision = state.apply(update, policy)
         self._metrics.observe(decision, time.perf_counter() - started)
         record = decision.to_dict() | {"stream_id": stream_id.decode(), "at": time.time()}
+        # the device's own DP-SGD ε, when it reports one: context beside the decision (the
+        # core does not decide it; verify leaves it out), absent otherwise
+        record |= reported(update.metrics)
         batch.ledger.append(
             LedgerEntry(pack(record), update_digest(update.client_id, update.update_id))
         )

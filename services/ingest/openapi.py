@@ -70,6 +70,9 @@ def _receipt_schema() -> dict[str, Any]:
             "stream_id": {"type": "string"},
             "at": {"type": "number"},
             "ledger_id": {"type": "string"},
+            # only when the device trains with DP-SGD (shared/device_privacy.py)
+            "device_epsilon": {"type": "number"},
+            "device_delta": {"type": "number"},
         },
         "required": ["outcome", "update_id", "client_id", "version", "ledger_id"],
     }

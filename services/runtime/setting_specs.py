@@ -91,4 +91,17 @@ SPECS: Mapping[SettingPath, SettingSpec] = {
         "real seconds per profile second (0.01: 30 s runs take 0.3 s)",
         {"ge": 0},
     ),
+    ("worker", "dpsgd_noise_multiplier"): SettingSpec(
+        float | None,
+        None,
+        "train with DP-SGD (Opacus, in fedasync[worker]) at this noise multiplier σ; the device "
+        "reports its sample-level ε in each update; unset: off",
+        {"gt": 0},
+    ),
+    ("worker", "dpsgd_max_grad_norm"): SettingSpec(
+        float, 1.0, "DP-SGD: each sample's gradient is clipped to this norm C", {"gt": 0}
+    ),
+    ("worker", "dpsgd_delta"): SettingSpec(
+        float, 1e-5, "DP-SGD: the δ the device's ε is reported at", {"gt": 0, "lt": 1}
+    ),
 }

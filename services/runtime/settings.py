@@ -528,6 +528,14 @@ class WorkerSettings(Section):
     epochs: int | None = Field(None, ge=1, description="local epochs; unset: the task's default")
     lr: float | None = Field(None, gt=0, description="local learning rate; unset: task default")
     batch_size: int | None = Field(None, ge=1, description="local batch; unset: task default")
+    dpsgd_noise_multiplier: float | None = _declared("worker", "dpsgd_noise_multiplier")
+    dpsgd_max_grad_norm: float = _declared("worker", "dpsgd_max_grad_norm")
+    dpsgd_delta: float = _declared("worker", "dpsgd_delta")
+    dpsgd_state: str | None = Field(
+        None,
+        description="file keeping this device's DP-SGD accountant across restarts (one per "
+        "device); unset: kept in memory, and a restarted worker's ε starts from 0",
+    )
     max_runs: int | None = Field(None, ge=1, description="stop after this many published updates")
     download_timeout_s: float = Field(60.0, gt=0, description="longest a model download may take")
     journal: str | None = Field(

@@ -32,13 +32,15 @@ from fedasync.shared import ledger_record, stream_entry
 from fedasync.shared.aggregation import PRIVACY_BUDGET, AggregationState
 from fedasync.shared.checkpoint import WRITTEN_FORMATS, load_state, save_state
 from fedasync.shared.decision import DropReason
+from fedasync.shared.device_privacy import RECORD_FIELDS
 from fedasync.shared.keys import Keys, update_digest
 from fedasync.shared.model_format import decode_model
 from fedasync.shared.policy import Policy
 from fedasync.shared.wire import WireError, decode_update, unpack
 
-#: fields of a ledger record that the replay does not reproduce
-_CONTEXT = ("stream_id", "at")
+#: a record's fields beside the decision: where and when, and what the device reported of its
+#: own DP-SGD (shared/device_privacy.py): the fields the replay does not reproduce
+_CONTEXT = ("stream_id", "at", *RECORD_FIELDS.values())
 
 
 async def records(

@@ -7,15 +7,19 @@ device k of a real fleet holds the data and has the speed of device k in simulat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from fedasync.learning import partition
 from fedasync.learning.dataset import Dataset
+from fedasync.learning.dpsgd import DPSGD, DeviceAccountant, DPSGDError
 from fedasync.learning.task import Task, TrainParams
 from fedasync.learning.task_failure import guarded
 from fedasync.learning.tasks import task_data
-from fedasync.services.runtime.settings import TaskSettings, WorkerSettings
+from fedasync.learning.torch_task import check_private
+from fedasync.services.runtime.settings import SettingsError, TaskSettings, WorkerSettings
+from fedasync.services.worker import dpsgd_state
 from fedasync.shared import fleet
 from fedasync.shared.seeds import DeviceStream, Stream, device_stream, stream
 
@@ -35,6 +39,8 @@ class Device:
     data: Dataset
     latency: fleet.DeviceLatency | None  # None: as fast as it trains
     train: TrainParams
+    #: this device's DP-SGD accountant, kept across its runs; None: plain training
+    privacy: DeviceAccountant | None = None
 
 
 def default_client_id(device_index: int) -> str:
@@ -81,7 +87,23 @@ def build_device(task_settings: TaskSettings, worker: WorkerSettings) -> Device:
         batch_size=worker.batch_size or suggested.batch_size,
     )
     task = guarded(task, task_settings.name)  # its train fails in one line, naming the frame
-    return Device(task, train_data.subset(shares[worker.device_index]), latency, params)
+    privacy = None
+    if worker.dpsgd_noise_multiplier is not None:
+        try:
+            check_private(task, task_settings.name)
+        except DPSGDError as exc:  # one line at start-up (exit code 2), not a traceback
+            raise SettingsError(f"invalid settings: FEDASYNC_WORKER__DPSGD_*: {exc}") from None
+        privacy = DeviceAccountant(
+            DPSGD(worker.dpsgd_noise_multiplier, worker.dpsgd_max_grad_norm, worker.dpsgd_delta)
+        )
+        if worker.dpsgd_state is not None:
+            try:
+                dpsgd_state.load(Path(worker.dpsgd_state), privacy)
+            except dpsgd_state.StateFileError as exc:
+                raise SettingsError(
+                    f"invalid settings: FEDASYNC_WORKER__DPSGD_STATE: {exc}"
+                ) from None
+    return Device(task, train_data.subset(shares[worker.device_index]), latency, params, privacy)
 
 
 def run_rng(seed: int, device: int, run: int) -> np.random.Generator:

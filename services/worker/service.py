@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -30,10 +31,12 @@ from fedasync.client import (
     Unavailable,
     UnexpectedAnswer,
 )
+from fedasync.learning.dpsgd import private
 from fedasync.services.runtime.lifecycle import stop_on_signals
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.run_record import RunCheck
+from fedasync.services.worker import dpsgd_state
 from fedasync.services.worker.device import Device, build_device, default_client_id, run_rng
 from fedasync.services.worker.journal import Journal
 from fedasync.shared.keys import Keys
@@ -104,6 +107,9 @@ async def work(
             rng = run_rng(settings.task.seed, cfg.device_index, run)
             run += 1
             new, metrics = await _trained(device, base, rng, stopping)
+            if device.privacy is not None and cfg.dpsgd_state is not None:
+                # before anything is sent: a run the device sends is always in its saved ε
+                dpsgd_state.save(Path(cfg.dpsgd_state), device.privacy)
             if stopping.is_set():
                 break
             if cfg.dropout and rng.random() < cfg.dropout:
@@ -158,6 +164,7 @@ async def _trained(
         epochs=train.epochs,
         lr=train.lr,
         batch_size=train.batch_size,
+        **private(device.privacy),
     )
     if device.latency is not None:  # imitate this device's speed
         remaining = device.latency.sample(rng) - (time.monotonic() - started)

@@ -114,6 +114,16 @@ def test_up_budget_is_the_demo_one_unless_a_flag_or_a_variable_sets_it(
     assert budget("--max-updates", "50", "--max-seconds", "9") == (50, 9.0)
 
 
+def test_up_dpsgd_flags_set_every_workers_dpsgd_settings(clean_env: pytest.MonkeyPatch) -> None:
+    def worker(*argv: str) -> tuple[float | None, float, float]:
+        w = run_settings(build_parser().parse_args(["up", *argv])).worker
+        return w.dpsgd_noise_multiplier, w.dpsgd_max_grad_norm, w.dpsgd_delta
+
+    assert worker() == (None, 1.0, 1e-5)  # off unless asked for
+    flags = ("--dpsgd-noise", "1.1", "--dpsgd-clip", "0.5", "--dpsgd-delta", "1e-6")
+    assert worker(*flags) == (1.1, 0.5, 1e-6)
+
+
 @pytest.fixture
 def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A new user's shell: no FEDASYNC_ variable, so no Redis is configured."""

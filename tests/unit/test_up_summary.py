@@ -195,3 +195,35 @@ def test_the_privacy_spent_is_the_newest_record_carrying_epsilon() -> None:
     ]
     assert spent(records) == Spent(0.2, 1.0)
     assert spent([{"outcome": "applied"}]) == Spent()
+
+
+def test_the_fleets_worst_device_epsilon_is_in_the_summary_and_its_table() -> None:
+    ledger = [
+        decision(1.0, "applied", "a", 0, version=1) | {"device_epsilon": 2.5, "device_delta": 1e-5},
+        decision(2.0, "dropped", "b", 9, version=1, reason="stale")
+        | {"device_epsilon": 4.0, "device_delta": 1e-5},
+        decision(3.0, "applied", "a", 0, version=2) | {"device_epsilon": 3.0, "device_delta": 1e-5},
+    ]
+    summary = summarize(
+        ledger, [], ended_by="max_updates", dead_letters=0, started_at=0.0, wall_seconds=5.0
+    )
+    # a dropped update's ε was spent all the same: it counts
+    assert summary["device_privacy"] == {
+        "worst_epsilon": 4.0,
+        "client": "b",
+        "delta": 1e-5,
+        "devices_reporting": 2,
+    }
+    console = Console(record=True, width=200)
+    print_summary(console, summary, Path("runs/x"))
+    shown = console.export_text()
+    assert "device DP-SGD, worst ε" in shown
+    assert "4 at δ = 1e-05 (b; 2 devices reporting)" in shown
+
+
+def test_without_device_dpsgd_the_summary_has_no_device_privacy() -> None:
+    ledger = [decision(1.0, "applied", "a", 0, version=1)]
+    summary = summarize(
+        ledger, [], ended_by="max_updates", dead_letters=0, started_at=0.0, wall_seconds=5.0
+    )
+    assert "device_privacy" not in summary

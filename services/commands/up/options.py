@@ -28,6 +28,9 @@ FLEET_FLAGS = (
     Flag("--partition", "task", "partition"),
     Flag("--rare-class", "task", "rare_class"),
     Flag("--seed", "task", "seed"),
+    Flag("--dpsgd-noise", "worker", "dpsgd_noise_multiplier"),
+    Flag("--dpsgd-clip", "worker", "dpsgd_max_grad_norm"),
+    Flag("--dpsgd-delta", "worker", "dpsgd_delta"),
 )
 BUDGET_FLAGS = (
     Flag("--max-updates", "budget", "max_updates"),

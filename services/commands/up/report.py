@@ -186,6 +186,9 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         "acceptance, worst first",
         "  ".join(f"{c['client']} {c['rate']:.0%}" for c in worst) or "–",
     )
+    device_privacy = summary.get("device_privacy")
+    if device_privacy:  # the devices trained with DP-SGD
+        table.add_row("device DP-SGD, worst ε", describe_device_privacy(device_privacy))
     fair = summary.get("fairness")
     if fair and (fair["alerted"] or fair["below_rate_not_alerted"]):
         table.add_row("fairness alerts", escape(describe_fairness(fair)))
@@ -198,6 +201,16 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
         table.add_row("[red]problem[/red]", escape(problem))
     table.add_row("run folder", str(out))
     console.print(table)
+
+
+def describe_device_privacy(section: dict[str, Any]) -> str:
+    """The worst sample-level ε a device reported, whose, at which δ, and of how many."""
+    delta = section.get("delta")
+    at = f" at δ = {delta:g}" if delta is not None else ""
+    return (
+        f"{section['worst_epsilon']:.3g}{at} ({section['client']}; "
+        f"{section['devices_reporting']} devices reporting)"
+    )
 
 
 def describe_fairness(fair: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from fedasync.services.control.privacy import Spent
 from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.shared.acceptance import acceptance_rows, count_acceptance
+from fedasync.shared.device_privacy import worst_of
 from fedasync.shared.per_class import lagging_classes
 from fedasync.shared.stats import AppliedRate, stats
 
@@ -45,7 +46,7 @@ def summarize(
     for r in applied:
         rate.add(float(r["at"]), r["outcome"])
     final = curve[-1] if curve else None
-    return {
+    out: dict[str, Any] = {
         "ended_by": ended_by,
         "wall_seconds": wall_seconds,
         "version": max((int(r["version"]) for r in records), default=0),
@@ -77,6 +78,10 @@ def summarize(
         "evaluations": len(curve),
         "clients": acceptance_rows(count_acceptance(records)),
     }
+    device_privacy = worst_of(records)
+    if device_privacy is not None:  # devices trained with DP-SGD: the fleet's worst ε
+        out["device_privacy"] = device_privacy
+    return out
 
 
 def spent(records: Sequence[dict[str, Any]]) -> Spent:
