@@ -293,6 +293,8 @@ def users(prefix: str) -> tuple[User, ...]:
                 # a DP run's noise secret, to replay its noise bit for bit (no other user but
                 # the aggregator may read it)
                 Grant(("get",), read=(k.dp_secret,)),
+                # the run's recorded task, for a Zeno++ replay's validation gradient
+                run_task,
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
             ),
         ),
