@@ -193,6 +193,7 @@ class FlsimServer:
         from hydra.utils import instantiate
 
         from fedasync.shared.aggregation import ModelSnapshot
+        from fedasync.shared.privacy.spent import PrivacySpent
 
         class Flat(torch.nn.Module):
             def __init__(self, values: np.ndarray) -> None:
@@ -246,6 +247,10 @@ class FlsimServer:
         self.models: dict[int, np.ndarray] = {}
         self.counters: dict[str, int] = {"applied": 0, "dropped": 0, "server_steps": 0}
         self.lr = lr
+        #: as the core's: FLSim never closes training itself (the core does at a privacy
+        #: budget), and spends no privacy (no DP arm runs through FLSim)
+        self.closed: str | None = None
+        self.privacy = PrivacySpent()
 
     @property
     def version(self) -> int:
@@ -264,6 +269,9 @@ class FlsimServer:
 
     def snapshot(self) -> Any:
         return self._snapshot_of(self.version, self.weights_view().copy(), self.layout)
+
+    def zeno_prepare(self, policy: Any, gradient_at: Any) -> None:
+        """As `AggregationState.zeno_prepare`: FLSim has no Zeno++, so nothing is ever due."""
 
     def drops_unread(self, base_version: int, policy: Any) -> bool:
         """As `AggregationState.drops_unread`: True when `apply` will drop the update for

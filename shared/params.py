@@ -26,6 +26,13 @@ class ParamError(ValueError):
         super().__init__(f"{param} = {value!r} is not allowed; allowed: {allowed}")
 
 
+class Conflict(ParamError):
+    """A value its own range allows that conflicts with the policy's other fields (a robust
+    rule in a mode without a buffer, DP with the poisoning bound) or with the run in force
+    (differential privacy turned off, a privacy budget raised). The control API answers it
+    409 Conflict, as other refusals that depend on what is in force; a bad value is 422."""
+
+
 @dataclass(frozen=True, slots=True)
 class Range:
     """A closed, open or half-open interval of numbers, optionally integers only."""

@@ -25,6 +25,7 @@ from fedasync.shared.params import (
     NORM_WINDOW_LIMIT,
     PARAM_KEY,
     TAU_MAX_LIMIT,
+    Conflict,
     Param,
     ParamError,
     Range,
@@ -343,14 +344,14 @@ class Policy:
             object.__setattr__(self, spec.name, spec.normalise(getattr(self, spec.name)))
         _check_robust(self)
         if self.zeno_margin is not None and self.mode is not Mode.FEDASYNC:
-            raise ParamError(
+            raise Conflict(
                 "zeno_margin",
                 self.zeno_margin,
                 "null unless mode is fedasync (Zeno++ scores updates one at a time; the "
                 "buffered modes have their robust rules)",
             )
         if self.zeno_margin is not None and self.dp_clip is not None:
-            raise ParamError(
+            raise Conflict(
                 "zeno_margin",
                 self.zeno_margin,
                 "null while DP is on (dp_clip set): Zeno++ reads each update's own delta to "
@@ -359,7 +360,7 @@ class Policy:
         if self.dp_clip is not None:
             _check_private(self)
         elif self.privacy_budget is not None:
-            raise ParamError(
+            raise Conflict(
                 "privacy_budget",
                 self.privacy_budget,
                 "null without dp_clip: a privacy budget counts the ε of differential privacy",
@@ -586,7 +587,7 @@ def _check_robust(policy: Policy) -> None:
     if rule is RobustRule.MEAN:
         return
     if policy.mode.value not in BUFFERED:
-        raise ParamError(
+        raise Conflict(
             "robust",
             rule.value,
             f"mean unless mode is one of {sorted(BUFFERED)} (mode = "
@@ -594,7 +595,7 @@ def _check_robust(policy: Policy) -> None:
         )
     # DP's sensitivity analysis assumes the mean of clipped deltas
     if policy.dp_clip is not None:
-        raise ParamError(
+        raise Conflict(
             "robust",
             rule.value,
             "mean while DP is on (dp_clip set): DP's noise is calibrated "
@@ -603,18 +604,18 @@ def _check_robust(policy: Policy) -> None:
     k, f = policy.buffer_size, policy.robust_byzantine
     if rule in (RobustRule.KRUM, RobustRule.MULTI_KRUM) and k <= 2 * f + 2:
         most = f"at most {(k - 3) // 2}" if k >= 3 else "none"
-        raise ParamError(
+        raise Conflict(
             "robust_byzantine", f, f"{most} with buffer_size {k} (Krum needs K > 2f + 2)"
         )
     select = policy.robust_select
     if rule is RobustRule.MULTI_KRUM and select is not None and select > k:
-        raise ParamError("robust_select", select, f"at most buffer_size = {k}, or null")
+        raise Conflict("robust_select", select, f"at most buffer_size = {k}, or null")
 
 
 def _check_private(policy: Policy) -> None:
     """The combinations differential privacy cannot be stated for, refused by name."""
     if policy.mode not in DP_MODES:
-        raise ParamError(
+        raise Conflict(
             "dp_clip",
             policy.dp_clip,
             f"null in mode {policy.mode.value}: differential privacy applies to modes "
@@ -622,26 +623,26 @@ def _check_private(policy: Policy) -> None:
             "client's delta across server steps, which the accountant does not cover)",
         )
     if policy.norm_bound is not None:
-        raise ParamError(
+        raise Conflict(
             "norm_bound",
             policy.norm_bound,
             "null with dp_clip set: DP clips every delta to C already, and the poisoning "
             "bound's median of other devices' norms is not private",
         )
     if policy.privacy_model is PrivacyModel.SAMPLED and policy.dp_population is None:
-        raise ParamError(
+        raise Conflict(
             "dp_population",
             None,
             "a number of devices when privacy_model = sampled (q = K/N needs N)",
         )
     if policy.dp_population is not None and policy.step_size > policy.dp_population:
-        raise ParamError(
+        raise Conflict(
             "dp_population",
             policy.dp_population,
             f"at least K = {policy.step_size} (a step samples K of the N devices)",
         )
     if policy.dp_quantile is not None and not policy.dp_noise < 2 * policy.count_noise:
-        raise ParamError(
+        raise Conflict(
             "dp_noise",
             policy.dp_noise,
             f"below 2·σ_b = {2 * policy.count_noise:g} with adaptive clipping (Andrew et al. "
@@ -654,14 +655,14 @@ def _check_private_change(policy: Policy, changes: Mapping[str, Any]) -> None:
     """What a runtime change may not do to a run with DP: what has been spent is accounted
     under the settings it was spent with."""
     if not policy.private:
-        raise ParamError(
+        raise Conflict(
             "dp_clip", changes["dp_clip"], "null: differential privacy is chosen before a run"
         )
     if "dp_clip" in changes and changes["dp_clip"] is None:
-        raise ParamError("dp_clip", None, "a clip norm: DP cannot be turned off during a run")
+        raise Conflict("dp_clip", None, "a clip norm: DP cannot be turned off during a run")
     for name in _DP_FIXED:
         if name in changes and changes[name] != getattr(policy, name):
-            raise ParamError(
+            raise Conflict(
                 name, changes[name], f"{getattr(policy, name)!s}: fixed during a run with DP"
             )
     if "privacy_budget" in changes and policy.privacy_budget is not None:
@@ -671,7 +672,7 @@ def _check_private_change(policy: Policy, changes: Mapping[str, Any]) -> None:
             and not isinstance(new, bool)
             and new > policy.privacy_budget
         ):
-            raise ParamError(
+            raise Conflict(
                 "privacy_budget",
                 new,
                 f"at most {policy.privacy_budget:g}: a privacy budget may be lowered, never "

@@ -49,7 +49,7 @@ from fedasync.services.stores.policy_store import (
 )
 from fedasync.services.stores.run_record import recorded_budget
 from fedasync.shared.keys import Keys
-from fedasync.shared.params import ParamError
+from fedasync.shared.params import Conflict, ParamError
 from fedasync.shared.policy import POLICY_RANGES, SCHEMA, Policy
 from fedasync.shared.switches import SWITCHES
 
@@ -131,6 +131,8 @@ async def patch_policy(request: web.Request) -> web.Response:
     current = await read_policy(redis, keys)
     try:  # names, types and ranges: the policy schema's, as everywhere (shared/policy.py)
         new = current.evolve(**_integers(changes))
+    except Conflict as exc:  # allowed values this run may not change to (shared/params.py)
+        return _error(409, str(exc), field=exc.param, allowed=exc.allowed)
     except ParamError as exc:
         return _error(422, str(exc), field=exc.param, allowed=exc.allowed)
     if BUDGET_FIELDS & set(changes):

@@ -193,8 +193,10 @@ def spec() -> dict[str, Any]:
                             "the policy changed meanwhile (read and retry), or a budget already "
                             "used up, or a budget change after training ended, or a privacy "
                             "change a run cannot take back (privacy_budget raised, unset or "
-                            "already spent, privacy_model changed under a budget, dp_clip unset): "
-                            "field, and used",
+                            "already spent, privacy_model changed, dp_clip unset), or a value "
+                            "in conflict with the policy's other fields (a robust rule, Zeno++ "
+                            "or DP in a mode or combination that cannot take it): field, and "
+                            "used",
                         ),
                         "422": _json(_ERROR, "a value outside its range: field and allowed"),
                         **errors,

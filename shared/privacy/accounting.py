@@ -37,7 +37,6 @@ summaries, never per decision.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,22 +67,10 @@ def orders() -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def event_rdp(q: float, z: float) -> np.ndarray:
-    """The RDP curve (over `orders()`) of one step of `event(q, z)`, computed once.
-
-    dp-accounting warns, through absl's logger, for each fractional order whose series does not
-    converge for small z, and leaves that order out (its RDP is then +inf, never chosen): a
-    line per order in front of the user saying nothing is wrong. Its warnings are held back here,
-    its errors not."""
+    """The RDP curve (over `orders()`) of one step of `event(q, z)`, computed once."""
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(max(level, logging.ERROR))
-    try:
-        accountant = rdp_privacy_accountant.RdpAccountant(orders()).compose(event(q, z))
-    finally:
-        absl.setLevel(level)
-    rdp: np.ndarray = accountant.rdp
+    rdp: np.ndarray = rdp_privacy_accountant.RdpAccountant(orders()).compose(event(q, z)).rdp
     rdp.flags.writeable = False
     return rdp
 

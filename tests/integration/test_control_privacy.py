@@ -85,18 +85,18 @@ async def test_a_run_without_dp_shows_no_privacy(settings: Settings, redis: aior
 
 
 async def test_the_privacy_budget_may_be_lowered_never_raised_nor_unset(dp: TestClient) -> None:
-    # refused by the core's rule (`Policy.evolve`), a 422 naming the field as for any range
+    # refused by the core's rule (`Policy.evolve`, Conflict): a 409 naming the field
     raised, body = await patch(dp, privacy_budget=BUDGET + 1)
-    assert (raised, body["field"]) == (422, "privacy_budget")
+    assert (raised, body["field"]) == (409, "privacy_budget")
     assert "never raised or unset" in body["error"]
     unset, body = await patch(dp, privacy_budget=None)
-    assert (unset, body["field"]) == (422, "privacy_budget")
+    assert (unset, body["field"]) == (409, "privacy_budget")
     assert "never raised or unset" in body["error"]
     lowered, body = await patch(dp, privacy_budget=BUDGET / 2)
     assert lowered == 200
     assert body["policy"]["privacy_budget"] == BUDGET / 2
     again, _ = await patch(dp, privacy_budget=BUDGET)  # back up to the first: a raise too
-    assert again == 422
+    assert again == 409
 
 
 async def test_a_privacy_budget_already_spent_is_refused_with_what_was_spent(
@@ -114,10 +114,10 @@ async def test_dp_cannot_be_turned_off_nor_the_budget_counted_under_another_mode
     dp: TestClient,
 ) -> None:
     off, body = await patch(dp, dp_clip=None)
-    assert (off, body["field"]) == (422, "dp_clip")
+    assert (off, body["field"]) == (409, "dp_clip")
     assert "cannot be turned off" in body["error"]
     model, body = await patch(dp, privacy_model="sampled")
-    assert (model, body["field"]) == (422, "privacy_model")
+    assert (model, body["field"]) == (409, "privacy_model")
     assert "fixed during a run with DP" in body["error"]
     other_clip, _ = await patch(dp, dp_clip=2.0)  # a new C: still DP
     assert other_clip == 200

@@ -37,6 +37,7 @@ from fedasync.services.runtime.redis_conn import (
     retrying,
 )
 from fedasync.services.runtime.settings import Durability, RedisSettings
+from fedasync.services.stores.device_keys import HMAC, add_device, fingerprint
 from fedasync.services.stores.dp_secret import SECRET_BYTES, ensure_secret
 from fedasync.shared.device_auth import Proof
 from fedasync.shared.keys import Keys, update_digest
@@ -193,13 +194,14 @@ async def test_the_ingest_service_acknowledges_an_update_once_a_replica_holds_it
     await wait_linked(pair, primary)
     store = IngestStore(primary, KEYS, ttl_s=60, window_ms=300_000, durability=DURABLE)
     proof = Proof("c0", int(time.time() * 1000), b"\0" * 32)  # signed now: inside the window
+    key = fingerprint(await add_device(primary, KEYS, "c0", HMAC))  # the key it was checked with
     pair.replica.kill()
     with pytest.raises(NotReplicated):  # the service answers 503 Retry-After: 1 (app.py)
-        await store.add("c0", "u1", b"body", proof)
+        await store.add("c0", "u1", b"body", proof, key)
     pair.start_replica()
     await wait_linked(pair, primary)
     # the device's retry: the same update, found in place, and the WAIT now covers it
-    again = await store.add("c0", "u1", b"body", proof)
+    again = await store.add("c0", "u1", b"body", proof, key)
     assert not again.new
     assert await primary.xlen(KEYS.updates) == 1
     held = await on_replica(pair, "XRANGE", KEYS.updates, again.entry_id, again.entry_id)

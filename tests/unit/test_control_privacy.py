@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedasync.services.control.privacy import Spent, privacy_refusal, privacy_status
-from fedasync.shared.params import ParamError
+from fedasync.shared.params import Conflict
 from fedasync.shared.policy import Policy
 
 DP = Policy(dp_clip=1.0, dp_population=100, dp_participation=10, privacy_budget=8.0)
@@ -25,8 +25,8 @@ SPENT = Spent(sampled=0.5, conservative=3.0)
 def test_a_change_no_dp_run_may_take_is_the_cores_to_refuse(
     changes: dict[str, object], field: str
 ) -> None:
-    """One rule, in the core: `evolve` refuses it, naming the field (the API's 422)."""
-    with pytest.raises(ParamError) as refused:
+    """One rule, in the core: `evolve` refuses it, naming the field (the API's 409)."""
+    with pytest.raises(Conflict) as refused:
         DP.evolve(**changes)
     assert refused.value.param == field
 
