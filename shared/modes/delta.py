@@ -43,16 +43,9 @@ class DeltaStrategy(Strategy):
     def take(
         self, state: State, update: Update, new: np.ndarray, tau: int, policy: Policy
     ) -> Decision:
-        if not state.history:
-            state.history.append((state.version, state.weights_view()))
-        base = base_weights(state.history, update.base_version)
-        if base is None:
-            return state.decide(
-                update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.BASE_UNAVAILABLE
-            )
-        if not np.isfinite(new).all():
-            return state.reject_non_finite(update, policy)
-        delta = new.astype(np.float64) - base
+        delta = delta_from_base(state, update, new, tau, policy)
+        if isinstance(delta, Decision):
+            return delta
         within = True
         if policy.private:  # the DP clip, to C (the poisoning bound is off with DP)
             clip = private_clip(state, policy, delta)
@@ -107,6 +100,25 @@ class DeltaStrategy(Strategy):
         from `x` and `optimizer` (the model once a switch is settled) when the rule says so.
         Returns α (the update's weight in a step), the weights and optimizer after it, and
         whether it stepped (counted in `state.counters`); the caller commits them."""
+
+
+def delta_from_base(
+    state: State, update: Update, new: np.ndarray, tau: int, policy: Policy
+) -> np.ndarray | Decision:
+    """Δ = x_new − x_base in float64, or the decision refusing the update: dropped when its base
+    model is no longer kept, rejected when x_new is not finite. Changes nothing but the history's
+    first entry (the model in force, kept from the first update on)."""
+    if not state.history:
+        state.history.append((state.version, state.weights_view()))
+    base = base_weights(state.history, update.base_version)
+    if base is None:
+        return state.decide(
+            update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.BASE_UNAVAILABLE
+        )
+    if not np.isfinite(new).all():
+        return state.reject_non_finite(update, policy)
+    delta: np.ndarray = new.astype(np.float64) - base
+    return delta
 
 
 def base_weights(history: list[tuple[int, np.ndarray]], base_version: int) -> np.ndarray | None:

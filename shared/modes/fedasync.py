@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from fedasync.shared.decision import Decision, DropReason, Outcome
+from fedasync.shared.decision import Decision
 from fedasync.shared.modes.base import State, Strategy, sum_of_squares
-from fedasync.shared.modes.delta import base_weights, private_clip, prune_history
+from fedasync.shared.modes.delta import delta_from_base, private_clip, prune_history
 from fedasync.shared.policy import Mode, Policy
 from fedasync.shared.update import Update
 
@@ -86,16 +86,9 @@ class FedAsync(Strategy):
         self, state: State, update: Update, new: np.ndarray, tau: int, policy: Policy
     ) -> Decision:
         """DP-FedAsync (the class docstring): clip the delta against the base, noise, mix."""
-        if not state.history:
-            state.history.append((state.version, state.weights_view()))
-        base = base_weights(state.history, update.base_version)
-        if base is None:
-            return state.decide(
-                update, policy, Outcome.DROPPED, tau=tau, reason=DropReason.BASE_UNAVAILABLE
-            )
-        if not np.isfinite(new).all():
-            return state.reject_non_finite(update, policy)
-        delta = new.astype(np.float64) - base
+        delta = delta_from_base(state, update, new, tau, policy)
+        if isinstance(delta, Decision):
+            return delta
         clip = private_clip(state, policy, delta)
         # nothing below can refuse the update: the state may change from here on
         settlement = state.settle(policy)  # nothing is held during a DP run (its mode is fixed)
