@@ -11,6 +11,7 @@ already spent (that would end training at once, as a used-up `max_updates` would
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,14 @@ class Spent:
 
     sampled: float | None = None
     conservative: float | None = None
+
+    @classmethod
+    def in_record(cls, record: Mapping[str, Any]) -> Spent | None:
+        """The ε a ledger record carries (the core writes it on every decision of a DP run),
+        or None for a record without it."""
+        if "epsilon_sampled" in record or "epsilon_conservative" in record:
+            return cls(record.get("epsilon_sampled"), record.get("epsilon_conservative"))
+        return None
 
     def of(self, policy: Policy) -> float | None:
         """The ε the policy's budget counts (its `privacy_model`)."""

@@ -40,8 +40,9 @@ class LedgerWindow:
                 self._cursor = r["ledger_id"]
                 self.totals[r["outcome"]] += 1
                 self.applied_rate.add(float(r["at"]), r["outcome"])
-                if "epsilon_sampled" in r or "epsilon_conservative" in r:
-                    self.spent = Spent(r.get("epsilon_sampled"), r.get("epsilon_conservative"))
+                carried = Spent.in_record(r)
+                if carried is not None:
+                    self.spent = carried
                 if not closing_drop(r):  # after the budget: says nothing about the fleet
                     self.window.add(
                         float(r["at"]), r["outcome"], r["client_id"], r["tau"], r["alpha"]

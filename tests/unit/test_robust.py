@@ -141,8 +141,7 @@ def test_switching_mode_at_runtime_away_from_a_buffer_needs_the_mean_too() -> No
     assert policy.evolve(mode=Mode.FEDASYNC, robust=RobustRule.MEAN).mode is Mode.FEDASYNC
 
 
-@pytest.mark.skipif("dp_clip" not in FIELDS, reason="dp_clip arrives with the DP branch")
-def test_a_robust_rule_with_dp_is_refused() -> None:  # pragma: no cover - until the merge
+def test_a_robust_rule_with_dp_is_refused() -> None:
     with pytest.raises(ParamError, match="DP is on"):
         Policy.configured({"mode": "fedbuff", "robust": "median", "dp_clip": 1.0})
 

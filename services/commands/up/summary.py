@@ -87,8 +87,9 @@ def summarize(
 def spent(records: Sequence[dict[str, Any]]) -> Spent:
     """ε after the last decision that carried it (differential privacy), as the ledger says."""
     for r in reversed(records):
-        if "epsilon_sampled" in r or "epsilon_conservative" in r:
-            return Spent(r.get("epsilon_sampled"), r.get("epsilon_conservative"))
+        carried = Spent.in_record(r)
+        if carried is not None:
+            return carried
     return Spent()
 
 
