@@ -153,12 +153,28 @@ def _proxy(cid: str) -> Any:
     return Proxy(cid)
 
 
-def config_for(preset: str, algorithm: str, seed: int, *, smoke: bool = False) -> Any:
-    """The simulator config of one run: the preset with only its fedavg arm `algorithm`."""
+#: `attack` of `config_for` and `run`: the preset's own `[attack]` table (or none, if it has none)
+AS_PRESET = "as-preset"
+
+
+def config_for(
+    preset: str,
+    algorithm: str,
+    seed: int,
+    *,
+    smoke: bool = False,
+    attack: dict[str, Any] | str | None = AS_PRESET,
+) -> Any:
+    """The simulator config of one run: the preset with only its fedavg arm `algorithm`, and
+    `attack` (an `[attack]` table, None for no attack) in place of the preset's own."""
     from fedasync.sim.config import build, merge
     from fedasync.sim.presets import preset_data
 
     data = preset_data(preset)
+    if attack != AS_PRESET:
+        data.pop("attack", None)
+        if isinstance(attack, dict):
+            data["attack"] = attack
     arms = [a for a in data["algorithms"] if a.get("name") == algorithm]
     if not arms or arms[0]["kind"] != "fedavg":
         names = [a.get("name") for a in data["algorithms"] if a["kind"] == "fedavg"]
@@ -175,15 +191,18 @@ def run(
     seed: int,
     smoke: bool,
     server_settings: dict[str, Any] | None = None,
+    attack: dict[str, Any] | str | None = AS_PRESET,
 ) -> dict[str, Any]:
     """One seed of a preset's fedavg arm with Flower's `strategy` (or ours: `strategy` ours).
 
     `server_settings` (dp_clip, dp_noise, robust_byzantine, robust_select) override the arm's
-    own fields of the same names, for a Flower strategy that needs what our arm lacks."""
+    own fields of the same names, for a Flower strategy that needs what our arm lacks; `attack`
+    as in `config_for`. A DP arm's rounds are accounted as ours are (`SyncRun._account`: the
+    same devices, rounds, C and z), so its ε is reported beside the accuracy."""
     from fedasync.sim.synchronous import SyncRun
     from fedasync.sim.world import build_world
 
-    config = config_for(preset, algorithm, seed, smoke=smoke)
+    config = config_for(preset, algorithm, seed, smoke=smoke, attack=attack)
     world = build_world(config)
     spec = config.algorithms[0]
     sync = SyncRun(spec, world)
@@ -208,42 +227,68 @@ def run(
         "algorithm": algorithm,
         "strategy": strategy,
         "seed": seed,
+        "under_attack": "none"
+        if config.attack is None
+        else f"{config.attack.kind} {config.attack.share:.0%}",
         "final_accuracy": recorder.evals[-1].score,
         "applied": recorder.updates_applied,
         "rounds": result.version,
         "ended_by": result.ended_by,
         "wall_s": round(time.perf_counter() - started, 1),
         **_attack_success(result),
+        **_epsilon(result),
     }
 
 
 def _attack_success(result: Any) -> dict[str, Any]:
     """The backdoor's success on the final model, where the run has a backdoor attack."""
-    extra = getattr(result, "attack", None)
-    return {} if not extra else {"attack": extra}
+    success = result.attack_success
+    return {} if success is None else {"backdoor_success": success}
+
+
+#: what a DP run's record carries of its privacy summary
+EPSILON = ("epsilon_sampled", "epsilon_conservative", "noised_steps")
+
+
+def _epsilon(result: Any) -> dict[str, Any]:
+    """ε spent by a DP arm's rounds, under both accounting models."""
+    privacy = result.privacy
+    if privacy is None:
+        return {}
+    return {k: privacy[k] for k in EPSILON}
 
 
 def table(folder: Path) -> str:
-    rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    rows: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for path in sorted(folder.glob("*.json")):
         one = json.loads(path.read_text())
-        rows.setdefault((one["preset"], one["algorithm"], one["strategy"]), []).append(one)
+        key = (one["preset"], one["algorithm"], one.get("under_attack", "–"), one["strategy"])
+        rows.setdefault(key, []).append(one)
     lines = [
-        "| preset | arm | server | seeds | final accuracy (mean ± sd) | per seed | rounds |",
-        "|---|---|---|---|---|---|---|",
+        "| preset | arm | attack | server | seeds | final accuracy (mean ± sd) | per seed | "
+        "rounds | ε sampled | ε conservative |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(rows):
         runs = sorted(rows[key], key=lambda r: r["seed"])
         scores = [r["final_accuracy"] for r in runs]
-        sd = statistics.stdev(scores) if len(scores) > 1 else 0.0
-        server = "ours" if key[2] == "ours" else f"Flower 1.42 {key[2]}"
+        server = "ours" if key[3] == "ours" else f"Flower 1.42 {key[3]}"
+        epsilon = [_spread([r[k] for r in runs if k in r]) for k in EPSILON[:2]]
         lines.append(
-            f"| {key[0]} | {key[1]} | {server} | {len(runs)} | "
-            f"{statistics.mean(scores):.3f} ± {sd:.3f} | "
+            f"| {key[0]} | {key[1]} | {key[2]} | {server} | {len(runs)} | {_spread(scores)} | "
             + ", ".join(f"{s:.3f}" for s in scores)
-            + f" | {statistics.mean(r['rounds'] for r in runs):.0f} |"
+            + f" | {statistics.mean(r['rounds'] for r in runs):.0f} | "
+            + " | ".join(epsilon)
+            + " |"
         )
     return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "–"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dp-clip", type=float, help="dp-fixed: C (default: the arm's dp_clip)")
     parser.add_argument("--dp-noise", type=float, help="dp-fixed: z (default: the arm's dp_noise)")
     parser.add_argument("--byzantine", type=int, help="krum: f (default: the arm's, else 1)")
+    parser.add_argument(
+        "--attack",
+        choices=("none", "sign_flip", "scale", "noise", "backdoor"),
+        help="malicious devices in place of the preset's own [attack] (none: no attack)",
+    )
+    parser.add_argument("--share", type=float, default=0.2, help="--attack: their share")
     parser.add_argument("--smoke", action="store_true", help="a few seconds per run (SMOKE)")
     args = parser.parse_args(argv)
     if args.command == "table":
@@ -265,12 +316,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     given = {"dp_clip": args.dp_clip, "dp_noise": args.dp_noise, "robust_byzantine": args.byzantine}
     overrides = {k: v for k, v in given.items() if v is not None}
+    attack: dict[str, Any] | str | None = AS_PRESET
+    tag = ""
+    if args.attack == "none":
+        attack, tag = None, "-none"
+    elif args.attack is not None:
+        attack, tag = {"kind": args.attack, "share": args.share}, f"-{args.attack}{args.share:g}"
     args.out.mkdir(parents=True, exist_ok=True)
     for algorithm in args.algorithm:
         for strategy in args.strategy:
             for seed in args.seeds:
-                one = run(args.preset, algorithm, strategy, seed, args.smoke, overrides)
-                name = f"{args.preset}-{algorithm}-{strategy}-seed{seed}.json"
+                one = run(args.preset, algorithm, strategy, seed, args.smoke, overrides, attack)
+                name = f"{args.preset}{tag}-{algorithm}-{strategy}-seed{seed}.json"
                 (args.out / name).write_text(json.dumps(one, indent=1) + "\n")
                 print(json.dumps(one), flush=True)
     return 0

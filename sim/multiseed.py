@@ -123,6 +123,12 @@ def aggregate(runs: Sequence[SeedRun], config: SimConfig) -> dict[str, Any]:
                 key: spread([a[key] for a in attacks])
                 for key in ("malicious_acceptance", "honest_acceptance", "backdoor_success")
             }
+        privacy = [s.get("privacy") for s in summaries]
+        if privacy[0] is not None:  # DP arms only, likewise
+            entry["privacy"] = {
+                key: spread([p[key] for p in privacy])
+                for key in ("epsilon_sampled", "epsilon_conservative", "noised_steps")
+            }
         if rare is not None:
             entry["rare_class"] = entry["per_class"].get(str(rare))
             entry["other_classes"] = spread(
@@ -203,6 +209,17 @@ def tables(result: dict[str, Any]) -> str:
         for name, a in result["algorithms"].items():
             cells = [_pm(a["attack"][k]) for k in a["attack"]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    private = {name: a["privacy"] for name, a in result["algorithms"].items() if "privacy" in a}
+    if private:
+        lines += ["", "Privacy spent at the end (ε at the arm's δ, by accounting model):", ""]
+        lines += ["| algorithm | final accuracy | ε sampled | ε conservative | noised steps |"]
+        lines += ["|---|---|---|---|---|"]
+        for name, p in private.items():
+            final = _pm(result["algorithms"][name]["final"])
+            lines.append(
+                f"| {name} | {final} | {_pm(p['epsilon_sampled'], 2)} | "
+                f"{_pm(p['epsilon_conservative'], 2)} | {_pm(p['noised_steps'], 0)} |"
+            )
     lines += ["", "Per seed:", ""]
     target = f"{result['target']:g}" if result["target"] else None
     for name, a in result["algorithms"].items():

@@ -301,6 +301,235 @@ lag_high = 200
 lag_low = 20
 max_drop_share = 0.5
 ''',
+    "dp-tradeoff": f'''
+name = "dp-tradeoff"
+description = """Issue 27: accuracy against privacy. One fleet (100 long-tail devices, IID digits),
+2,000 client updates for each algorithm, user-level central DP with the clip C = 0.2 and the noise
+multiplier z in 0.5, 1, 2, 4: DP-FedAvg (20 devices a round), DP-FedBuff (K = 20: noise z·C on the
+sum of 20 clipped deltas) and DP-FedAsync (gamma 0.1: noise z·C on each clipped delta, mixed in
+as it is), each beside its run without DP. epsilon at delta = 1e-5 under both accounting models
+(sampled: each device takes part in a step with probability q; conservative: every step may hold
+any device) is in each arm's summary; Flower's DifferentialPrivacyServerSideFixedClipping runs on
+the DP-FedAvg arms in bench/flower_side.py."""
+{_DIGITS}
+[data]
+partition = "iid"
+{_FLEET}
+[budget]
+max_updates = 2000
+max_seconds = 86400
+
+[eval]
+interval_s = 60
+
+[[algorithms]]
+kind = "fedavg"
+name = "fedavg"
+clients_per_round = 20
+
+[[algorithms]]
+kind = "fedavg"
+name = "dp-fedavg-z0.5"
+clients_per_round = 20
+dp_clip = 0.2
+dp_noise = 0.5
+
+[[algorithms]]
+kind = "fedavg"
+name = "dp-fedavg-z1"
+clients_per_round = 20
+dp_clip = 0.2
+dp_noise = 1.0
+
+[[algorithms]]
+kind = "fedavg"
+name = "dp-fedavg-z2"
+clients_per_round = 20
+dp_clip = 0.2
+dp_noise = 2.0
+
+[[algorithms]]
+kind = "fedavg"
+name = "dp-fedavg-z4"
+clients_per_round = 20
+dp_clip = 0.2
+dp_noise = 4.0
+
+[[algorithms]]
+kind = "fedbuff"
+name = "fedbuff"
+buffer_size = 20
+tau_max = "auto"
+
+[[algorithms]]
+kind = "fedbuff"
+name = "dp-fedbuff-z0.5"
+buffer_size = 20
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 0.5
+dp_population = 100
+
+[[algorithms]]
+kind = "fedbuff"
+name = "dp-fedbuff-z1"
+buffer_size = 20
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 1.0
+dp_population = 100
+
+[[algorithms]]
+kind = "fedbuff"
+name = "dp-fedbuff-z2"
+buffer_size = 20
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 2.0
+dp_population = 100
+
+[[algorithms]]
+kind = "fedbuff"
+name = "dp-fedbuff-z4"
+buffer_size = 20
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 4.0
+dp_population = 100
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync"
+gamma = 0.1
+tau_max = "auto"
+
+[[algorithms]]
+kind = "fedasync"
+name = "dp-fedasync-z0.5"
+gamma = 0.1
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 0.5
+dp_population = 100
+
+[[algorithms]]
+kind = "fedasync"
+name = "dp-fedasync-z1"
+gamma = 0.1
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 1.0
+dp_population = 100
+
+[[algorithms]]
+kind = "fedasync"
+name = "dp-fedasync-z2"
+gamma = 0.1
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 2.0
+dp_population = 100
+
+[[algorithms]]
+kind = "fedasync"
+name = "dp-fedasync-z4"
+gamma = 0.1
+tau_max = "auto"
+dp_clip = 0.2
+dp_noise = 4.0
+dp_population = 100
+''',
+    "byzantine": f'''
+name = "byzantine"
+description = """Issue 27: malicious devices and the defences. 50 devices (lognormal, median 60 s),
+IID digits, 1,000 client updates; 20% of the devices sign-flip their delta (the [attack] table:
+bench/byzantine.py runs every attack of docs/experiments.md, 10% and 20% sign-flip, scale x10,
+noise and a backdoor, and no attack). Undefended FedAvg (10 a round), FedAsync and FedBuff
+(K = 10) against FedAsync with the poisoning bound in clip mode, with Zeno++ and with both, and
+FedBuff with the coordinate-wise median, the trimmed mean (0.2 at each end), Krum and multi-Krum
+(f = 2). Flower's FedMedian and Krum run on the FedAvg arm in bench/flower_side.py."""
+{_DIGITS}
+[data]
+partition = "iid"
+
+[fleet]
+devices = 50
+latency = {{ kind = "lognormal", median_s = 60.0, sigma = 0.5 }}
+
+[budget]
+max_updates = 1000
+max_seconds = 1000000000
+
+[eval]
+interval_s = 600
+
+[attack]
+kind = "sign_flip"
+share = 0.2
+
+[[algorithms]]
+kind = "fedavg"
+name = "fedavg"
+clients_per_round = 10
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync"
+tau_max = "auto"
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync-clip"
+tau_max = "auto"
+norm_bound = 2.0
+norm_action = "clip"
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync-zeno"
+tau_max = "auto"
+zeno_margin = 0.01
+
+[[algorithms]]
+kind = "fedasync"
+name = "fedasync-zeno-clip"
+tau_max = "auto"
+zeno_margin = 0.01
+norm_bound = 2.0
+norm_action = "clip"
+
+[[algorithms]]
+kind = "fedbuff"
+name = "fedbuff"
+buffer_size = 10
+
+[[algorithms]]
+kind = "fedbuff"
+name = "fedbuff-median"
+buffer_size = 10
+robust = "median"
+
+[[algorithms]]
+kind = "fedbuff"
+name = "fedbuff-trimmed"
+buffer_size = 10
+robust = "trimmed_mean"
+robust_trim = 0.2
+
+[[algorithms]]
+kind = "fedbuff"
+name = "fedbuff-krum"
+buffer_size = 10
+robust = "krum"
+robust_byzantine = 2
+
+[[algorithms]]
+kind = "fedbuff"
+name = "fedbuff-multikrum"
+buffer_size = 10
+robust = "multi_krum"
+robust_byzantine = 2
+''',
     "million-devices": '''
 name = "million-devices"
 description = """Issue 16: the simulator at a million devices. The write-up's long-tail fleet,
@@ -345,6 +574,10 @@ SUMMARIES: dict[str, str] = {
     "fedbuff-vs-fedasync": "one Dirichlet(0.5) fleet: FedAsync, FedBuff (K = 10) and FedAvg",
     "rate-spike": "the operator rules on virtual time: a 4× update-rate spike and a lagging "
     "aggregator",
+    "dp-tradeoff": "accuracy against ε: DP-FedAvg, DP-FedBuff and DP-FedAsync at z 0.5–4, "
+    "beside their runs without DP",
+    "byzantine": "a fifth of the devices sign-flip: FedAvg, FedAsync, FedBuff and the defences "
+    "(poisoning bound, Zeno++, median, trimmed mean, Krum)",
     "million-devices": "a million long-tail devices, 100,000 training at once: the simulator's "
     "cost at scale",
 }

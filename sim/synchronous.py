@@ -212,6 +212,7 @@ class SyncRun:
             clients.append(device.client_id)
             self.recorder.applied[index] += 1
         if models:
+            self._account(clients)
             self.weights = _read_only(self.aggregate(models, counts, clients))
             self.rounds += 1
             self.recorder.updates_applied += len(models)
@@ -232,10 +233,23 @@ class SyncRun:
         )
         return spent > policy.privacy_budget
 
+    def _account(self, clients: list[str]) -> None:
+        """DP-FedAvg: the round's contributions and its noised step, in the accountant. Kept
+        apart from `aggregate`, so that another framework's server handed the same round (the
+        bench's seam) is accounted exactly as ours."""
+        policy = self.dp_policy
+        if policy is None:
+            return
+        assert policy.dp_clip is not None
+        for client in clients:
+            self.privacy.contribute(client, policy.dp_clip, True)
+        self.privacy.stepped(policy, None)
+        self.recorder.epsilon_now = self.privacy.epsilon(policy)
+
     def aggregate(
         self, models: list[np.ndarray], counts: list[int], clients: list[str]
     ) -> np.ndarray:
-        """FedAvg's mean, or DP-FedAvg's noised clipped mean (shared/fedavg.py), counted.
+        """FedAvg's mean, or DP-FedAvg's noised clipped mean (shared/fedavg.py).
 
         A method of its own so that a bench can hand the same results to another framework's
         server instead (bench/flower_side.py) and change nothing else.
@@ -245,11 +259,7 @@ class SyncRun:
             return fedavg(models, counts)
         assert policy.dp_clip is not None
         clip = policy.dp_clip
-        for client in clients:
-            self.privacy.contribute(client, clip, True)
         noise = gaussian(self.dp_secret, self.rounds + 1, self.weights.size, policy.dp_noise * clip)
-        self.privacy.stepped(policy, None)
-        self.recorder.epsilon_now = self.privacy.epsilon(policy)
         return dp_fedavg(self.weights, models, self.spec.clients_per_round, clip, noise)
 
     def _refusal(self, update: Update) -> Decision | None:

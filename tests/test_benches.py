@@ -37,6 +37,11 @@ SMOKE: dict[str, Smoke] = {
     "aggregator.py": Smoke(
         (("--sizes", "1000", "--repeat", "1", "--fp16", "--claim-check"),), "ours/raw"
     ),
+    # our side of each cell; Flower's side (`flower`) runs in Flower's virtualenv, as below
+    "byzantine.py": Smoke(
+        (("run", "--smoke", "--seeds", "1", "--cells", "backdoor-10%", "--out", "{tmp}"),),
+        "| ours | fedbuff-krum |",
+    ),
     "cli_startup.py": Smoke(
         (("--rounds", "1", "--commands", "ledger"),), "fedasync ledger export --help"
     ),
@@ -60,7 +65,7 @@ SMOKE: dict[str, Smoke] = {
             ("run", "--smoke", "--strategy", "ours", "--seeds", "0", "--out", "{tmp}"),
             ("table", "{tmp}"),
         ),
-        "| fedbuff-vs-fedasync | fedavg-10of13 | ours | 1 |",
+        "| fedbuff-vs-fedasync | fedavg-10of13 | none | ours | 1 |",
     ),
     "ingest_forged.py": Smoke(
         (
