@@ -48,6 +48,15 @@ async def ledger(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
     return [r async for r in records(redis, keys)]
 
 
+#: fields of a ledger record that say where and when, not what was decided
+CONTEXT = ("stream_id", "at", "ledger_id")
+
+
+def decided(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ledger records without their CONTEXT: what was decided, as `Decision.to_dict()` says it."""
+    return [{k: v for k, v in r.items() if k not in CONTEXT} for r in records]
+
+
 async def dead_letters(redis: aioredis.Redis, keys: Keys) -> list[dict[bytes, bytes]]:
     entries: Any = await redis.xrange(keys.deadletter)
     return [fields for _, fields in entries]

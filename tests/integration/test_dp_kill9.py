@@ -35,7 +35,7 @@ from fedasync.shared import stream_entry
 from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
-from tests.integration.helpers import ledger, wait_for_ledger
+from tests.integration.helpers import decided, ledger, wait_for_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -58,8 +58,6 @@ DP: dict[str, Any] = {
     "privacy_model": "sampled",
     "tau_max": 1000,
 }
-#: fields of a record that say where and when, not what was decided
-CONTEXT = ("stream_id", "at", "ledger_id")
 
 
 def with_policy(settings: Settings, suffix: str, **policy: Any) -> Settings:
@@ -106,10 +104,6 @@ async def publish_all(redis: aioredis.Redis, keys: Keys, batch: list[Update]) ->
     await redis.set(keys.dp_secret, SECRET)  # the same noise in every run of this test
     for update in batch:
         await redis.xadd(keys.updates, stream_entry.build(encode_update(update)))
-
-
-def decided(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in CONTEXT} for r in records]
 
 
 async def reference(settings: Settings, redis: aioredis.Redis, batch: list[Update]) -> list[Any]:

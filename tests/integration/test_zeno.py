@@ -8,22 +8,18 @@ from __future__ import annotations
 import asyncio
 import os
 
-import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.deciding import zeno_gradient_source
-from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.commands.cli import main
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.ledger import verify
-from fedasync.shared.decision import Decision
 from fedasync.shared.keys import Keys
-from fedasync.shared.update import Update
-from fedasync.sim.runner import simulate
-from tests.integration.helpers import ledger, publish
+from tests.integration.helpers import decided, ledger
+from tests.integration.sim_replay import Simulated, decided_by_the_aggregator, simulated
 from tests.sim.helpers import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -32,11 +28,9 @@ TASK = {"name": "linear", "params": {"samples": 800}}
 ZENO = {"tau_max": 100, "zeno_margin": 0.01, "zeno_every": 3}
 
 
-def simulated() -> tuple[list[tuple[Update, Decision]], np.ndarray]:
-    """What a simulation with sign-flippers and Zeno++ submitted, what it decided, and the
-    model it ended with."""
-    submitted: list[tuple[Update, Decision]] = []
-    sim = simulate(
+def simulated_zeno() -> Simulated:
+    """A simulation with sign-flippers and Zeno++: what it submitted, decided and ended with."""
+    return simulated(
         config(
             task=TASK,
             fleet={"devices": 6, "latency": {"kind": "longtail"}},
@@ -44,10 +38,8 @@ def simulated() -> tuple[list[tuple[Update, Decision]], np.ndarray]:
             attack={"kind": "sign_flip", "share": 0.34},
             validation={"samples": 50},
             algorithms=[{"kind": "fedasync", **ZENO}],
-        ),
-        on_decision=lambda update, decision: submitted.append((update, decision)),
+        )
     )
-    return submitted, sim.results[0].weights
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["one-run", "restarted-midway"])
@@ -56,7 +48,8 @@ async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
 ) -> None:
     """Restarted midway, the aggregator restores v from its checkpoint and goes on scoring
     with it, as the simulator, which never stopped, did."""
-    submitted, weights = simulated()
+    sim = simulated_zeno()
+    submitted = sim.submitted
     assert any(d.reason == "zeno" for _, d in submitted)  # the attack met the defence
     assert any(d.applied for _, d in submitted)
     settings: Settings = load_settings(
@@ -72,21 +65,10 @@ async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
     keys = Keys(settings.redis.key_prefix)
     redis: aioredis.Redis = connect(settings.redis)
     try:
-        cut = len(submitted) // 2 if restart else len(submitted)
-        for phase in (submitted[:cut], submitted[cut:]):
-            if not phase:
-                continue
-            for update, _ in phase:
-                await publish(redis, keys, update)
-            aggregator = Aggregator(settings, redis, keys)
-            await aggregator.start(None)  # version 0 from the task and seed, or restored
-            await aggregator.run(asyncio.Event(), burst=True)
-        recorded = [
-            {k: v for k, v in r.items() if k not in ("stream_id", "at", "ledger_id")}
-            for r in await ledger(redis, keys)
-        ]
+        aggregator = await decided_by_the_aggregator(settings, redis, sim, restart=restart)
+        recorded = decided(await ledger(redis, keys))
         assert recorded == [d.to_dict() for _, d in submitted]
-        assert aggregator.state.weights_view().tobytes() == weights.tobytes()
+        assert aggregator.state.weights_view().tobytes() == sim.result.weights.tobytes()
         report = await verify(
             redis,
             keys,
