@@ -86,6 +86,7 @@ SMOKE: dict[str, Smoke] = {
         ),
         "updates/s  fetches/s",
     ),
+    "robust.py": Smoke((("--ks", "10", "--sizes", "1000", "--repeat", "1"),), "old/new same"),
     "simulator.py": Smoke((("--updates", "10", "--devices", "3"),), "sim s/wall s"),
     "slow_clients.py": Smoke(
         (("--slow", "3", "--requests", "12", "--rounds", "1", "--header-timeout", "2"),),
