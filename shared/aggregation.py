@@ -155,6 +155,13 @@ class AggregationState:
             return None, None
         return self.privacy.epsilon(policy)
 
+    def adaptive_clip(self, policy: Policy) -> float | None:
+        """The clip C in force when it adapts (policy `dp_quantile`); None with a fixed clip
+        (the policy's `dp_clip` is the C then) or without DP."""
+        if not policy.private or policy.dp_quantile is None:
+            return None
+        return self.privacy.clip_norm(policy)
+
     # ----------------------------------------------------------------------------- deciding
     def close(self, reason: str) -> None:
         """End training: every later update is decided as dropped (closed), none applied.
@@ -534,6 +541,7 @@ class AggregationState:
             excluded=excluded,
             epsilon_sampled=sampled,
             epsilon_conservative=conservative,
+            adaptive_clip=self.adaptive_clip(policy),
         )
 
 

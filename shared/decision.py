@@ -59,9 +59,12 @@ class Decision:
     differential privacy, the clip C) scaled it down. Records written before the bound existed
     lack both and read back as None and False.
     `epsilon_sampled` and `epsilon_conservative` are the privacy spent after this decision
-    under the two models of shared/privacy/accounting.py, when DP is on. `excluded` names the
-    buffered updates a robust rule (policy `robust`, shared/robust.py) left out of the server
-    step this decision takes, with the rule's account in `detail`.
+    under the two models of shared/privacy/accounting.py, when DP is on; `adaptive_clip` is the
+    clip C in force after it when C adapts (policy `dp_quantile`, Andrew et al. 2021), so that
+    a reader of the ledger sees the C updates are clipped to now, not only the `dp_clip` it
+    started from. `excluded` names the buffered updates a robust rule (policy `robust`,
+    shared/robust.py) left out of the server step this decision takes, with the rule's account
+    in `detail`.
 
     Fields added since the ledgers began (`QUIET`) are left out of `to_dict()` at their
     default, so that a run not using them records the bytes it always has.
@@ -84,6 +87,7 @@ class Decision:
     excluded: tuple[str, ...] = ()
     epsilon_sampled: float | None = None
     epsilon_conservative: float | None = None
+    adaptive_clip: float | None = None
 
     @property
     def applied(self) -> bool:
@@ -110,4 +114,4 @@ class Decision:
 
 _FIELDS = fields(Decision)
 #: fields left out of `Decision.to_dict()` at their default (None, or nothing excluded)
-QUIET = ("excluded", "epsilon_sampled", "epsilon_conservative")
+QUIET = ("excluded", "epsilon_sampled", "epsilon_conservative", "adaptive_clip")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fedasync.services.commands.parser import CommandParser
+from fedasync.services.runtime.logs import hold_back_library_noise
 from fedasync.shared import __version__
 
 if TYPE_CHECKING:
@@ -446,6 +447,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    hold_back_library_noise()  # `simulate`, `up`, `ledger verify` account privacy too
     words = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(words).parse_args(words)
     try:

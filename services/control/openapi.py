@@ -69,7 +69,12 @@ _STATUS = {
                 "delta": {"type": "number"},
                 "budget": _NUMBER_OR_NULL,
                 "model": {"type": "string", "enum": ["conservative", "sampled"]},
-                "clip": _NUMBER_OR_NULL,
+                "clip": {
+                    **_NUMBER_OR_NULL,
+                    "description": "the clip C updates are clipped to now: with adaptive "
+                    "clipping (dp_quantile) the newest decision's, else dp_clip",
+                },
+                "clip_configured": {**_NUMBER_OR_NULL, "description": "the policy's dp_clip"},
             },
             "required": [
                 "epsilon_sampled",
@@ -78,6 +83,7 @@ _STATUS = {
                 "budget",
                 "model",
                 "clip",
+                "clip_configured",
             ],
         }
     },

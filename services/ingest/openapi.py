@@ -70,6 +70,10 @@ def _receipt_schema() -> dict[str, Any]:
             "stream_id": {"type": "string"},
             "at": {"type": "number"},
             "ledger_id": {"type": "string"},
+            # only with differential privacy on; the clip only when it adapts (dp_quantile)
+            "epsilon_sampled": number,
+            "epsilon_conservative": number,
+            "adaptive_clip": {"type": "number"},
             # only when the device trains with DP-SGD (shared/device_privacy.py)
             "device_epsilon": {"type": "number"},
             "device_delta": {"type": "number"},

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
+from tests.integration.helpers import acl_redis
 
 
 @pytest.fixture
@@ -29,6 +30,21 @@ def redis_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def acl_extra_users() -> tuple[str, ...]:
+    """Test-only ACL lines `acl_server` adds (helpers.acl_user_line); a module overrides this
+    fixture to add its own users."""
+    return ()
+
+
+@pytest.fixture
+def acl_server(tmp_path: Path, acl_extra_users: tuple[str, ...]) -> Iterator[RedisServer]:
+    """A fresh redis-server per test under the generated ACL file, the observer, and the
+    module's `acl_extra_users` (services connect as their own users: helpers.acl_client)."""
+    with acl_redis(tmp_path, *acl_extra_users) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,25 @@
-"""Builders for integration tests: updates on the stream, a small initial model, ledger reads."""
+"""Builders for integration tests: updates on the stream, a small initial model, ledger reads,
+a redis-server under the generated ACL file and its users' clients."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient
 
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.ingest.app import INGEST
-from fedasync.services.runtime.settings import Settings
+from fedasync.services.runtime.redis_conn import connect
+from fedasync.services.runtime.settings import RedisSettings, Settings
 from fedasync.services.snapshot.service import run as run_snapshot
+from fedasync.services.stores.acl import acl_file, all_users
 from fedasync.services.stores.ledger import records
 from fedasync.shared import stream_entry
 from fedasync.shared.aggregation import AggregationState
@@ -122,3 +129,47 @@ def ingest_refusals(client: TestClient[Any, Any], reason: str) -> float:
     registry = client.app[INGEST].metrics.registry
     value = registry.get_sample_value("fedasync_ingest_refusals_total", {"reason": reason})
     return float(value or 0.0)
+
+
+# ------------------------------------------------------------------------------------ ACL'd Redis
+#: the key prefix of the ACL'd servers: the default, as in docker/redis/users.acl
+ACL_PREFIX = "fedasync"
+#: the users of the generated ACL file (services/stores/acl.py)
+ACL_USERS = tuple(user.name for user in all_users(ACL_PREFIX))
+#: a test-only user with every right, in every ACL'd server: it only watches (it blocks on
+#: streams instead of polling, and reads what an ACL cannot hide from it); no service uses it
+OBSERVER = "observer"
+
+
+def password_of(user: str) -> str:
+    """A user's password on an ACL'd server, generated or test-only alike."""
+    return f"{user}-test-password-0"
+
+
+def acl_user_line(user: str, rules: str) -> str:
+    """The ACL file line of a test-only user with `rules` (its password `password_of`)."""
+    return f"user {user} on >{password_of(user)} {rules}\n"
+
+
+@contextmanager
+def acl_redis(folder: Path, *extra: str) -> Iterator[RedisServer]:
+    """A redis-server of its own in `folder`, started with the generated ACL file for
+    ACL_PREFIX (as compose starts one), the observer and the `extra` lines (`acl_user_line`)."""
+    path = folder / "users.acl"
+    passwords = {user: password_of(user) for user in ACL_USERS}
+    observer = acl_user_line(OBSERVER, "~* &* +@all")
+    path.write_text(acl_file(ACL_PREFIX, passwords) + observer + "".join(extra))
+    server = RedisServer(folder / "redis", extra_args=("--aclfile", str(path)))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def acl_url(server: RedisServer, user: str) -> str:
+    return f"redis://{user}:{password_of(user)}@127.0.0.1:{server.port}/0"
+
+
+def acl_client(server: RedisServer, user: str) -> aioredis.Redis:
+    return connect(RedisSettings(url=acl_url(server, user), socket_timeout_s=5.0))

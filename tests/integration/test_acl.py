@@ -17,7 +17,7 @@ import asyncio
 import json
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +50,6 @@ from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import RedisSettings, Settings, load_settings
 from fedasync.services.snapshot.service import run as run_snapshot
 from fedasync.services.stores import evaluations
-from fedasync.services.stores.acl import acl_file, all_users
 from fedasync.services.stores.device_keys import add_device, list_devices
 from fedasync.services.stores.ledger import verify
 from fedasync.services.stores.policy_store import OldPolicyLog, PolicyConflict, policy_log
@@ -60,17 +59,22 @@ from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.policy import Policy
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
-from tests.integration.helpers import ledger, next_entries, wait_for_ledger
+from tests.integration.helpers import (
+    ACL_PREFIX,
+    ACL_USERS,
+    OBSERVER,
+    acl_client,
+    acl_url,
+    ledger,
+    next_entries,
+    wait_for_ledger,
+)
 from tests.integration.test_migrate import write_old_policy_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 T = TypeVar("T")
 
-PREFIX = "fedasync"  # the default, as in docker/redis/users.acl
-KEYS = Keys(PREFIX)
-PASSWORDS = {user.name: f"{user.name}-test-password-0" for user in all_users(PREFIX)}
-OBSERVER = "observer"
-OBSERVER_LINE = f"user {OBSERVER} on >observer-test-password-0 ~* &* +@all\n"
+KEYS = Keys(ACL_PREFIX)
 TOKEN = "acl-test-control-token-0123456789"
 RUNS = 5  # updates each device publishes
 
@@ -99,32 +103,10 @@ def script_refused() -> str:
 
 
 # ------------------------------------------------------------------------------------ fixtures
-@pytest.fixture
-def acl_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A fresh redis-server per test, started with the generated ACL file (plus the observer)."""
-    path = tmp_path / "users.acl"
-    path.write_text(acl_file(PREFIX, PASSWORDS) + OBSERVER_LINE)
-    server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(path)))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def url_of(server: RedisServer, user: str) -> str:
-    password = PASSWORDS.get(user, "observer-test-password-0")
-    return f"redis://{user}:{password}@127.0.0.1:{server.port}/0"
-
-
-def client_of(server: RedisServer, user: str) -> aioredis.Redis:
-    return connect(RedisSettings(url=url_of(server, user), socket_timeout_s=5.0))
-
-
 @pytest_asyncio.fixture
 async def clients(acl_server: RedisServer) -> AsyncIterator[dict[str, aioredis.Redis]]:
     """One client per generated user, the observer, and `health` (any password)."""
-    out = {name: client_of(acl_server, name) for name in [*PASSWORDS, OBSERVER]}
+    out = {name: acl_client(acl_server, name) for name in [*ACL_USERS, OBSERVER]}
     out["health"] = connect(
         RedisSettings(url=f"redis://health:any@127.0.0.1:{acl_server.port}/0", socket_timeout_s=5.0)
     )
@@ -137,7 +119,7 @@ async def clients(acl_server: RedisServer) -> AsyncIterator[dict[str, aioredis.R
 
 def settings_as(server: RedisServer, user: str, **sections: dict[str, Any]) -> Settings:
     base: dict[str, dict[str, Any]] = {
-        "redis": {"url": url_of(server, user), "key_prefix": PREFIX, "socket_timeout_s": 5.0},
+        "redis": {"url": acl_url(server, user), "key_prefix": ACL_PREFIX, "socket_timeout_s": 5.0},
         "task": {"name": "linear", "num_devices": 2},
         "aggregator": {"batch_ms": 20, "block_ms": 100, "port": 0},
         "budget": {"max_updates": 1000},
@@ -251,7 +233,7 @@ async def test_every_service_runs_as_its_own_user_and_training_works(
         decided = await ledger(observer, KEYS)
         for device in (
             DeviceClient(snapshot_url, "device-0", key=device_key, ingest_url=ingest_url),
-            DeviceClient(snapshot_url, "device-1", redis=url_of(acl_server, "worker")),
+            DeviceClient(snapshot_url, "device-1", redis=acl_url(acl_server, "worker")),
         ):
             async with device:
                 mine = next(d for d in decided if d["client_id"] == device.client_id)
@@ -486,8 +468,8 @@ async def test_admin_migrates_an_old_policy_log_and_control_reads_it(
     with pytest.raises(OldPolicyLog, match="fedasync migrate"):
         await run_aggregator(aggregator_settings, handle_signals=False, burst=True)
 
-    monkeypatch.setenv("FEDASYNC_REDIS__URL", url_of(acl_server, "admin"))
-    monkeypatch.setenv("FEDASYNC_REDIS__KEY_PREFIX", PREFIX)
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", acl_url(acl_server, "admin"))
+    monkeypatch.setenv("FEDASYNC_REDIS__KEY_PREFIX", ACL_PREFIX)
     assert await asyncio.to_thread(cli, ["migrate"]) == 0
     assert "3 records converted from a stream to a list" in capsys.readouterr().out
     assert await observer.type(POLICY_LOG) == b"list"
@@ -610,9 +592,9 @@ async def test_a_redis_kill_9_under_the_acl_file_keeps_every_commit(
     commit. After a kill -9 and a restart, state, model, ledger and consumer group must be intact,
     and the aggregator must carry on from the version it had reached."""
     aggregator_settings = settings_as(acl_server, "aggregator")
-    observer = client_of(acl_server, OBSERVER)
-    worker = client_of(acl_server, "worker")
-    control = client_of(acl_server, "control")
+    observer = acl_client(acl_server, OBSERVER)
+    worker = acl_client(acl_server, "worker")
+    control = acl_client(acl_server, "control")
     try:
         await publish_updates(worker, 0, 12, base=0)
         await run_aggregator(aggregator_settings, handle_signals=False, burst=True)
@@ -636,9 +618,9 @@ async def test_a_redis_kill_9_under_the_acl_file_keeps_every_commit(
         assert acl_server.process.pid != pid
         log = (acl_server.directory / "redis.log").read_text()
         assert "NOPERM" not in log, "the AOF replay refused a transaction"
-        observer = client_of(acl_server, OBSERVER)
-        worker = client_of(acl_server, "worker")
-        control = client_of(acl_server, "control")
+        observer = acl_client(acl_server, OBSERVER)
+        worker = acl_client(acl_server, "worker")
+        control = acl_client(acl_server, "control")
         assert await snapshot_of_every_key(observer) == before
         # and the aggregator resumes where it was, not from genesis
         await publish_updates(worker, 12, 6, base=version_before)

@@ -1,6 +1,7 @@
 """Differential privacy through the control service, against a real Redis and the real
-aggregator: `/v1/status`'s `privacy`, and the runtime changes a run may never take back (a
-privacy budget raised, unset, spent already, or counted under another model; DP turned off)."""
+aggregator: `/v1/status`'s `privacy` (ε, and the adaptive clip the aggregator is at), and the
+runtime changes a run may never take back (a privacy budget raised, unset, spent already, or
+counted under another model; DP turned off)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.control.app import create_app
+from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.shared.keys import Keys
+from fedasync.shared.wire import unpack
 from tests.integration.helpers import initial_state, ledger, make_update, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -33,11 +36,16 @@ def with_policy(settings: Settings, **policy: Any) -> Settings:
     )
 
 
-async def trained(settings: Settings, redis: aioredis.Redis) -> list[dict[str, Any]]:
-    """Five updates from five devices, decided; the ledger."""
+async def trained(
+    settings: Settings, redis: aioredis.Redis, *, buffered: bool = False
+) -> list[dict[str, Any]]:
+    """Five updates from five devices, decided; the ledger. Each from the model the one before
+    made (FedAsync steps at every update), or, `buffered`, all from model 0 (one FedBuff step
+    of K = 5)."""
     keys = Keys(settings.redis.key_prefix)
     for i in range(5):
-        await publish(redis, keys, make_update(f"p{i}", base=i, client=f"device-{i}"))
+        base = 0 if buffered else i
+        await publish(redis, keys, make_update(f"p{i}", base=base, client=f"device-{i}"))
     await run_aggregator(
         settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
     )
@@ -71,8 +79,32 @@ async def test_status_shows_the_epsilon_of_the_newest_decision_and_the_dp_settin
         "budget": BUDGET,
         "model": "conservative",
         "clip": 1.0,
+        "clip_configured": 1.0,
     }
     assert newest["epsilon_conservative"] > 0
+
+
+async def test_status_shows_the_adaptive_clip_the_aggregator_is_at_and_the_configured_one(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    settings = with_policy(
+        settings,
+        mode="fedbuff",
+        buffer_size=5,
+        dp_clip=1.0,
+        dp_quantile=0.5,
+        dp_count_noise=1.0,
+        dp_participation=100,
+    )
+    records = await trained(settings, redis, buffered=True)
+    raw = await get_bytes(redis, Keys(settings.redis.key_prefix).state)
+    assert raw is not None
+    live = unpack(raw, max_bytes=len(raw))["privacy"]["clip"]  # the aggregator's checkpoint
+    assert records[-1]["server_step"]
+    assert records[-1]["adaptive_clip"] == live != 1.0  # the step moved it
+    async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as client:
+        privacy = (await (await client.get("/v1/status")).json())["privacy"]
+    assert (privacy["clip"], privacy["clip_configured"]) == (live, 1.0)
 
 
 async def test_a_run_without_dp_shows_no_privacy(settings: Settings, redis: aioredis.Redis) -> None:

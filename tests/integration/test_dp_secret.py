@@ -12,8 +12,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,58 +22,52 @@ from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.cli import VERIFY_NOT_CHECKED
 from fedasync.services.commands.cli import main as cli
 from fedasync.services.commands.redis_launch.server import RedisServer
-from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.settings import RedisSettings, Settings, load_settings
-from fedasync.services.stores.acl import acl_file, all_users, users
+from fedasync.services.runtime.settings import Settings, load_settings
+from fedasync.services.stores.acl import users
 from fedasync.services.stores.dp_secret import SECRET_BYTES, SecretUnreadable
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.keys import Keys
-from tests.integration.helpers import initial_state, ledger, make_update, publish
+from tests.integration.helpers import (
+    ACL_PREFIX,
+    OBSERVER,
+    acl_client,
+    acl_url,
+    acl_user_line,
+    initial_state,
+    ledger,
+    make_update,
+    publish,
+)
 
 pytestmark = pytest.mark.integration
 
-PREFIX = "fedasync"
-KEYS = Keys(PREFIX)
-PASSWORDS = {user.name: f"{user.name}-test-password-0" for user in all_users(PREFIX)}
+KEYS = Keys(ACL_PREFIX)
 AUDITOR = "auditor"
-PASSWORDS_ALL = PASSWORDS | {AUDITOR: "auditor-test-password-0", "observer": "observer-pw-0000"}
-OBSERVER_LINE = "user observer on >observer-pw-0000 ~* &* +@all\n"
 #: DP on from the start (a clip norm set); the rest of its fields at their defaults
 DP = {"dp_clip": 1.0, "dp_noise": 1.0}
 
 
 def auditor_line() -> str:
     """`admin` without the one grant on the noise secret."""
-    admin = next(u for u in users(PREFIX) if u.name == "admin")
+    admin = next(u for u in users(ACL_PREFIX) if u.name == "admin")
     selectors = tuple(g for g in admin.selectors if KEYS.dp_secret not in g.read)
     assert len(selectors) == len(admin.selectors) - 1, "admin has no grant on the secret"
-    auditor = dataclasses.replace(admin, name=AUDITOR, selectors=selectors)
-    return f"user {AUDITOR} on >{PASSWORDS_ALL[AUDITOR]} {auditor.rules()}\n"
+    return acl_user_line(AUDITOR, dataclasses.replace(admin, selectors=selectors).rules())
 
 
 @pytest.fixture
-def acl_server(tmp_path: Path) -> Iterator[RedisServer]:
-    path = tmp_path / "users.acl"
-    path.write_text(acl_file(PREFIX, PASSWORDS) + OBSERVER_LINE + auditor_line())
-    server = RedisServer(tmp_path / "redis", extra_args=("--aclfile", str(path)))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def url_of(server: RedisServer, user: str) -> str:
-    return f"redis://{user}:{PASSWORDS_ALL[user]}@127.0.0.1:{server.port}/0"
-
-
-def client_of(server: RedisServer, user: str) -> aioredis.Redis:
-    return connect(RedisSettings(url=url_of(server, user), socket_timeout_s=5.0))
+def acl_extra_users() -> tuple[str, ...]:
+    """The auditor beside the generated users and the observer (`acl_server`)."""
+    return (auditor_line(),)
 
 
 def aggregator_settings(server: RedisServer, policy: dict[str, Any]) -> Settings:
     return load_settings(
-        redis={"url": url_of(server, "aggregator"), "key_prefix": PREFIX, "socket_timeout_s": 5.0},
+        redis={
+            "url": acl_url(server, "aggregator"),
+            "key_prefix": ACL_PREFIX,
+            "socket_timeout_s": 5.0,
+        },
         task={"name": "linear"},
         aggregator={"batch_ms": 20, "block_ms": 100},
         policy=policy,
@@ -86,7 +78,7 @@ async def train(server: RedisServer, policy: dict[str, Any], first: int, count: 
     """`count` updates published (as the observer), decided by one aggregator start in burst
     mode, as the aggregator user."""
     settings = aggregator_settings(server, policy)
-    observer = client_of(server, "observer")
+    observer = acl_client(server, OBSERVER)
     try:
         for i in range(first, first + count):
             await publish(observer, KEYS, make_update(f"u{i}", 0, 0.5 + i / 10, client=f"c{i % 3}"))
@@ -112,9 +104,9 @@ async def test_the_aggregator_makes_the_secret_once_and_only_it_and_admin_may_re
 ) -> None:
     caplog.set_level(logging.DEBUG)
     await train(acl_server, DP, 0, 4)
-    observer = client_of(acl_server, "observer")
-    admin = client_of(acl_server, "admin")
-    others = {name: client_of(acl_server, name) for name in ("control", "ingest", "worker")}
+    observer = acl_client(acl_server, OBSERVER)
+    admin = acl_client(acl_server, "admin")
+    others = {name: acl_client(acl_server, name) for name in ("control", "ingest", "worker")}
     try:
         secret = await admin.get(KEYS.dp_secret)
         assert isinstance(secret, bytes)
@@ -150,7 +142,7 @@ async def test_a_secret_given_with_the_initial_state_is_the_runs_when_it_has_non
     initial = initial_state(settings)
     initial.dp_secret = chosen
     await run_aggregator(settings, initial=initial, handle_signals=False, burst=True)
-    admin = client_of(acl_server, "admin")
+    admin = acl_client(acl_server, "admin")
     try:
         assert await admin.get(KEYS.dp_secret) == chosen
     finally:
@@ -165,7 +157,7 @@ def test_verify_of_a_dp_run_as_a_user_without_the_secret_says_why_and_exits_3(
     asyncio.run(train(acl_server, DP, 0, 4))
     for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("FEDASYNC_REDIS__URL", url_of(acl_server, AUDITOR))
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", acl_url(acl_server, AUDITOR))
     assert cli(["ledger", "verify"]) == VERIFY_NOT_CHECKED
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -174,7 +166,7 @@ def test_verify_of_a_dp_run_as_a_user_without_the_secret_says_why_and_exits_3(
     assert "run it as admin" in err
 
     async def as_auditor() -> None:
-        auditor = client_of(acl_server, AUDITOR)
+        auditor = acl_client(acl_server, AUDITOR)
         try:
             with pytest.raises(SecretUnreadable, match="only the aggregator and admin"):
                 await verify(auditor, KEYS, 1 << 24)
@@ -182,7 +174,7 @@ def test_verify_of_a_dp_run_as_a_user_without_the_secret_says_why_and_exits_3(
             await auditor.aclose()
 
     asyncio.run(as_auditor())
-    monkeypatch.setenv("FEDASYNC_REDIS__URL", url_of(acl_server, "admin"))
+    monkeypatch.setenv("FEDASYNC_REDIS__URL", acl_url(acl_server, "admin"))
     assert cli(["ledger", "verify"]) == 0
     assert "ledger verify: OK" in capsys.readouterr().out
 
@@ -192,8 +184,8 @@ async def test_verify_of_a_run_without_dp_never_reads_the_secret(acl_server: Red
     """DP off in every policy version: the replay needs no secret, so a user that may not read
     it verifies all the same, and Redis logs no refusal."""
     await train(acl_server, {}, 0, 4)
-    auditor = client_of(acl_server, AUDITOR)
-    admin = client_of(acl_server, "admin")
+    auditor = acl_client(acl_server, AUDITOR)
+    admin = acl_client(acl_server, "admin")
     try:
         report = await verify(auditor, KEYS, 1 << 24)
         assert report.ok, report.describe()

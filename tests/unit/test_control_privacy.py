@@ -74,4 +74,14 @@ def test_status_shows_privacy_only_with_dp_on() -> None:
         "budget": 8.0,
         "model": "conservative",
         "clip": 1.0,
+        "clip_configured": 1.0,
     }
+
+
+def test_status_shows_the_adaptive_clip_the_newest_decision_recorded_as_the_clip() -> None:
+    record = {"epsilon_sampled": 0.5, "epsilon_conservative": 3.0, "adaptive_clip": 0.7}
+    spent = Spent.in_record(record)
+    assert spent == Spent(0.5, 3.0, 0.7)
+    privacy = privacy_status(DP, spent)
+    assert privacy is not None
+    assert (privacy["clip"], privacy["clip_configured"]) == (0.7, 1.0)

@@ -182,6 +182,27 @@ def test_the_adaptive_clip_tracks_the_target_quantile_of_a_stationary_norm_distr
     assert abs(tracked - target) / target < 0.05, (tracked, target)
 
 
+def test_each_decision_records_the_adaptive_clip_in_force_after_it() -> None:
+    """The ledger's `adaptive_clip`: what the state clips to after the decision, moved at each
+    server step; absent with a fixed clip and without DP, whose records are unchanged."""
+    policy = Policy.configured(
+        {"mode": Mode.FEDBUFF, "buffer_size": 3, "dp_clip": 0.5, "dp_quantile": 0.5}
+        | {"dp_noise": 0.1, "dp_participation": 10}
+    )
+    state = dp_state()
+    recorded = []
+    for i in range(6):  # two server steps
+        decision = state.apply(update(f"u{i}", state.version, seeded_weights(i)), policy)
+        assert decision.adaptive_clip == state.privacy.clip_norm(policy)
+        recorded.append(decision.to_dict()["adaptive_clip"])
+    assert recorded[:2] == [0.5, 0.5]  # before the first step: the configured C
+    assert len({recorded[2], recorded[5], 0.5}) == 3  # each step moved it
+    fixed = dp_state().apply(update("f", 0, seeded_weights(0)), Policy(dp_clip=0.5))
+    plain = dp_state().apply(update("p", 0, seeded_weights(0)), Policy())
+    assert "adaptive_clip" not in fixed.to_dict()
+    assert "adaptive_clip" not in plain.to_dict()
+
+
 # ----------------------------------------------------------------------------- cap and budget
 def test_updates_past_the_participation_cap_are_dropped_with_their_reason() -> None:
     policy = Policy(dp_clip=1.0, dp_participation=2)
