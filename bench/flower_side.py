@@ -207,7 +207,9 @@ def run(
     spec = config.algorithms[0]
     sync = SyncRun(spec, world)
     if strategy != "ours":
-        settings = spec.model_dump(mode="json") | (server_settings or {})
+        # the DP fields by attribute: the dump leaves them out at their defaults (z = 1)
+        dp = {"dp_clip": spec.dp_clip, "dp_noise": spec.dp_noise}
+        settings = spec.model_dump(mode="json") | dp | (server_settings or {})
         server = FlowerServer(strategy, world.num_devices, settings)
         random.seed(seed)  # Flower samples clients with `random` (unused here) and noises with
         np.random.seed(seed)  # NumPy's global generator: seeded, a Flower run repeats exactly
