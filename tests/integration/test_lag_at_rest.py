@@ -27,16 +27,8 @@ from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.backlog import correct_lag, read_backlog
 from fedasync.shared import stream_entry
 from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
-from tests.integration import test_acl
-from tests.integration.helpers import wait_for_ledger
-from tests.integration.test_acl import (
-    KEYS,
-    OBSERVER,
-    TOKEN,
-    client_of,
-    publish_updates,
-    settings_as,
-)
+from tests.integration.helpers import OBSERVER, acl_client, wait_for_ledger
+from tests.integration.test_acl import KEYS, TOKEN, publish_updates, settings_as
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -83,16 +75,12 @@ def assert_drifted(group: dict[str, Any], binary: str) -> None:
     assert group["lag"] > 0, f"Redis's lag did not drift: {group}"
 
 
-#: a fresh redis-server per test (AOF, appendfsync always) under the generated ACL file
-acl_server = test_acl.acl_server
-
-
 async def test_a_group_that_read_everything_has_lag_0_after_a_rewrite_and_a_kill_9(
     acl_server: RedisServer,
 ) -> None:
     server = acl_server
     keys = KEYS
-    observer = client_of(server, OBSERVER)
+    observer = acl_client(server, OBSERVER)
     for i in range(10):
         await observer.xadd(keys.updates, stream_entry.build(f"update {i}".encode()))
     await observer.xgroup_create(keys.updates, AGGREGATOR_GROUP, id="0")
@@ -102,9 +90,9 @@ async def test_a_group_that_read_everything_has_lag_0_after_a_rewrite_and_a_kill
     await observer.aclose()
     server.restart()  # SIGKILL, then the same port, data directory and ACL file
 
-    observer = client_of(server, OBSERVER)
-    aggregator = client_of(server, "aggregator")
-    control = client_of(server, "control")
+    observer = acl_client(server, OBSERVER)
+    aggregator = acl_client(server, "aggregator")
+    control = acl_client(server, "control")
     try:
         drifted = await group_of(observer, keys)
         assert_drifted(drifted, server.binary)
@@ -118,9 +106,9 @@ async def test_a_group_that_read_everything_has_lag_0_after_a_rewrite_and_a_kill
         for client in (observer, aggregator, control):
             await client.aclose()
         server.restart()
-        observer = client_of(server, OBSERVER)
-        aggregator = client_of(server, "aggregator")
-        control = client_of(server, "control")
+        observer = acl_client(server, OBSERVER)
+        aggregator = acl_client(server, "aggregator")
+        control = acl_client(server, "control")
         assert (await group_of(observer, keys))["lag"] == 0
         # a true lag is reported as it is, and left alone
         for i in range(3):
@@ -191,8 +179,8 @@ async def test_the_lag_at_rest_is_0_after_redis_and_aggregator_restarts_under_lo
         # in the middle of the wave: what is read after it is logged without entries-read,
         # so the restarted Redis counts it as lag
         aggregator = Aggregator(aggregator_settings)
-        worker = client_of(server, "worker")
-        observer = client_of(server, OBSERVER)
+        worker = acl_client(server, "worker")
+        observer = acl_client(server, OBSERVER)
         try:
             await publish_updates(worker, published, WAVE // 2, base=0)
             # read to the end, the group's entries-read is exact: the rewrite records it
@@ -207,8 +195,8 @@ async def test_the_lag_at_rest_is_0_after_redis_and_aggregator_restarts_under_lo
             await observer.aclose()
         server.restart()  # kill -9 of Redis, and the same port, data directory and ACL file
 
-    observer = client_of(server, OBSERVER)
-    control_redis = client_of(server, "control")
+    observer = acl_client(server, OBSERVER)
+    control_redis = acl_client(server, "control")
     try:
         # at rest, nothing undelivered: Redis's own lag is wrong
         drifted = await group_of(observer, KEYS)
@@ -218,7 +206,7 @@ async def test_the_lag_at_rest_is_0_after_redis_and_aggregator_restarts_under_lo
         # the aggregator starts again and decides one more wave; then, at rest, every figure
         # of fedasync is 0 (polled with a deadline: the metric is refreshed once a second)
         aggregator = Aggregator(aggregator_settings)
-        worker = client_of(server, "worker")
+        worker = acl_client(server, "worker")
         try:
             await publish_updates(worker, published, WAVE, base=0)
             published += WAVE
