@@ -40,6 +40,8 @@ def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) ->
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == sorted(
         [
+            "byzantine",
+            "dp-tradeoff",
             "fedbuff-vs-fedasync",
             "iid-longtail",
             "million-devices",
@@ -50,7 +52,8 @@ def test_simulate_lists_and_shows_presets(capsys: pytest.CaptureFixture[str]) ->
         ]
     )
     assert all(len(line.split()) > 3 for line in lines)  # one line of description each
-    assert "FedAsync, FedBuff (K = 10) and FedAvg" in lines[0]
+    described = {line.split()[0]: line for line in lines}
+    assert "FedAsync, FedBuff (K = 10) and FedAvg" in described["fedbuff-vs-fedasync"]
     assert run(["simulate", "--preset", "noniid-jitter", "--show-config"]) == 0
     assert 'partition = "shards"' in capsys.readouterr().out
 
