@@ -5,8 +5,8 @@ about defences needs the attack varied, not the defence alone, so this runs the 
 *cell*: no attack, then sign-flip, scale (×10), noise and a backdoor, each by 10% and by 20% of
 the devices, every cell over the same seeds (`fedasync simulate --seeds`, so each cell's folder
 is what that command writes: seed<k>/, seeds.json, seeds.md). Only the `[attack]` table differs
-between cells; the malicious devices are drawn from the seed, so a cell's 10% are a subset-sized
-draw of its own, the same in every arm of that cell.
+between cells; the malicious devices are drawn from the seed, so within a cell every arm faces
+the same attackers.
 
 Flower's strategies run on the preset's FedAvg arm with the same cells through
 bench/flower_side.py (`--attack KIND --share S`, in Flower's virtualenv); `table` puts both side
@@ -14,7 +14,7 @@ by side:
 
     .venv/bin/python bench/byzantine.py run --seeds 5 --jobs 2 --out runs/byzantine
     /tmp/flwr-venv/bin/python bench/byzantine.py flower --seeds 5 --out runs/byzantine
-    .venv/bin/python bench/byzantine.py table runs/byzantine
+    .venv/bin/python bench/byzantine.py table --out runs/byzantine
 
 `--smoke` shrinks the fleet and the budget to seconds (it checks that the bench runs).
 """
@@ -48,13 +48,8 @@ FLOWER = ("fedavg", "fedmedian", "krum", "multi-krum")
 def cell_data(cell: str, *, smoke: bool = False) -> dict[str, Any]:
     """The preset's data with the cell's attack (or none) in place of its own."""
     from fedasync.sim.config import merge
-    from fedasync.sim.presets import preset_data
 
-    data = preset_data(PRESET)
-    data.pop("attack", None)
-    attack = CELLS[cell]
-    if attack is not None:
-        data["attack"] = dict(attack)
+    data = flower_side.with_attack(PRESET, CELLS[cell])
     data["name"] = f"{PRESET}-{cell}"
     return merge(data, flower_side.SMOKE) if smoke else data
 

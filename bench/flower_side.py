@@ -157,6 +157,19 @@ def _proxy(cid: str) -> Any:
 AS_PRESET = "as-preset"
 
 
+def with_attack(preset: str, attack: dict[str, Any] | str | None = AS_PRESET) -> dict[str, Any]:
+    """The preset's data with `attack` (an `[attack]` table, None for no attack) in place of
+    its own, or as it is (AS_PRESET)."""
+    from fedasync.sim.presets import preset_data
+
+    data = preset_data(preset)
+    if attack != AS_PRESET:
+        data.pop("attack", None)
+        if isinstance(attack, dict):
+            data["attack"] = dict(attack)
+    return data
+
+
 def config_for(
     preset: str,
     algorithm: str,
@@ -166,15 +179,10 @@ def config_for(
     attack: dict[str, Any] | str | None = AS_PRESET,
 ) -> Any:
     """The simulator config of one run: the preset with only its fedavg arm `algorithm`, and
-    `attack` (an `[attack]` table, None for no attack) in place of the preset's own."""
+    `attack` in place of the preset's own (`with_attack`)."""
     from fedasync.sim.config import build, merge
-    from fedasync.sim.presets import preset_data
 
-    data = preset_data(preset)
-    if attack != AS_PRESET:
-        data.pop("attack", None)
-        if isinstance(attack, dict):
-            data["attack"] = attack
+    data = with_attack(preset, attack)
     arms = [a for a in data["algorithms"] if a.get("name") == algorithm]
     if not arms or arms[0]["kind"] != "fedavg":
         names = [a.get("name") for a in data["algorithms"] if a["kind"] == "fedavg"]

@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from fedasync.services.aggregator.service import Aggregator
-from fedasync.services.runtime.settings import Settings
+from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.shared.decision import Decision
 from fedasync.shared.keys import Keys
 from fedasync.shared.policy import START
@@ -52,6 +52,17 @@ def simulated(config: SimConfig) -> Simulated:
     )
     (result,) = sim.results
     return Simulated(config, submitted, result)
+
+
+def service_settings(url: str, prefix: str, task: dict[str, Any], policy: Any) -> Settings:
+    """The aggregator's settings for a replay: its own key prefix on the test's server, the
+    simulation's task and policy, and batches short enough to decide the burst quickly."""
+    return load_settings(
+        redis={"url": url, "key_prefix": prefix, "socket_timeout_s": 5.0},
+        task=task,
+        policy=policy,
+        aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
+    )
 
 
 async def decided_by_the_aggregator(

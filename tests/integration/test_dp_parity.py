@@ -19,11 +19,15 @@ import redis.asyncio as aioredis
 
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.settings import load_settings
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.keys import Keys
 from tests.integration.helpers import decided, ledger
-from tests.integration.sim_replay import Simulated, decided_by_the_aggregator, simulated
+from tests.integration.sim_replay import (
+    Simulated,
+    decided_by_the_aggregator,
+    service_settings,
+    simulated,
+)
 from tests.sim.helpers import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -78,15 +82,11 @@ async def test_the_aggregator_decides_dp_exactly_as_the_simulator(
     assert any(d.reason == "participation_cap" for _, d in submitted)
     assert all(d.epsilon_conservative is not None for _, d in submitted)
     assert all(d.epsilon_sampled is not None for _, d in submitted)
-    settings = load_settings(
-        redis={
-            "url": redis_server.url,
-            "key_prefix": f"t-dp-parity-{name}-{restart}",
-            "socket_timeout_s": 5.0,
-        },
-        task={**TASK, "seed": sim.config.seed},
-        policy=sim.policy(),
-        aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
+    settings = service_settings(
+        redis_server.url,
+        f"t-dp-parity-{name}-{restart}",
+        {**TASK, "seed": sim.config.seed},
+        sim.policy(),
     )
     policy = settings.policy.to_policy()
     assert policy.to_dict() == sim.result.settings  # the very policy the simulator ran

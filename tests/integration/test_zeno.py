@@ -15,11 +15,15 @@ from fedasync.services.aggregator.deciding import zeno_gradient_source
 from fedasync.services.commands.cli import main
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
-from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores.ledger import verify
 from fedasync.shared.keys import Keys
 from tests.integration.helpers import decided, ledger
-from tests.integration.sim_replay import Simulated, decided_by_the_aggregator, simulated
+from tests.integration.sim_replay import (
+    Simulated,
+    decided_by_the_aggregator,
+    service_settings,
+    simulated,
+)
 from tests.sim.helpers import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -52,15 +56,11 @@ async def test_the_aggregator_decides_zeno_exactly_as_the_simulator(
     submitted = sim.submitted
     assert any(d.reason == "zeno" for _, d in submitted)  # the attack met the defence
     assert any(d.applied for _, d in submitted)
-    settings: Settings = load_settings(
-        redis={
-            "url": redis_server.url,
-            "key_prefix": f"t-zeno-parity-{restart}",
-            "socket_timeout_s": 5.0,
-        },
-        task={**TASK, "seed": 0, "validation_samples": 50},
-        policy=ZENO,
-        aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
+    settings = service_settings(
+        redis_server.url,
+        f"t-zeno-parity-{restart}",
+        {**TASK, "seed": 0, "validation_samples": 50},
+        ZENO,
     )
     keys = Keys(settings.redis.key_prefix)
     redis: aioredis.Redis = connect(settings.redis)
