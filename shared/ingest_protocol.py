@@ -10,6 +10,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from fedasync.shared.device_auth import READ_DOMAIN, SigningKey, read_message, sign
+from fedasync.shared.runs import run_path
 
 PATH = "/v1/updates"
 #: the receipt of one update: GET, signed, no body
@@ -42,9 +43,16 @@ def signed_headers(
     }
 
 
-def receipt_path(update_id: str) -> str:
-    """The path of an update's receipt, the id percent-encoded (a `/` in it stays one segment)."""
-    return f"{PATH}/{quote(update_id, safe='')}"
+def updates_path(run: str | None = None) -> str:
+    """Where a device POSTs its updates: the legacy `/v1/updates` for run None (the default
+    run), `/v1/runs/<run>/updates` for a named run."""
+    return run_path(run, PATH)
+
+
+def receipt_path(update_id: str, run: str | None = None) -> str:
+    """The path of an update's receipt, the id percent-encoded (a `/` in it stays one segment),
+    under `run`'s routes when one is named."""
+    return f"{updates_path(run)}/{quote(update_id, safe='')}"
 
 
 def read_headers(

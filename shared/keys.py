@@ -12,6 +12,11 @@ from dataclasses import dataclass
 #: Consumer group of the aggregator on the updates stream.
 AGGREGATOR_GROUP = "aggregators"
 
+#: Hash: run id → JSON {created_at, by} of every run created in this deployment (the directory
+#: the control API lists and the supervisor follows). Its tag holds a `:`, which no run id may,
+#: so no run's keys share its slot; each run's own truth stays in its own slot (`{run}:run`).
+REGISTRY = "{fedasync:runs}:index"
+
 
 def update_digest(client_id: str, update_id: str) -> str:
     """Hex SHA-256 naming one device's update: bounded in length whatever the ids, and the
@@ -78,6 +83,14 @@ class Keys:
         serve as `latest`). The commit that makes a version sets it, or, in durable mode, the
         aggregator once the replicas hold that commit: it may then lag `version` briefly."""
         return self._k("announced")
+
+    def claim(self, hex_digest: str) -> str:
+        """String: one claim-check payload in Redis (stores/claim_check.RedisClaimStore). The
+        tag is the payload's SHA-256, not the run, so on a Redis Cluster each payload has its
+        own slot and large models spread over every primary; `claim:<run>:` keeps them the
+        run's (ACL pattern, retirement by SCAN). Outside the run's slot: never touched by a
+        script together with the run's keys."""
+        return f"claim:{self.prefix}:{{{hex_digest}}}"
 
     def model(self, version: int) -> str:
         """String: the model snapshot message of a committed version (immutable)."""

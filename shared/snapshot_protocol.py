@@ -7,10 +7,32 @@ the client needs nothing of the service to speak it.
 
 from __future__ import annotations
 
+from fedasync.shared.runs import run_path
+
 #: the newest model (conditional GET, long-poll with `newer_than` and `wait`)
 LATEST_PATH = "/v1/models/latest"
 #: the newest model's metadata
 LATEST_META_PATH = LATEST_PATH + "/meta"
+#: one committed version (and `/meta` after it)
+MODEL_PATH = "/v1/models/{version}"
+
+
+def latest_path(run: str | None = None) -> str:
+    """The newest model of `run`: LATEST_PATH for run None (the default run's legacy route),
+    `/v1/runs/<run>/models/latest` otherwise."""
+    return run_path(run, LATEST_PATH)
+
+
+def latest_meta_path(run: str | None = None) -> str:
+    """The newest model's metadata of `run` (LATEST_META_PATH for run None)."""
+    return run_path(run, LATEST_META_PATH)
+
+
+def model_path(version: int, run: str | None = None) -> str:
+    """One committed version of `run`'s model (the legacy route for run None)."""
+    return run_path(run, MODEL_PATH.format(version=version))
+
+
 #: the version of the model an answer carries
 VERSION_HEADER = "X-Fedasync-Version"
 #: set on every answer once training ended: why (`max_updates`, `max_seconds`, ...)

@@ -174,7 +174,18 @@ class RedisSettings(Section):
         CONNECT_TIMEOUT_S, gt=0, description="connect timeout, seconds"
     )
     reconnect_attempts: int = Field(10, ge=0, description="reconnects before giving up")
-    key_prefix: str = Field("fedasync", min_length=1, description="prefix of every Redis key")
+    key_prefix: str = Field(
+        "fedasync",
+        min_length=1,
+        description="prefix of every Redis key, the hash tag of the default run's keys (no "
+        "braces; a run created through the control API uses its id)",
+    )
+    cluster: str | None = Field(
+        None,
+        description="Redis Cluster seed nodes, host:port,host:port,...; set: every service "
+        "talks to the cluster (each run's keys in its run's slot), the URL gives only user "
+        "and password; exclusive with sentinels",
+    )
     sentinels: str | None = Field(
         None,
         description="Sentinel addresses, host:port,host:port,...; set: the primary is the one "
@@ -202,12 +213,29 @@ class RedisSettings(Section):
         1000, ge=1, description="how long one WAIT for the replicas may take, ms"
     )
 
-    @field_validator("sentinels")
+    @field_validator("sentinels", "cluster")
     @classmethod
     def _host_port_list(cls, value: str | None) -> str | None:
         if value is not None:
             sentinel_addresses(value)  # raises ValueError naming the bad entry
         return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _one_hash_tag(cls, value: str) -> str:
+        """The prefix is the `{...}` hash tag of every key: a brace in it would end the tag
+        early and spread the run's keys over several slots."""
+        if "{" in value or "}" in value:
+            raise ValueError(f"{value!r} holds a brace: the prefix is a hash tag, {{prefix}}:key")
+        return value
+
+    @model_validator(mode="after")
+    def _cluster_or_sentinels(self) -> RedisSettings:
+        if self.cluster is not None and self.sentinels is not None:
+            raise ValueError(
+                "cluster and sentinels are exclusive: a Redis Cluster fails over by itself"
+            )
+        return self
 
     @model_validator(mode="after")
     def _wait_returns_before_the_socket_gives_up(self) -> RedisSettings:
@@ -225,13 +253,19 @@ class RedisSettings(Section):
         isolated primary acknowledged."""
         replicas = self.durable_replicas
         if replicas is None:
-            replicas = DEFAULT_DURABLE_REPLICAS if self.sentinels is not None else 0
+            replicated = self.sentinels is not None or self.cluster is not None
+            replicas = DEFAULT_DURABLE_REPLICAS if replicated else 0
         return Durability(replicas, self.durable_timeout_ms)
 
     @property
     def configured(self) -> bool:
-        """A Redis is named: a URL, or Sentinels to ask for the primary."""
-        return self.url is not None or self.sentinels is not None
+        """A Redis is named: a URL, Sentinels to ask for the primary, or cluster nodes."""
+        return self.url is not None or self.sentinels is not None or self.cluster is not None
+
+    @property
+    def cluster_list(self) -> list[tuple[str, int]]:
+        """The cluster's seed nodes as (host, port) pairs; empty without a cluster."""
+        return [] if self.cluster is None else sentinel_addresses(self.cluster)
 
     @property
     def sentinel_list(self) -> list[tuple[str, int]]:
@@ -245,7 +279,7 @@ def sentinel_addresses(text: str) -> list[tuple[str, int]]:
     for entry in (part.strip() for part in text.split(",")):
         host, sep, port = entry.rpartition(":")
         if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(f"{entry!r} is not host:port (Sentinels: host:port,host:port,...)")
+            raise ValueError(f"{entry!r} is not host:port (expected host:port,host:port,...)")
         out.append((host.strip("[]"), int(port)))
     return out
 
@@ -402,6 +436,9 @@ class SnapshotSettings(Section):
     long_poll_max_s: float = Field(30.0, gt=0, description="longest a long-poll may wait, seconds")
     max_waiters: int = Field(1000, ge=1, description="long-polls waiting at once, at most")
     cache_versions: int = Field(8, ge=1, description="older versions kept in memory")
+    max_runs: int = Field(
+        64, ge=1, description="runs served at once, at most (each keeps its own model cache)"
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -422,6 +459,11 @@ class WireSettings(Section):
         None,
         description="directory store (may be shared) of claim-check updates: the stream carries "
         "their content address, the aggregator and `ledger verify` read them from here",
+    )
+    claim_check_store: Literal["dir", "redis"] = Field(
+        "dir",
+        description="where claim-check payloads live: dir (claim_check_dir) or redis (one key "
+        "per payload, claim:<run>:{<sha256>}, each in its own cluster slot)",
     )
 
 
@@ -633,6 +675,9 @@ class IngestSettings(Section):
         "trickled a byte at a time holds the budget no longer than that",
     )
     rate_per_s: float = Field(5.0, gt=0, description="updates per second per device, sustained")
+    max_runs: int = Field(
+        64, ge=1, description="runs taking updates at once, at most (each its own ingest state)"
+    )
     burst: int = Field(20, ge=1, description="updates a device may send at once")
     idempotency_ttl_s: int = Field(
         86400, ge=60, description="how long a retry with the same update id gets the first answer"
@@ -683,6 +728,28 @@ class HttpSettings(Section):
     )
 
 
+class SupervisorSettings(Section):
+    """The supervisor: one aggregator (and evaluator) process per active run."""
+
+    host: str = Field("127.0.0.1", description="bind address of /livez, /metrics, /v1/aggregators")
+    port: int = Field(8086, ge=0, le=65535, description="port; 0 picks a free one")
+    poll_s: float = Field(2.0, gt=0, description="how often the run registry is read, seconds")
+    done_grace_s: float = Field(
+        30.0, ge=0, description="how long a done run's processes stay up (final commits, scores)"
+    )
+    restart_backoff_max_s: float = Field(
+        30.0, gt=0, description="longest wait before restarting a dead child (doubling from 1 s)"
+    )
+    evaluators: bool = Field(True, description="start an evaluator beside each run's aggregator")
+    skip_default: bool = Field(
+        False,
+        description="leave the default run alone (its aggregator is deployed on its own)",
+    )
+    targets_file: Path | None = Field(
+        None, description="Prometheus file_sd JSON of the children's /metrics, rewritten on change"
+    )
+
+
 class LogSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     json_format: bool = Field(False, description="one JSON object per line instead of text")
@@ -717,6 +784,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     receipts: ReceiptsSettings = ReceiptsSettings()
     http: HttpSettings = HttpSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")
