@@ -273,6 +273,13 @@ class Policy:
         Range(0.0, 1e12, low_open=True, optional=True),
         Scope.RUNTIME,
     )
+    stopped: bool = param(
+        False,
+        "the run is stopped for good: the aggregator closes it (training_done reason stopped); "
+        "one-way, a stopped run cannot be started again",
+        scope=Scope.RUNTIME,
+        quiet=True,
+    )
 
     # user-level differential privacy (shared/privacy/): every field quiet, so that a run
     # without DP records the policy it always has
@@ -409,6 +416,8 @@ class Policy:
         if "version" in changes:
             raise ParamError("version", changes["version"], "set by evolve(), not by the caller")
         _known(changes, CHANGEABLE)
+        if self.stopped and changes.get("stopped", True) is not True:
+            raise Conflict("stopped", changes["stopped"], "true: a stopped run stays stopped")
         if self.private or changes.get("dp_clip") is not None:
             _check_private_change(self, changes)
         return replace(self, version=self.version + 1, **changes)

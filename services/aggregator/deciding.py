@@ -292,7 +292,12 @@ class Decider:
         return proof
 
     def close_if_out_of_time(self, policy: Policy, started_at: float) -> None:
-        """Close the state once the run's time budget (from its first start) is spent."""
+        """Close the state once the run is stopped (`policy.stopped`, an operator's one-way
+        end: closed "stopped") or its time budget (from its first start) is spent."""
+        if not self.state.closed and policy.stopped:
+            self.state.close("stopped")
+            log.info("stopped by the policy (version %d)", policy.version)
+            return
         elapsed = time.time() - started_at
         limit = self._settings.budget.limits(policy)[1]
         if not self.state.closed and elapsed >= limit:

@@ -286,7 +286,8 @@ class Aggregator:
                 reader.reread_backlog()
             await self.policy_refresh.refresh(self._stopping)
             policy = self.policy
-            if policy.paused:  # an operator paused aggregation: leave updates in the stream
+            # an operator paused aggregation: leave updates in the stream (a stop still closes)
+            if policy.paused and not policy.stopped:
                 await reader.drop_ahead()
                 if burst:
                     break

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 import numpy as np
@@ -90,3 +90,37 @@ def _alpha_histogram(alphas: list[float]) -> dict[str, list[Any]]:
     counts, edges = np.histogram(np.asarray(alphas, dtype=np.float64), ALPHA_BINS, (0.0, 1.0))
     labels = [f"{edges[i]:.1f}–{edges[i + 1]:.1f}" for i in range(ALPHA_BINS)]
     return {"labels": labels, "counts": [int(c) for c in counts]}
+
+
+class RunWindows:
+    """A LedgerWindow per run, made on first use: the default run's is the service's own (what
+    the rules runner and the legacy routes read), each other run's is read from its own ledger.
+
+    Bounded: past `capacity` runs the least recently used window is forgotten, and made again
+    (reading that run's ledger from its start) when it is next asked for."""
+
+    def __init__(
+        self,
+        default: LedgerWindow,
+        default_run: str,
+        window_s: float,
+        per_client: int,
+        capacity: int = 256,
+    ) -> None:
+        self.default = default
+        self.default_run = default_run
+        self._window_s, self._per_client, self._capacity = window_s, per_client, capacity
+        self._own: OrderedDict[str, LedgerWindow] = OrderedDict()
+
+    def of(self, run: str, redis: aioredis.Redis) -> LedgerWindow:
+        """The window of `run`, whose keys `redis` serves."""
+        if run == self.default_run:
+            return self.default
+        window = self._own.get(run)
+        if window is None:
+            window = LedgerWindow(redis, Keys(run), self._window_s, self._per_client)
+            self._own[run] = window
+        self._own.move_to_end(run)
+        while len(self._own) > self._capacity:
+            self._own.popitem(last=False)
+        return window

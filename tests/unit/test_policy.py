@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fedasync.shared.params import ParamError
+from fedasync.shared.params import Conflict, ParamError
 from fedasync.shared.policy import POLICY_RANGES, Mode, Policy
 from fedasync.shared.staleness import Decay
 
@@ -92,6 +92,7 @@ def test_fedbuff_preset_uses_the_papers_weight() -> None:
 
 def test_every_numeric_field_has_a_range() -> None:
     named = ("mode", "decay", "norm_action", "server_optimizer", "paused", "ingest_paused")
+    named += ("stopped",)
     named += ("max_updates", "max_seconds", "robust", "privacy_model")
     numeric = {f.name for f in dataclasses.fields(Policy) if f.name not in named}
     assert numeric == set(POLICY_RANGES)
@@ -104,6 +105,27 @@ def test_paused_must_be_a_bool() -> None:
     assert Policy(ingest_paused=True).ingest_paused is True
     with pytest.raises(ParamError, match="ingest_paused"):
         Policy(ingest_paused=1)  # type: ignore[arg-type]
+
+
+def test_stopped_is_one_way_a_conflict_to_undo() -> None:
+    stopped = Policy().evolve(stopped=True)
+    assert (stopped.stopped, stopped.version) == (True, 1)
+    with pytest.raises(Conflict, match="a stopped run stays stopped") as refused:
+        stopped.evolve(stopped=False)
+    assert refused.value.param == "stopped"
+    with pytest.raises(Conflict):  # the refusal is of the change, whatever else comes with it
+        stopped.evolve(stopped=False, alpha0=0.3)
+    assert stopped.evolve(stopped=True).stopped is True  # saying it again changes nothing
+    assert stopped.evolve(alpha0=0.3).stopped is True  # and other changes keep it
+    with pytest.raises(ParamError, match="stopped"):
+        Policy(stopped=1)  # type: ignore[arg-type]
+
+
+def test_stopped_is_quiet_a_run_that_never_stops_records_the_policy_it_always_had() -> None:
+    assert "stopped" not in Policy().to_dict()
+    assert Policy().to_dict(complete=True)["stopped"] is False
+    assert Policy(stopped=True).to_dict()["stopped"] is True
+    assert Policy.from_dict(Policy(stopped=True).to_dict()).stopped is True
 
 
 def test_budgets_are_optional_and_checked() -> None:

@@ -50,9 +50,10 @@ from fedasync.shared.keys import Keys
 FINAL_EVALUATION_S = 30.0
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
-#: the ends of a run that are its budgets running out, as asked (exit 0): updates, time, and
-#: the privacy budget (the core closes training before a step that would spend past it)
-BUDGETS = frozenset({"max_updates", "max_seconds", "privacy_budget"})
+#: the ends of a run that are its budgets running out, as asked (exit 0): updates, time, the
+#: privacy budget (the core closes training before a step that would spend past it), and an
+#: operator's stop (policy.stopped)
+BUDGETS = frozenset({"max_updates", "max_seconds", "privacy_budget", "stopped"})
 #: how long every worker may be stopped before the control service says training is done
 WORKERS_GONE_GRACE_S = 15.0
 
