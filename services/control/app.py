@@ -21,22 +21,30 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from pydantic import ValidationError
 from redis.exceptions import RedisError, ResponseError
 
 from fedasync.services.control.auth import READ, WRITE, needs, token_checked
 from fedasync.services.control.metrics import ControlMetrics
-from fedasync.services.control.openapi import MAX_COUNT, spec
+from fedasync.services.control.openapi import MAX_COUNT, spec, twin
 from fedasync.services.control.privacy import PRIVACY_FIELDS, privacy_refusal, privacy_status
-from fedasync.services.control.rules_runner import RuleRunner
+from fedasync.services.control.rules_runner import RuleRunner, RunsRules
 from fedasync.services.control.switchboard import AlreadyInState, set_switch
-from fedasync.services.control.window import LedgerWindow
+from fedasync.services.control.window import LedgerWindow, RunWindows
 from fedasync.services.runtime.http_errors import json_errors
 from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import BACKGROUND, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
-from fedasync.services.runtime.settings import BudgetSettings, Settings
+from fedasync.services.runtime.run_clients import RunClients
+from fedasync.services.runtime.run_routes import RUN, KnownRuns, runs_middleware
+from fedasync.services.runtime.settings import (
+    BudgetSettings,
+    PolicySettings,
+    Settings,
+    TaskSettings,
+)
 from fedasync.services.stores import evaluations
 from fedasync.services.stores.alerts import alert_record
 from fedasync.services.stores.backlog import read_backlog
@@ -48,15 +56,20 @@ from fedasync.services.stores.policy_store import (
     read_policy,
 )
 from fedasync.services.stores.run_record import recorded_budget
+from fedasync.services.stores.runs import create_run, list_runs, read_spec, run_exists, run_status
 from fedasync.shared.keys import Keys
 from fedasync.shared.params import Conflict, ParamError
 from fedasync.shared.policy import POLICY_RANGES, SCHEMA, Policy
+from fedasync.shared.runs import BAD_RUN_ID, RUN_EXISTS, RunIdError, RunSpec, run_base
 from fedasync.shared.switches import SWITCHES
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", aioredis.Redis)
 KEYS = web.AppKey("keys", Keys)
 WINDOW = web.AppKey("window", LedgerWindow)
+WINDOWS = web.AppKey("windows", RunWindows)
+CLIENTS = web.AppKey("clients", RunClients)
+KNOWN = web.AppKey("known", KnownRuns)
 METRICS = web.AppKey("metrics", ControlMetrics)
 
 #: the policy fields that set a budget (their change is checked against what is used up)
@@ -109,9 +122,22 @@ def _operator(request: web.Request) -> str:
     return _text(request.headers.get("X-Fedasync-Operator", "operator"))
 
 
+def _at(request: web.Request) -> tuple[aioredis.Redis, Keys]:
+    """The client and keys of the run the request is about (run_routes.runs_middleware): the
+    default run's on a legacy route, the named run's on its twin."""
+    run = request[RUN]
+    return run.redis, run.keys
+
+
+def _window(request: web.Request) -> LedgerWindow:
+    """The ledger window of the request's run (the service's own for the default run)."""
+    run = request[RUN]
+    return request.app[WINDOWS].of(run.id, run.redis)
+
+
 @needs(READ)
 async def get_policy(request: web.Request) -> web.Response:
-    policy = await read_policy(request.app[REDIS], request.app[KEYS])
+    policy = await read_policy(*_at(request))
     ranges = {name: str(allowed) for name, allowed in POLICY_RANGES.items()}
     return web.json_response({"policy": policy.to_dict(complete=True), "ranges": ranges})
 
@@ -127,8 +153,17 @@ async def patch_policy(request: web.Request) -> web.Response:
     why = body.get("why", "") if isinstance(body, dict) else ""
     if not isinstance(changes, dict) or not changes or not isinstance(why, str):
         return _error(400, 'expected {"changes": {...}, "why": "..."} with at least one change')
-    redis, keys = request.app[REDIS], request.app[KEYS]
-    current = await read_policy(redis, keys)
+    return await _change(request, changes, why)
+
+
+async def _change(
+    request: web.Request, changes: dict[str, Any], why: str, current: Policy | None = None
+) -> web.Response:
+    """Put `changes` in force for the request's run through the one path every change takes:
+    the core's rules (names, types, ranges, what may not change back), the budget and privacy
+    checks, then a new policy version with who and why (stores/policy_store.py)."""
+    redis, keys = _at(request)
+    current = await read_policy(redis, keys) if current is None else current
     try:  # names, types and ranges: the policy schema's, as everywhere (shared/policy.py)
         new = current.evolve(**_integers(changes))
     except Conflict as exc:  # allowed values this run may not change to (shared/params.py)
@@ -140,7 +175,7 @@ async def patch_policy(request: web.Request) -> web.Response:
         if exceeded is not None:
             return exceeded
     if PRIVACY_FIELDS & set(changes):
-        window = request.app[WINDOW]
+        window = _window(request)
         await window.refresh(time.time())  # ε spent, from the ledger up to now
         refused = privacy_refusal(current, new, window.spent)
         if refused is not None:
@@ -195,7 +230,7 @@ async def policy_history(request: web.Request) -> web.Response:
     count = _count(request, 100)
     if count is None:
         return _error(400, BAD_COUNT)
-    entries = await policy_log(request.app[REDIS], request.app[KEYS], last=count)
+    entries = await policy_log(*_at(request), last=count)
     # the log records a policy without the fields at their elided defaults: shown complete,
     # as GET /v1/policy shows it
     for entry in entries:
@@ -206,7 +241,7 @@ async def policy_history(request: web.Request) -> web.Response:
 async def _budget(request: web.Request) -> BudgetSettings:
     """The budget that ends training: the aggregator's, as it recorded it at its start; this
     service's own only before the aggregator's first start (stores/run_record.py)."""
-    recorded = await recorded_budget(request.app[REDIS], request.app[KEYS])
+    recorded = await recorded_budget(*_at(request))
     return recorded if recorded is not None else request.app[SETTINGS].budget
 
 
@@ -214,7 +249,7 @@ async def budget_refusal(request: web.Request, new: Policy) -> web.Response | No
     """409 for a budget change that cannot take effect as asked: training has ended (an end is
     final, a budget never reopens it), or the new budget is already used up (it would end
     training at once). None if the budget may change."""
-    redis, keys = request.app[REDIS], request.app[KEYS]
+    redis, keys = _at(request)
     done: Any = await redis.hgetall(keys.done)
     if done:
         ended = {k.decode(): v.decode() for k, v in done.items()}
@@ -249,7 +284,7 @@ async def budget_refusal(request: web.Request, new: Policy) -> web.Response | No
 
 @needs(READ)
 async def get_switches(request: web.Request) -> web.Response:
-    active: Any = await request.app[REDIS].hgetall(request.app[KEYS].switches)
+    active: Any = await request[RUN].redis.hgetall(request[RUN].keys.switches)
     on = {k.decode(): json.loads(v) for k, v in active.items()}
     return web.json_response(
         {
@@ -274,9 +309,7 @@ async def flip_switch(request: web.Request) -> web.Response:
     reason = _text(body.get("reason", ""))
     who = _operator(request)
     try:
-        new = await set_switch(
-            request.app[REDIS], request.app[KEYS], name, body["on"], reason=reason, who=who
-        )
+        new = await set_switch(*_at(request), name, body["on"], reason=reason, who=who)
     except (AlreadyInState, PolicyConflict) as exc:
         return _error(409, str(exc))
     request.app[METRICS].policy_changes.labels("operator").inc()
@@ -291,7 +324,7 @@ async def alerts(request: web.Request) -> web.Response:
     count = _count(request, 100)
     if count is None:
         return _error(400, BAD_COUNT)
-    entries: Any = await request.app[REDIS].xrevrange(request.app[KEYS].alerts, count=count)
+    entries: Any = await request[RUN].redis.xrevrange(request[RUN].keys.alerts, count=count)
     return web.json_response([alert_record(entry_id, fields) for entry_id, fields in entries])
 
 
@@ -299,7 +332,7 @@ async def alerts(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     """Where training stands: versions, recent rate, τ and α, drops, per-client acceptance,
     backlog, active switches, and whether (and why) it is done."""
-    redis, keys, window = request.app[REDIS], request.app[KEYS], request.app[WINDOW]
+    redis, keys, window = *_at(request), _window(request)
     await window.refresh(time.time())
     version = await get_bytes(redis, keys.version)
     policy = await read_policy(redis, keys)
@@ -333,6 +366,156 @@ async def status(request: web.Request) -> web.Response:
             # differential privacy: ε spent (from the ledger) and the policy's DP settings
             "privacy": privacy_status(policy, window.spent),
         }
+    )
+
+
+def _refused(status: int, reason: str, message: str, **extra: Any) -> web.Response:
+    """The `{"error", "reason"}` answer of the runs routes (as run_routes.refusal)."""
+    return web.json_response({"error": message, "reason": reason, **extra}, status=status)
+
+
+def _first_problem(exc: ValueError) -> str:
+    """One line for a refused spec: pydantic's first error, or the exception's own text."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return str(exc)
+
+
+def _new_spec(body: Any, who: str) -> RunSpec:
+    """The spec a POST /v1/runs body asks for, checked as the run's settings will be (task,
+    start policy, budget); RunIdError, Conflict or ValueError naming what is wrong."""
+    if not isinstance(body, dict):
+        raise ValueError("a run is a JSON object: {id, task, policy, budget}")
+    filled = {"created_at", "created_by"} & set(body)
+    if filled:
+        raise ValueError(f"{', '.join(sorted(filled))}: set by the service, not the request")
+    spec = RunSpec.from_dict({**body, "created_at": time.time(), "created_by": who})
+    task = {k: v for k, v in spec.task.to_dict().items() if v is not None}
+    try:
+        TaskSettings.model_validate(task)
+        BudgetSettings.model_validate(spec.budget)
+    except ValidationError as exc:
+        raise ValueError(_first_problem(exc)) from None
+    try:
+        PolicySettings.model_validate(spec.policy).to_policy()
+    except ValidationError as exc:
+        raise ValueError(f"policy: {_first_problem(exc)}") from None
+    return spec
+
+
+async def run_view(clients: RunClients, run: str, *, with_spec: bool) -> dict[str, Any]:
+    """Where a run stands, from its own keys: status, version, why it is done (and its spec)."""
+    redis, keys = clients.for_run(run), Keys(run)
+    state = await run_status(redis, keys)
+    version = await get_bytes(redis, keys.version)
+    done: Any = await redis.hgetall(keys.done)
+    view: dict[str, Any] = {
+        "id": run,
+        "status": state.value,
+        "version": None if version is None else int(version),
+        "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
+    }
+    if with_spec:
+        spec = await read_spec(redis, run)
+        view["spec"] = None if spec is None else spec.to_dict()
+    return view
+
+
+@needs(WRITE)
+async def post_run(request: web.Request) -> web.Response:
+    """Create a run from a RunSpec (without created_at/created_by, which are filled in here)."""
+    try:
+        body = await _json_body(request)
+    except BadBody as exc:
+        return _refused(exc.status, "bad_body", exc.message)
+    try:
+        spec = _new_spec(body, _operator(request))
+    except RunIdError as exc:
+        return _refused(400, BAD_RUN_ID, str(exc))
+    except Conflict as exc:  # start fields that cannot go together (shared/policy.py)
+        return _refused(409, "conflict", str(exc), field=exc.param, allowed=exc.allowed)
+    except ValueError as exc:
+        return _refused(400, "bad_spec", str(exc))
+    clients = request.app[CLIENTS]
+    redis = clients.for_run(spec.id)
+    taken = f"a run {spec.id!r} exists"
+    if spec.id == clients.default or await run_exists(redis, spec.id):
+        return _refused(409, RUN_EXISTS, taken)
+    if not await create_run(redis, spec):
+        return _refused(409, RUN_EXISTS, taken)
+    request.app[KNOWN].learn(spec.id)
+    log.info("run %s created by %s", spec.id, spec.created_by)
+    view = await run_view(clients, spec.id, with_spec=True)
+    return web.json_response(view, status=201, headers={"Location": run_base(spec.id)})
+
+
+@needs(READ)
+async def get_runs(request: web.Request) -> web.Response:
+    """Every run (the default first) and where each stands."""
+    clients = request.app[CLIENTS]
+    runs = await list_runs(clients.shared, clients.default)
+    return web.json_response(
+        {"runs": [await run_view(clients, run, with_spec=False) for run in runs]}
+    )
+
+
+@needs(READ)
+async def get_run(request: web.Request) -> web.Response:
+    return web.json_response(await run_view(request.app[CLIENTS], request[RUN].id, with_spec=True))
+
+
+async def _action_body(request: web.Request, shape: str) -> dict[str, Any] | web.Response:
+    try:
+        body = await _json_body(request)
+    except BadBody as exc:
+        return _refused(exc.status, "bad_body", exc.message)
+    if not isinstance(body, dict):
+        return _refused(400, "bad_body", f"expected {shape}")
+    return body
+
+
+@needs(WRITE)
+async def pause_run(request: web.Request) -> web.Response:
+    """Body: {"on": true|false, "why": "..."}: pause or resume the run's aggregation."""
+    shape = '{"on": true|false, "why": "..."}'
+    body = await _action_body(request, shape)
+    if isinstance(body, web.Response):
+        return body
+    on, why = body.get("on"), body.get("why", "")
+    if not isinstance(on, bool) or not isinstance(why, str):
+        return _refused(400, "bad_body", f"expected {shape}")
+    current = await read_policy(*_at(request))
+    if current.paused is on:
+        state = "paused" if on else "not paused"
+        return _refused(409, "already", f"run {request[RUN].id!r} is {state} already")
+    said = f"{'pause' if on else 'resume'}: {why}" if why else ("pause" if on else "resume")
+    return await _change(request, {"paused": on}, said, current)
+
+
+@needs(WRITE)
+async def stop_run(request: web.Request) -> web.Response:
+    """Body: {"reason": "..."}: stop the run for good (policy.stopped, which cannot be undone);
+    its aggregator closes it with reason "stopped" at its next batch."""
+    shape = '{"reason": "..."}'
+    body = await _action_body(request, shape)
+    if isinstance(body, web.Response):
+        return body
+    reason = body.get("reason", "")
+    if not isinstance(reason, str):
+        return _refused(400, "bad_body", f"expected {shape}")
+    redis, keys = _at(request)
+    done: Any = await redis.hgetall(keys.done)
+    if done:
+        ended = {k.decode(): v.decode() for k, v in done.items()}
+        message = f"training ended already ({ended.get('reason', '?')})"
+        return _refused(409, "training_done", message, training_done=ended)
+    current = await read_policy(redis, keys)
+    if current.stopped:
+        return _refused(409, "already", f"run {request[RUN].id!r} is stopped already")
+    return await _change(
+        request, {"stopped": True}, f"stop: {reason}" if reason else "stop", current
     )
 
 
@@ -391,7 +574,7 @@ async def evaluation_curve(request: web.Request) -> web.Response:
     count = _count(request, 500)
     if count is None:
         return _error(400, BAD_COUNT)
-    records = await evaluations.recent(request.app[REDIS], request.app[KEYS], count)
+    records = await evaluations.recent(*_at(request), count)
     return web.json_response([asdict(r) for r in records])
 
 
@@ -407,6 +590,8 @@ async def _rules(app: web.Application) -> AsyncIterator[None]:
         app[SETTINGS].control, app[REDIS], app[KEYS], window=app[WINDOW], metrics=app[METRICS]
     )
     app[BACKGROUND].start(runner.run(stopping), "rules")
+    others = RunsRules(app[SETTINGS].control, app[CLIENTS], app[WINDOWS], app[METRICS])
+    app[BACKGROUND].start(others.run(stopping), "runs-rules")
     yield
     stopping.set()
     await app[BACKGROUND].stop()
@@ -424,16 +609,31 @@ def create_app(
     app[METRICS] = ControlMetrics()
     app[REGISTRY] = app[METRICS].registry
     app[BACKGROUND] = Background()
+    app[CLIENTS] = RunClients(redis, settings.redis, settings.redis.key_prefix)
+    app[KNOWN] = KnownRuns(app[CLIENTS], run_exists)
+    app[WINDOWS] = RunWindows(
+        app[WINDOW], settings.redis.key_prefix, control.window_s, control.fairness_decisions
+    )
+    # every /v1 route serves the default run, and again under /v1/runs/{run}/ the run named
+    runs_routes = [
+        (web.get, "/v1/policy", get_policy),
+        (web.patch, "/v1/policy", patch_policy),
+        (web.get, "/v1/policy/history", policy_history),
+        (web.get, "/v1/status", status),
+        (web.get, "/v1/switches", get_switches),
+        (web.post, "/v1/switches/{name}", flip_switch),
+        (web.get, "/v1/alerts", alerts),
+        (web.get, "/v1/evaluations", evaluation_curve),
+    ]
+    app.add_routes([make(path, handler) for make, path, handler in runs_routes])
+    app.add_routes([make(twin(path), handler) for make, path, handler in runs_routes])
     app.add_routes(
         [
-            web.get("/v1/policy", get_policy),
-            web.patch("/v1/policy", patch_policy),
-            web.get("/v1/policy/history", policy_history),
-            web.get("/v1/status", status),
-            web.get("/v1/switches", get_switches),
-            web.post("/v1/switches/{name}", flip_switch),
-            web.get("/v1/alerts", alerts),
-            web.get("/v1/evaluations", evaluation_curve),
+            web.post("/v1/runs", post_run),
+            web.get("/v1/runs", get_runs),
+            web.get("/v1/runs/{run}", get_run),
+            web.post("/v1/runs/{run}/pause", pause_run),
+            web.post("/v1/runs/{run}/stop", stop_run),
             web.get("/", dashboard),
             web.get("/metrics", metrics_endpoint),
             web.get("/livez", livez),
@@ -444,6 +644,8 @@ def create_app(
     # innermost, after the query check: the routes' declared access (`needs`), as each handler's
     # own first lines checked it before
     app.middlewares.append(token_checked(control))
+    # after the token: a run's existence is not told to a request that may not read
+    app.middlewares.append(runs_middleware(app[KNOWN]))
     if run_rules:
         app.cleanup_ctx.append(_rules)
     return app

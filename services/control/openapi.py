@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from fedasync.learning.tasks import TASKS
 from fedasync.services.runtime.openapi_parts import json_response as _json
 from fedasync.services.runtime.openapi_parts import operational_paths
-from fedasync.shared.policy import CHANGEABLE, SCHEMA
+from fedasync.shared.policy import CHANGEABLE, SCHEMA, START
+from fedasync.shared.runs import RUN_ID, RunStatus
 from fedasync.shared.switches import SWITCHES
+
+#: where every run's twin of a legacy `/v1/...` route lives
+RUN_PREFIX = "/v1/runs/{run}"
+
+
+def twin(path: str) -> str:
+    """The route pattern of a legacy `/v1/...` route's twin for any run: `/v1/runs/{run}/...`."""
+    return RUN_PREFIX + path.removeprefix("/v1")
+
 
 _ERROR = {
     "type": "object",
@@ -125,6 +137,212 @@ def _policy_schema() -> dict[str, Any]:
     return {"type": "object", "properties": properties}
 
 
+#: the `{run}` path parameter of every run route: the run id grammar (shared/runs.py)
+_RUN_PARAMETER = {
+    "name": "run",
+    "in": "path",
+    "required": True,
+    "description": "a run id: 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter or digit",
+    "schema": {"type": "string", "pattern": f"^{RUN_ID.pattern}$"},
+}
+
+#: what a run route answers for a run it cannot serve
+_RUN_ERRORS = {
+    "400": _json(_ERROR, "bad_run_id: not a run id (or a bad body or query string)"),
+    "404": _json(_ERROR, "unknown_run: no run of that id"),
+}
+
+_IDENTIFIER = "[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = f"{_IDENTIFIER}(\\.{_IDENTIFIER})*"
+
+#: a run's task as POST /v1/runs takes it (shared/runs.py TaskSpec, checked as FEDASYNC_TASK__*)
+_TASK = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "anyOf": [
+                {"type": "string", "enum": sorted(TASKS)},
+                {"type": "string", "pattern": f"^{_DOTTED}:{_DOTTED}$"},
+            ],
+            "description": "a built-in task, or an import path package.module:attribute",
+        },
+        "params": {"type": "object"},
+        "seed": {"type": "integer", "minimum": 0},
+        "num_devices": {"type": "integer", "minimum": 1},
+        "partition": {
+            "type": "string",
+            "enum": ["iid", "dirichlet", "shards", "rare_class_on_slow"],
+        },
+    },
+    "additionalProperties": False,
+}
+
+#: one run as GET /v1/runs lists it (app.py `run_view`)
+_RUN_SUMMARY: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "status": {"type": "string", "enum": [s.value for s in RunStatus]},
+        "version": {"type": ["integer", "null"]},
+        "training_done": {"type": ["object", "null"]},
+    },
+    "required": ["id", "status", "version", "training_done"],
+}
+
+
+def _run_spec(policy: dict[str, Any]) -> dict[str, Any]:
+    """The body of POST /v1/runs: a RunSpec without created_at/created_by (the service's)."""
+    start = {k: v for k, v in policy["properties"].items() if k in START}
+    return {
+        "type": "object",
+        "properties": {
+            "id": _RUN_PARAMETER["schema"],
+            "task": _TASK,
+            "policy": {"type": "object", "properties": start, "additionalProperties": False},
+            "budget": {
+                "type": "object",
+                "properties": {
+                    "max_updates": {"type": "integer", "minimum": 1},
+                    "max_seconds": {"type": "number", "exclusiveMinimum": 0},
+                },
+                "additionalProperties": False,
+            },
+        },
+        "required": ["id"],
+        "additionalProperties": False,
+    }
+
+
+def _twins(paths: dict[str, Any]) -> dict[str, Any]:
+    """Each legacy `/v1/...` operation again under `/v1/runs/{run}/...`, for any run: the same
+    operation with the `run` parameter, and the answers for a run that cannot be served."""
+    out: dict[str, Any] = {}
+    for path, operations in paths.items():
+        if not path.startswith("/v1/"):
+            continue
+        twinned: dict[str, Any] = {}
+        for method, operation in operations.items():
+            again = copy.deepcopy(operation)
+            again["summary"] = f"{operation['summary']} (of the run named)"
+            again["parameters"] = [_RUN_PARAMETER, *operation.get("parameters", [])]
+            again["responses"] = {**again["responses"], **_RUN_ERRORS}
+            twinned[method] = again
+        out[twin(path)] = twinned
+    return out
+
+
+def _runs_paths(policy: dict[str, Any], errors: dict[str, Any]) -> dict[str, Any]:
+    """POST/GET /v1/runs and a run's own routes (show, pause, stop)."""
+    body_errors = {
+        "400": _json(_ERROR, "bad_run_id, bad_spec, or not JSON of the expected shape"),
+        "415": _json(_ERROR, "a Content-Encoding: bodies are taken as sent, never inflated"),
+    }
+    run_view = {
+        "type": "object",
+        "properties": {
+            **_RUN_SUMMARY["properties"],
+            "spec": {
+                "type": ["object", "null"],
+                "description": "as created (null for a run not created through the API)",
+            },
+        },
+        "required": [*_RUN_SUMMARY["required"], "spec"],
+    }
+    changed = _json({"type": "object", "properties": {"policy": policy}}, "the new policy")
+
+    def action(summary: str, fields: dict[str, Any], required: list[str]) -> dict[str, Any]:
+        return {
+            "post": {
+                "summary": summary,
+                "security": _TOKEN,
+                "parameters": [_RUN_PARAMETER],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": fields,
+                                "required": required,
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": changed,
+                    **body_errors,
+                    **_RUN_ERRORS,
+                    "409": _json(_ERROR, "already so, training ended, or the policy changed"),
+                    **errors,
+                },
+            }
+        }
+
+    return {
+        "/v1/runs": {
+            "get": {
+                "summary": "Every run: the default run first, then the created ones, by id",
+                "security": _TOKEN,
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"runs": {"type": "array", "items": _RUN_SUMMARY}},
+                            "required": ["runs"],
+                        },
+                        "the runs and where each stands",
+                    ),
+                    **errors,
+                },
+            },
+            "post": {
+                "summary": "Create a run (its aggregator is started by the supervisor or up)",
+                "security": _TOKEN,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _run_spec(policy)}},
+                },
+                "responses": {
+                    "201": {
+                        **_json(run_view, "the run as created"),
+                        "headers": {
+                            "Location": {
+                                "description": "/v1/runs/<id>",
+                                "schema": {"type": "string"},
+                            }
+                        },
+                    },
+                    **body_errors,
+                    "409": _json(
+                        _ERROR,
+                        "run_exists: a run of that id exists; conflict: a start policy whose "
+                        "fields cannot go together (field, allowed)",
+                    ),
+                    **errors,
+                },
+            },
+        },
+        RUN_PREFIX: {
+            "get": {
+                "summary": "One run: its spec, status, version and why it is done",
+                "security": _TOKEN,
+                "parameters": [_RUN_PARAMETER],
+                "responses": {"200": _json(run_view, "the run"), **_RUN_ERRORS, **errors},
+            }
+        },
+        f"{RUN_PREFIX}/pause": action(
+            "Pause (on) or resume (off) the run's aggregation: a new policy version",
+            {"on": {"type": "boolean"}, "why": {"type": "string"}},
+            ["on"],
+        ),
+        f"{RUN_PREFIX}/stop": action(
+            "Stop the run for good: policy.stopped, one-way; its aggregator closes it (stopped)",
+            {"reason": {"type": "string"}},
+            [],
+        ),
+    }
+
+
 def spec() -> dict[str, Any]:
     policy = _policy_schema()
     changes = {k: v for k, v in policy["properties"].items() if k in CHANGEABLE}
@@ -137,7 +355,7 @@ def spec() -> dict[str, Any]:
         "400": _json(_ERROR, "not JSON of the expected shape (or nested too deep)"),
         "415": _json(_ERROR, "a Content-Encoding: bodies are taken as sent, never inflated"),
     }
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "fedasync control service", "version": "1"},
         "components": {
@@ -306,3 +524,5 @@ def spec() -> dict[str, Any]:
             **operational_paths("rule actions, policy changes, policy version"),
         },
     }
+    document["paths"] |= _twins(document["paths"]) | _runs_paths(policy, errors)
+    return document

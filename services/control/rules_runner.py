@@ -19,16 +19,19 @@ from redis.exceptions import RedisError
 
 from fedasync.services.control.metrics import ControlMetrics
 from fedasync.services.control.switchboard import set_switch, switch_owners
-from fedasync.services.control.window import LedgerWindow
+from fedasync.services.control.window import LedgerWindow, RunWindows
 from fedasync.services.runtime.redis_conn import TRANSIENT
+from fedasync.services.runtime.run_clients import RunClients
 from fedasync.services.runtime.settings import ControlSettings
 from fedasync.services.stores.alerts import add_alert
 from fedasync.services.stores.backlog import read_backlog
 from fedasync.services.stores.memory import read_memory
 from fedasync.services.stores.policy_store import PolicyConflict
+from fedasync.services.stores.runs import list_runs, run_status
 from fedasync.shared.keys import Keys
 from fedasync.shared.rules import Action, ActionKind, Rule, rule_actor, sync_switch_rules
 from fedasync.shared.rules import build_rules as shared_build_rules
+from fedasync.shared.runs import RunStatus
 from fedasync.shared.switches import SwitchError
 
 log = logging.getLogger(__name__)
@@ -127,5 +130,67 @@ class RuleRunner:
             except Exception:
                 self.metrics.rule_failures.labels("error").inc()
                 log.exception("rules skipped a run")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.cfg.rules_interval_s)
+
+
+class RunsRules:
+    """The rules of every run other than the default one, which keeps its own RuleRunner (as
+    before runs existed). Each tick lists the runs and ticks a RuleRunner for each one that is
+    training or paused, made on first use; a run not started yet has nothing to judge, a done
+    one nothing left to steer (its runner is forgotten). One run's failure is logged, counted
+    and skipped: it never holds back another's rules."""
+
+    def __init__(
+        self,
+        cfg: ControlSettings,
+        clients: RunClients,
+        windows: RunWindows,
+        metrics: ControlMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg, self.clients, self.windows, self.metrics = cfg, clients, windows, metrics
+        self.clock = clock
+        self._runners: dict[str, RuleRunner] = {}
+
+    async def tick(self) -> dict[str, list[Action]]:
+        """Tick every active run's rules once; the actions taken, by run."""
+        runs = await list_runs(self.clients.shared, self.clients.default)
+        taken: dict[str, list[Action]] = {}
+        for run in runs:
+            if run == self.clients.default:
+                continue
+            redis, keys = self.clients.for_run(run), Keys(run)
+            try:
+                if await run_status(redis, keys) in (RunStatus.CREATED, RunStatus.DONE):
+                    self._runners.pop(run, None)
+                    continue
+                runner = self._runners.get(run)
+                if runner is None:
+                    window = self.windows.of(run, redis)
+                    runner = RuleRunner(self.cfg, redis, keys, self.clock, window, self.metrics)
+                    self._runners[run] = runner
+                taken[run] = await runner.tick()
+            except (*TRANSIENT, RedisError) as exc:
+                self.metrics.rule_failures.labels("redis").inc()
+                log.warning("rules of run %s skipped: %r", run, exc)
+        for gone in set(self._runners) - set(runs):
+            del self._runners[gone]
+        return taken
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Tick every `rules_interval_s` until `stopping`, as RuleRunner.run does."""
+        while not stopping.is_set():
+            try:
+                await self.tick()
+            except TRANSIENT as exc:
+                self.metrics.rule_failures.labels("connection").inc()
+                log.warning("runs' rules skipped, Redis unreachable: %s", exc)
+            except RedisError as exc:
+                self.metrics.rule_failures.labels("redis").inc()
+                log.error("runs' rules skipped, Redis refused: %s", exc)
+            except Exception:
+                self.metrics.rule_failures.labels("error").inc()
+                log.exception("runs' rules skipped")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.cfg.rules_interval_s)

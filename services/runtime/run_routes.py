@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from fedasync.services.runtime.run_clients import RunClients
 from fedasync.shared.keys import Keys
@@ -99,7 +99,7 @@ def refusal(status: int, reason: str, message: str) -> web.Response:
     return web.json_response({"error": message, "reason": reason}, status=status)
 
 
-def runs_middleware(known: KnownRuns) -> Callable[[web.Request, Handler], object]:
+def runs_middleware(known: KnownRuns) -> Middleware:
     """The middleware that sets `request[RUN]` (see the module's docstring).
 
     Routes that name a run they may create (POST /v1/runs has none in its pattern) pass; a
