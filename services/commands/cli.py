@@ -338,6 +338,12 @@ def _add_acl(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+def _add_runs(parser: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.runs_cli import add_arguments
+
+    add_arguments(parser)
+
+
 def _add_migrate(parser: argparse.ArgumentParser) -> None:
     from fedasync.services.commands.migrate_cli import add_arguments
 
@@ -403,6 +409,11 @@ COMMANDS = (
         "acl",
         "print the Redis ACL file (least-privilege users)",
         _add_acl,
+    ),
+    Command(
+        "runs",
+        "create, list, show, pause, resume or stop runs (through the control service)",
+        _add_runs,
     ),
     Command(
         "migrate",

@@ -398,8 +398,13 @@ def _new_spec(body: Any, who: str) -> RunSpec:
         BudgetSettings.model_validate(spec.budget)
     except ValidationError as exc:
         raise ValueError(_first_problem(exc)) from None
-    try:
+    try:  # a Conflict (fields that cannot go together) is raised as it is: a 409
+        Policy.configured(spec.policy)
         PolicySettings.model_validate(spec.policy).to_policy()
+    except Conflict:
+        raise
+    except ParamError as exc:
+        raise ValueError(f"policy: {exc}") from None
     except ValidationError as exc:
         raise ValueError(f"policy: {_first_problem(exc)}") from None
     return spec
