@@ -72,6 +72,9 @@ CLIENTS = web.AppKey("clients", RunClients)
 KNOWN = web.AppKey("known", KnownRuns)
 METRICS = web.AppKey("metrics", ControlMetrics)
 
+#: the reason of a run route's 409 for a run whose aggregator has not started (no policy yet)
+NOT_STARTED = "not_started"
+
 #: the policy fields that set a budget (their change is checked against what is used up)
 BUDGET_FIELDS = frozenset({"max_updates", "max_seconds", "privacy_budget"})
 
@@ -383,6 +386,24 @@ def _first_problem(exc: ValueError) -> str:
     return str(exc)
 
 
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _whole_numbers(body: dict[str, Any]) -> dict[str, Any]:
+    """`637.0` is the integer 637 where a spec takes an integer (as `_integers` for a policy
+    change, and as JSON Schema reads it): the task's seed and fleet, the budget's updates and
+    the start policy's integer fields."""
+    out = dict(body)
+    for name, fields in (("task", ("seed", "num_devices")), ("budget", ("max_updates",))):
+        table = out.get(name)
+        if isinstance(table, dict):
+            out[name] = {k: _whole(v) if k in fields else v for k, v in table.items()}
+    if isinstance(out.get("policy"), dict):
+        out["policy"] = _integers(out["policy"])
+    return out
+
+
 def _new_spec(body: Any, who: str) -> RunSpec:
     """The spec a POST /v1/runs body asks for, checked as the run's settings will be (task,
     start policy, budget); RunIdError, Conflict or ValueError naming what is wrong."""
@@ -391,7 +412,7 @@ def _new_spec(body: Any, who: str) -> RunSpec:
     filled = {"created_at", "created_by"} & set(body)
     if filled:
         raise ValueError(f"{', '.join(sorted(filled))}: set by the service, not the request")
-    spec = RunSpec.from_dict({**body, "created_at": time.time(), "created_by": who})
+    spec = RunSpec.from_dict({**_whole_numbers(body), "created_at": time.time(), "created_by": who})
     task = {k: v for k, v in spec.task.to_dict().items() if v is not None}
     try:
         TaskSettings.model_validate(task)
@@ -555,6 +576,9 @@ async def redis_answers(request: web.Request, handler: Handler) -> web.StreamRes
     """What Redis cannot give is a 503 the client may retry, never a 500: no policy yet (the
     aggregator has not started), Redis unreachable or timed out, or an error reply.
 
+    On a run's own route, no policy yet is a 409 (`not_started`): the run exists, created
+    through the API, and its aggregator has not started; waiting is what it needs.
+
     A write whose reply was lost may have been made all the same, so the answer to one says so:
     read the policy (or the switch) before repeating it, or the change is made twice (two
     versions with the same values: harmless, but a second entry in the history).
@@ -562,6 +586,9 @@ async def redis_answers(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except NoPolicy as exc:
+        run = request.get(RUN)
+        if run is not None and not run.legacy:  # a run created, its aggregator not started
+            return _refused(409, NOT_STARTED, f"run {run.id!r} has not started: {exc}")
         return _error(503, str(exc))
     except (*TRANSIENT, RedisError) as exc:
         kind = "redis" if isinstance(exc, ResponseError) else "connection"

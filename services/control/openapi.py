@@ -152,6 +152,9 @@ _RUN_ERRORS = {
     "404": _json(_ERROR, "unknown_run: no run of that id"),
 }
 
+#: a run route's 409 for a run created and not started (control/app.py redis_answers)
+_NOT_STARTED = "not_started: the run's aggregator has not started (no policy yet)"
+
 _IDENTIFIER = "[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = f"{_IDENTIFIER}(\\.{_IDENTIFIER})*"
 
@@ -225,7 +228,9 @@ def _twins(paths: dict[str, Any]) -> dict[str, Any]:
             again = copy.deepcopy(operation)
             again["summary"] = f"{operation['summary']} (of the run named)"
             again["parameters"] = [_RUN_PARAMETER, *operation.get("parameters", [])]
-            again["responses"] = {**again["responses"], **_RUN_ERRORS}
+            responses = again["responses"] = {**again["responses"], **_RUN_ERRORS}
+            said = responses.get("409", {}).get("description")
+            responses["409"] = _json(_ERROR, f"{said}; or {_NOT_STARTED}" if said else _NOT_STARTED)
             twinned[method] = again
         out[twin(path)] = twinned
     return out
@@ -272,7 +277,10 @@ def _runs_paths(policy: dict[str, Any], errors: dict[str, Any]) -> dict[str, Any
                     "200": changed,
                     **body_errors,
                     **_RUN_ERRORS,
-                    "409": _json(_ERROR, "already so, training ended, or the policy changed"),
+                    "409": _json(
+                        _ERROR,
+                        f"already so, training ended, or the policy changed; or {_NOT_STARTED}",
+                    ),
                     **errors,
                 },
             }

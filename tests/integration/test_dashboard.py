@@ -198,3 +198,42 @@ async def test_dashboard_shows_the_privacy_spent_with_dp_on(
             assert f"conservative {spent:.2f}" in legend
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium not installed")
+async def test_dashboard_lists_the_runs_and_shows_the_one_asked_for(
+    base_url: str, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """`?run=<id>` shows that run (reads and switches under /v1/runs/<id>/), the run list
+    links every run, and the default run is left as it was."""
+    run = "dash-" + settings.redis.key_prefix[-10:]  # the prefix ends in hex digits
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        body = {"id": run, "task": {"name": "linear"}}
+        async with session.post(f"{base_url}/v1/runs", json=body, headers=auth) as created:
+            assert created.status == 201, await created.text()
+    mine = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"key_prefix": run})}
+    )
+    for i in range(2):
+        await publish(redis, Keys(run), make_update(f"r{i}", base=0, client="device-r"))
+    await run_aggregator(
+        mine, redis=redis, initial=initial_state(mine), handle_signals=False, burst=True
+    )
+    requested: list[str] = []
+    async with chromium() as browser:
+        page = await browser.new_page()
+        page.on("request", lambda request: requested.append(request.url))
+        page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+        await page.goto(f"{base_url}/?run={run}")
+        await page.wait_for_selector("#version:text-is('2')")  # the run's, not the default's 5
+        await page.wait_for_selector(f"#run-{run}.on")
+        assert await page.locator(f"#run-{settings.redis.key_prefix}").count() == 1
+        assert await page.text_content("#run-title") == f" · run {run}"
+        await page.click("#flip-raise-gamma")
+        await page.wait_for_selector("#flip-raise-gamma:text('turn off')")
+    assert (await read_policy(redis, Keys(run))).gamma == pytest.approx(0.9)
+    assert (await read_policy(redis, Keys(settings.redis.key_prefix))).gamma == pytest.approx(0.6)
+    reads = [url.removeprefix(base_url) for url in requested if "/v1/" in url]
+    assert reads
+    assert all(path == "/v1/runs" or path.startswith(f"/v1/runs/{run}/") for path in reads), reads

@@ -168,18 +168,25 @@ def generated(
 
 
 def conform(
-    url: str, prepare: Prepare = no_headers, *, cases: Cases = generated, negative: bool = True
+    url: str,
+    prepare: Prepare = no_headers,
+    *,
+    cases: Cases = generated,
+    negative: bool = True,
+    only: Callable[[schemathesis.APIOperation], bool] = lambda operation: True,
 ) -> Figures:
     """Every operation of the document `url` serves (Schemathesis leaves out /openapi.json
     itself, which it has just read), EXAMPLES positive and (with `negative`) EXAMPLES negative
     examples each, every built-in check on each answer; `prepare` may change a case and gives
-    the headers to send with it, `cases` makes the cases. Raises on the first failure
-    (Hypothesis shrinks it first)."""
+    the headers to send with it, `cases` makes the cases, `only` picks the operations. Raises
+    on the first failure (Hypothesis shrinks it first)."""
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     figures = Figures()
     session = requests.Session()
     for result in schema.get_all_operations():
         operation = result.ok()
+        if not only(operation):
+            continue
         figures.operations.append(operation.label)
         takes_input = bool(operation.path_parameters or operation.query or operation.headers)
         takes_input = takes_input or bool(list(operation.body))
@@ -232,6 +239,53 @@ def test_control_answers_as_its_document_says_with_and_without_the_token(stack: 
     assert without.statuses[("GET /v1/policy", 401)] > 0
     assert without.statuses[("GET /v1/policy", 200)] == 0
     report("control", Figures(without.operations, with_token.examples + without.examples))
+
+
+def run_cases(run: str) -> Cases:
+    """The cases of a run route, all of them for `run` (generated ids name no run: a 404)."""
+
+    def cases(
+        operation: schemathesis.APIOperation, mode: GenerationMode
+    ) -> st.SearchStrategy[schemathesis.Case]:
+        return operation.as_strategy(generation_mode=mode, path_parameters={"run": run})
+
+    return cases
+
+
+def test_control_s_run_routes_answer_as_documented_for_a_run_that_exists(
+    stack: Stack, redis_server: RedisServer
+) -> None:
+    """The runs routes (docs/http-api.md "Runs") on a run created through the API, with its
+    aggregator started: every `/v1/runs/{run}/...` operation, positive, with the token (the
+    generated ids of the test above only reach the 400 and 404 of an id that names no run)."""
+    url, run = stack.urls["control"], "t-openapi-run"
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"id": run, "task": {"name": "linear"}}
+    created = requests.post(f"{url}/v1/runs", json=body, headers=token, timeout=30)
+    assert created.status_code == 201, created.text
+
+    async def start() -> None:
+        cfg = _settings(redis_server, run)
+        redis = connect(cfg.redis)
+        try:
+            await run_aggregator(
+                cfg, redis=redis, initial=initial_state(cfg), handle_signals=False, burst=True
+            )
+        finally:
+            await redis.aclose()
+
+    stack.call(start())
+    figures = conform(
+        url,
+        lambda case: token,
+        cases=run_cases(run),
+        negative=False,
+        only=lambda operation: "{run}" in operation.path,
+    )
+    for route in ("", "/status", "/policy", "/policy/history", "/switches", "/evaluations"):
+        assert figures.statuses[(f"GET /v1/runs/{{run}}{route}", 200)] > 0, route
+    assert figures.statuses[("POST /v1/runs/{run}/stop", 200)] > 0
+    report("control runs", figures)
 
 
 def test_ingest_answers_as_its_document_says_signed_and_unsigned(stack: Stack) -> None:

@@ -169,9 +169,9 @@ async def test_pause_resume_and_stop_and_the_aggregator_closes_the_run_stopped(
     assert (await client.post("/v1/runs", json=linear_run(run), headers=AUTH)).status == 201
     mine = of_run(settings, run)
     keys = Keys(run)
-    # before its aggregator started the run has no policy: 503, as the legacy routes say it
+    # before its aggregator started the run has no policy: 409 not_started
     early = await client.post(f"/v1/runs/{run}/pause", json={"on": True}, headers=AUTH)
-    assert early.status == 503
+    assert (early.status, (await early.json())["reason"]) == (409, "not_started")
     await run_aggregator(
         mine, redis=redis, initial=initial_state(mine), handle_signals=False, burst=True
     )
