@@ -448,3 +448,34 @@ def test_fuzzed_run_ids_in_every_route_and_method_never_get_a_5xx(served: Served
     assert seen.get(400, 0) > 0
     assert seen.get(404, 0) > 0
     assert served.call(served.redis.exists(Keys(served.settings.redis.key_prefix).done)) == 0
+
+
+@pytest.mark.asyncio
+async def test_the_rules_of_every_active_run_are_ticked_and_not_the_others(
+    client: TestClient, settings: Settings, redis: aioredis.Redis
+) -> None:
+    """The control service's rules for runs other than the default one (RunsRules): a run
+    training gets its own RuleRunner over its own ledger; a run not started has none."""
+    from fedasync.services.control.app import CLIENTS, METRICS, WINDOWS
+    from fedasync.services.control.rules_runner import RunsRules
+
+    training, waiting = run_id(settings, "t"), run_id(settings, "w")
+    for run in (training, waiting):
+        assert (await client.post("/v1/runs", json=linear_run(run), headers=AUTH)).status == 201
+    mine = of_run(settings, training)
+    await publish(redis, Keys(training), make_update("u0", base=0))
+    await run_aggregator(
+        mine, redis=redis, initial=initial_state(mine), handle_signals=False, burst=True
+    )
+    app = client.server.app  # type: ignore[attr-defined]
+    rules = RunsRules(settings.control, app[CLIENTS], app[WINDOWS], app[METRICS])
+    ticked = await rules.tick()
+    assert training in ticked
+    assert waiting not in ticked
+    assert settings.redis.key_prefix not in ticked  # the default run has its own runner
+    # the run's window read the run's own ledger: its one decision, nothing of the default's
+    window = app[WINDOWS].of(training, redis)
+    assert window.totals == {"applied": 1}
+    status = await (await client.get(f"/v1/runs/{training}/status", headers=AUTH)).json()
+    assert (status["version"], status["decisions"]) == (1, 1)
+    assert status["recent"]["totals"] == {"applied": 1}
