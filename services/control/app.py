@@ -444,7 +444,11 @@ async def run_view(clients: RunClients, run: str, *, with_spec: bool) -> dict[st
         "training_done": {k.decode(): v.decode() for k, v in done.items()} or None,
     }
     if with_spec:
-        spec = await read_spec(redis, run)
+        try:
+            spec = await read_spec(redis, run)
+        except ValueError as exc:  # written by something else: shown as absent, never a 500
+            log.warning("run %s: its stored spec cannot be read (%s)", run, exc)
+            spec = None
         view["spec"] = None if spec is None else spec.to_dict()
     return view
 
@@ -576,8 +580,8 @@ async def redis_answers(request: web.Request, handler: Handler) -> web.StreamRes
     """What Redis cannot give is a 503 the client may retry, never a 500: no policy yet (the
     aggregator has not started), Redis unreachable or timed out, or an error reply.
 
-    On a run's own route, no policy yet is a 409 (`not_started`): the run exists, created
-    through the API, and its aggregator has not started; waiting is what it needs.
+    On the routes of a run other than the default one, no policy yet is a 409 (`not_started`):
+    the run exists, created through the API, and its aggregator has not started.
 
     A write whose reply was lost may have been made all the same, so the answer to one says so:
     read the policy (or the switch) before repeating it, or the change is made twice (two
@@ -587,7 +591,9 @@ async def redis_answers(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except NoPolicy as exc:
         run = request.get(RUN)
-        if run is not None and not run.legacy:  # a run created, its aggregator not started
+        # a run created, its aggregator not started (the default run answers as it always did,
+        # by its legacy routes and its twins alike)
+        if run is not None and run.id != request.app[CLIENTS].default:
             return _refused(409, NOT_STARTED, f"run {run.id!r} has not started: {exc}")
         return _error(503, str(exc))
     except (*TRANSIENT, RedisError) as exc:

@@ -479,3 +479,24 @@ async def test_the_rules_of_every_active_run_are_ticked_and_not_the_others(
     status = await (await client.get(f"/v1/runs/{training}/status", headers=AUTH)).json()
     assert (status["version"], status["decisions"]) == (1, 1)
     assert status["recent"]["totals"] == {"applied": 1}
+
+
+@pytest.mark.asyncio
+async def test_before_any_aggregator_the_default_run_s_twin_answers_as_its_legacy_route(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """No policy yet: the legacy route's 503, on its twin too; a created run's is 409."""
+    settings = with_token(settings)
+    async with TestClient(TestServer(create_app(settings, redis, run_rules=False))) as client:
+        legacy = await client.get("/v1/policy", headers=AUTH)
+        twin = await client.get(f"/v1/runs/{settings.redis.key_prefix}/policy", headers=AUTH)
+        assert (legacy.status, twin.status) == (503, 503)
+        assert await legacy.json() == await twin.json()
+        run = run_id(settings, "n")
+        assert (await client.post("/v1/runs", json=linear_run(run), headers=AUTH)).status == 201
+        created = await client.get(f"/v1/runs/{run}/policy", headers=AUTH)
+        assert (created.status, (await created.json())["reason"]) == (409, "not_started")
+        # a spec written by something else is shown as absent, never a 500
+        await redis.hset(Keys(run).run, "spec", b"\xff not json")
+        shown = await client.get(f"/v1/runs/{run}", headers=AUTH)
+        assert (shown.status, (await shown.json())["spec"]) == (200, None)
