@@ -70,7 +70,7 @@ def assignments(pairs: list[str], what: str) -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
-            raise CommandError(f"--{what} {pair!r}: expected KEY=VALUE")
+            raise CommandError(f"runs create: --{what} {pair!r}: expected KEY=VALUE")
         try:
             table[key] = json.loads(text)
         except ValueError:
@@ -89,9 +89,9 @@ def spec_body(args: argparse.Namespace) -> dict[str, Any]:
             with open(args.spec, encoding="utf-8") as file:
                 body = json.load(file)
         except (OSError, ValueError) as exc:
-            raise CommandError(f"--spec {args.spec}: {exc}") from None
+            raise CommandError(f"runs create: --spec {args.spec}: {exc}") from None
         if not isinstance(body, dict):
-            raise CommandError(f"--spec {args.spec}: a run is a JSON object")
+            raise CommandError(f"runs create: --spec {args.spec}: a run is a JSON object")
     body["id"] = args.run
     task = dict(body.get("task") or {})
     for key, value in (
@@ -139,7 +139,7 @@ def request(
     except urllib.error.HTTPError as refused:
         return refused.code, _parsed(refused.read())
     except (urllib.error.URLError, OSError) as exc:
-        message = f"the control service at {url} did not answer: {exc}"
+        message = f"runs: the control service at {url} did not answer: {exc}"
         raise CommandError(message, UNREACHABLE) from None
 
 
@@ -203,7 +203,7 @@ def _runs(args: argparse.Namespace) -> int:
         try:
             check_run_id(run)
         except RunIdError as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(f"runs {command}: {exc}") from None
     method, path, body = _asked(args, run)
     status, answer = request(method, base + path, _token(args.token), args.operator, body)
     if status >= 400:
