@@ -14,6 +14,12 @@ same way under its own domain tag, `b"fedasync-receipt-v1\\n"`, over `read_messa
 `b"GET /v1/updates/" + update_id`. The two domain tags differ, so a read signature can never pass
 as an update signature, nor the other way round.
 
+A deployment trains several runs, each with its own device keys. A run other than the default
+one signs under a domain that names it (`update_domain(run)`: `b"fedasync-update-v2\nrun=<id>\n"`,
+and `read_domain(run)` for reads), so that a key given to two runs, or copied from one run's
+table into another's, never lets a body signed for one run verify in the other. The default run
+keeps the v1 domains: every device signed so before runs existed.
+
 A device may instead hold an Ed25519 private key (`ed25519:<base64 of its 32-byte seed>`); Redis
 then holds only its public key (`ed25519:<base64 of 32 bytes>`), so read access to Redis no longer
 lets anyone forge that device's updates. Ed25519 is not a streaming signature, so what it signs is
