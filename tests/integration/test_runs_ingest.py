@@ -238,6 +238,32 @@ async def test_the_legacy_routes_are_the_default_runs_as_before(
     assert [await redis.xlen(Keys(r).updates) for r in (runs.a, runs.b)] == [0, 0]
     # the default run's key is not a key of any other run
     assert reason_of(await post(client, runs.a, key, body)) == (401, "unknown_device")
+    # the default run by its id is the same run, signing as on the legacy route
+    status, again = await post(client, settings.redis.key_prefix, key, body, None)
+    assert (status, again["retry"], again["entry_id"]) == (202, True, reply["entry_id"])
+    assert await redis.xlen(default.updates) == 1
+
+
+async def test_a_devices_rate_is_its_own_in_each_run(
+    settings: Settings, redis: aioredis.Redis, runs: Runs
+) -> None:
+    """The token bucket is per (run, client id): the same name in another run has its own."""
+    limited = ingest_settings(settings, rate_per_s=0.001, burst=1)
+    client = TestClient(TestServer(create_app(limited, redis)))
+    await client.start_server()
+    try:
+        key_a = parse_key(await add_device(redis, Keys(runs.a), CLIENT))
+        key_b = parse_key(await add_device(redis, Keys(runs.b), CLIENT))
+        status, _ = await post(client, runs.a, key_a, body_of("q-1"))
+        assert status == 202
+        assert reason_of(await post(client, runs.a, key_a, body_of("q-2"))) == (
+            429,
+            "rate_limited",
+        )
+        status, _ = await post(client, runs.b, key_b, body_of("q-1"))
+        assert status == 202
+    finally:
+        await client.close()
 
 
 async def test_a_run_that_is_not_served_is_refused_before_its_body(
