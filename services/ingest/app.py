@@ -383,21 +383,26 @@ TOO_MANY_RUNS = "too_many_runs"
 
 
 class RunIngests:
-    """Each run's Ingest, made at its first request; at most `settings.ingest.max_runs`."""
+    """Each run's Ingest, made at its first request; at most `settings.ingest.max_runs`. When
+    full, the runs that no longer exist (retired) give their place up first."""
 
-    def __init__(self, settings: Settings, default: Ingest) -> None:
+    def __init__(self, settings: Settings, default: Ingest, known: KnownRuns) -> None:
         self._settings = settings
         self.default = default
         self.guards = default.guards
         self._runs: dict[str, Ingest] = {default.run: default}
+        #: whether a run exists, cached (run_routes.KnownRuns): the app's middleware's own
+        self.known = known
         self.guards.metrics.runs.set_function(lambda: len(self._runs))
 
-    def of(self, run: RunContext) -> Ingest:
+    async def of(self, run: RunContext) -> Ingest:
         """The Ingest of `run`; a Refusal (503 too_many_runs) beyond the runs allowed."""
         ingest = self._runs.get(run.id)
         if ingest is not None:
             return ingest
         limit = self._settings.ingest.max_runs
+        if len(self._runs) >= limit:
+            await self._forget_retired()
         if len(self._runs) >= limit:
             self.guards.metrics.runs_refused.inc()
             raise Refusal(
@@ -411,6 +416,20 @@ class RunIngests:
             self._settings, run.redis, run, self.guards, default=False
         )
         return ingest
+
+    async def _forget_retired(self) -> None:
+        """Drop the Ingests of runs that exist no more (each look cached: run_routes.py)."""
+        for held in [r for r in self._runs if r != self.default.run]:
+            try:
+                gone = not await self.known.exists(held)
+            except TRANSIENT:
+                return  # Redis away: the request's own refusal follows
+            if gone:
+                del self._runs[held]
+
+
+#: every run's Ingest (the default run's is INGEST)
+RUN_INGESTS = web.AppKey("run_ingests", RunIngests)
 
 
 async def _named_run(request: web.Request, known: KnownRuns) -> RunContext:
@@ -431,7 +450,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     clients = RunClients(redis, settings.redis, settings.redis.key_prefix)
     known = KnownRuns(clients, run_exists)
     ingest = Ingest(settings, redis)
-    ingests = RunIngests(settings, ingest)
+    ingests = RunIngests(settings, ingest, known)
     app = web.Application(
         # runs_middleware is typed loosely (run_routes.py): it is an aiohttp middleware
         middlewares=[json_errors, cast(Middleware, runs_middleware(known))],
@@ -439,15 +458,16 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         handler_args={"lingering_time": 0, "auto_decompress": False},
     )
     app[INGEST] = ingest
+    app[RUN_INGESTS] = ingests
     app[REGISTRY] = ingest.metrics.registry
 
-    def serving(request: web.Request) -> Ingest:
-        return ingests.of(request[RUN])
+    async def serving(request: web.Request) -> Ingest:
+        return await ingests.of(request[RUN])
 
     async def post_update(request: web.Request) -> web.Response:
         run = ingest
         try:
-            run = serving(request)
+            run = await serving(request)
             accepted = await run.accept(request)
         except Refusal as refusal:
             return run.refuse(request, refusal)
@@ -469,7 +489,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         run = ingest
         try:
             if "run" in request.match_info:
-                run = ingests.of(await _named_run(request, known))
+                run = await ingests.of(await _named_run(request, known))
             await run.check_not_paused()
             run.check_encoding(request)
             await run.check_length(request)
@@ -483,7 +503,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     async def get_receipt(request: web.Request) -> web.Response:
         run = ingest
         try:
-            run = serving(request)
+            run = await serving(request)
             record = await run.receipts.read(request)
         except Refusal as refusal:
             return run.refuse(request, refusal)

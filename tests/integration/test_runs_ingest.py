@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from fedasync.client import DeviceClient
 from fedasync.services.aggregator.service import run as run_aggregator
-from fedasync.services.ingest.app import INGEST, create_app
+from fedasync.services.ingest.app import INGEST, RUN_INGESTS, create_app
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import add_device
 from fedasync.services.stores.policy_store import change_policy, ensure_policy
@@ -297,6 +297,14 @@ async def test_a_run_that_is_not_served_is_refused_before_its_body(
         assert registry.get_sample_value("fedasync_ingest_runs_refused_total") == 1
         assert registry.get_sample_value("fedasync_ingest_runs") == 2
         assert await redis.xlen(Keys(runs.b).updates) == 0
+
+        # A retired: its place is given up to B (the cached "A exists" forgotten, as it is
+        # after its few seconds)
+        await redis.delete(Keys(runs.a).run)
+        client.app[RUN_INGESTS].known.forget(runs.a)
+        status, taken = await post(client, runs.b, key_b, body)
+        assert (status, taken["retry"]) == (202, False)
+        assert registry.get_sample_value("fedasync_ingest_runs") == 2
     finally:
         await client.close()
 
