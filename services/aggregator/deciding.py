@@ -112,7 +112,7 @@ class Decider:
                 stopping,
             )
         addresses = {a for _, fields in entries if (a := stream_entry.address_of(fields))}
-        self._claimed = await self._fetch_claims(addresses) if addresses else {}
+        self._claimed = await self._fetch_claims(addresses, stopping) if addresses else {}
         size = sum(len(stream_entry.message_of(fields) or b"") for _, fields in entries)
         size += sum(len(m) for m in self._claimed.values() if isinstance(m, bytes))
         threaded = size >= THREAD_DECIDE_BYTES
@@ -190,14 +190,22 @@ class Decider:
         claimed = self._claimed.get(address) if address is not None else None
         return claimed if isinstance(claimed, bytes) else None
 
-    async def _fetch_claims(self, addresses: set[str]) -> dict[str, bytes | ClaimError]:
+    async def _fetch_claims(
+        self, addresses: set[str], stopping: asyncio.Event | None
+    ) -> dict[str, bytes | ClaimError]:
         """The claim-check messages of a read, fetched and checked (the directory store in a
-        worker thread, Redis in one round trip per node) before any of it is decided; without a
-        store each is missing (a rejection, not a crash)."""
-        if self._claim_store is None:
+        worker thread, Redis in one round trip per node, retried while Redis is away) before
+        any of it is decided; without a store each is missing (a rejection, not a crash)."""
+        store = self._claim_store
+        if store is None:
             missing = ClaimError("claim_missing", "no claim-check store configured")
             return dict.fromkeys(addresses, missing)
-        return await self._claim_store.fetch(addresses)
+        return await retrying(
+            "fetch claim-check objects",
+            lambda: store.fetch(addresses),
+            self._settings.redis,
+            stopping,
+        )
 
     def decide_all(self, entries: list[Entry], batch: Batch, policy: Policy) -> None:
         for stream_id, fields in entries:
