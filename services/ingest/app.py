@@ -403,6 +403,9 @@ class RunIngests:
         limit = self._settings.ingest.max_runs
         if len(self._runs) >= limit:
             await self._forget_retired()
+            ingest = self._runs.get(run.id)  # made by a request that came meanwhile
+            if ingest is not None:
+                return ingest
         if len(self._runs) >= limit:
             self.guards.metrics.runs_refused.inc()
             raise Refusal(
