@@ -14,6 +14,12 @@ same way under its own domain tag, `b"fedasync-receipt-v1\\n"`, over `read_messa
 `b"GET /v1/updates/" + update_id`. The two domain tags differ, so a read signature can never pass
 as an update signature, nor the other way round.
 
+A deployment trains several runs, each with its own device keys. A run other than the default
+one signs under a domain that names it (`update_domain(run)`: `b"fedasync-update-v2\nrun=<id>\n"`,
+and `read_domain(run)` for reads), so that a key given to two runs, or copied from one run's
+table into another's, never lets a body signed for one run verify in the other. The default run
+keeps the v1 domains: every device signed so before runs existed.
+
 A device may instead hold an Ed25519 private key (`ed25519:<base64 of its 32-byte seed>`); Redis
 then holds only its public key (`ed25519:<base64 of 32 bytes>`), so read access to Redis no longer
 lets anyone forge that device's updates. Ed25519 is not a streaming signature, so what it signs is
@@ -41,6 +47,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from fedasync.shared.runs import DEFAULT_RUN, check_run_id
 from fedasync.shared.update import MAX_ID_LENGTH
 
 #: Domain separation: a MAC made for something else can never pass as an update signature.
@@ -49,6 +56,10 @@ DOMAIN = b"fedasync-update-v1\n"
 READ_DOMAIN = b"fedasync-receipt-v1\n"
 #: What a read of a receipt signs, before the update id: the method and the route's path.
 READ_PREFIX = b"GET /v1/updates/"
+#: The domain of an update of a run other than the default one: DOMAIN_V2 + b"run=<id>\n".
+DOMAIN_V2 = b"fedasync-update-v2\n"
+#: The domain of a signed read of a receipt of a run other than the default one, likewise.
+READ_DOMAIN_V2 = b"fedasync-receipt-v2\n"
 KEY_BYTES = 32
 #: Digits of a signing time, at most (Unix ms fits in 13 digits until the year 2286).
 MAX_TIME_DIGITS = 15
@@ -223,6 +234,26 @@ def sign(
     return Proof(
         client_id, signed_at_ms, key.sign(signature_base(client_id, signed_at_ms, digest, domain))
     )
+
+
+def update_domain(run: str | None) -> bytes:
+    """The domain an update of `run` is signed under: DOMAIN for the default run (None, or the
+    id `fedasync`: every device signed so before runs existed), else
+    `b"fedasync-update-v2\nrun=<id>\n"`. The run is in the signed text, so a body signed for one
+    run never verifies in another, even where a device holds the same key in both."""
+    return _run_domain(run, DOMAIN, DOMAIN_V2)
+
+
+def read_domain(run: str | None) -> bytes:
+    """The domain a read of a receipt of `run` is signed under: READ_DOMAIN for the default
+    run, else `b"fedasync-receipt-v2\nrun=<id>\n"` (as `update_domain`)."""
+    return _run_domain(run, READ_DOMAIN, READ_DOMAIN_V2)
+
+
+def _run_domain(run: str | None, legacy: bytes, named: bytes) -> bytes:
+    if run is None or run == DEFAULT_RUN:
+        return legacy
+    return named + b"run=" + check_run_id(run).encode("ascii") + b"\n"
 
 
 def read_message(update_id: str) -> bytes:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from fedasync.shared.device_auth import READ_DOMAIN, SigningKey, read_message, sign
+from fedasync.shared.device_auth import (
+    SigningKey,
+    read_domain,
+    read_message,
+    sign,
+    update_domain,
+)
 from fedasync.shared.runs import run_path
 
 PATH = "/v1/updates"
@@ -31,10 +37,11 @@ UNVERIFIED_BUDGET = "unverified_budget"
 
 
 def signed_headers(
-    key: SigningKey, client_id: str, signed_at_ms: int, body: bytes
+    key: SigningKey, client_id: str, signed_at_ms: int, body: bytes, run: str | None = None
 ) -> dict[str, str]:
-    """The headers of a POST of `body`: media type and the device's signature over the body."""
-    proof = sign(key, client_id, signed_at_ms, body)
+    """The headers of a POST of `body` to `run`'s route (None: the legacy route): media type
+    and the device's signature over the body, under the run's domain (update_domain)."""
+    proof = sign(key, client_id, signed_at_ms, body, update_domain(run))
     return {
         "Content-Type": CONTENT_TYPE,
         CLIENT_HEADER: proof.client_id,
@@ -56,11 +63,12 @@ def receipt_path(update_id: str, run: str | None = None) -> str:
 
 
 def read_headers(
-    key: SigningKey, client_id: str, signed_at_ms: int, update_id: str
+    key: SigningKey, client_id: str, signed_at_ms: int, update_id: str, run: str | None = None
 ) -> dict[str, str]:
-    """The headers of a GET of the receipt of `update_id`: the device's signature over
-    `GET /v1/updates/<update id>` (the id decoded) under the read domain."""
-    proof = sign(key, client_id, signed_at_ms, read_message(update_id), READ_DOMAIN)
+    """The headers of a GET of the receipt of `update_id` of `run` (None: the legacy route):
+    the device's signature over `GET /v1/updates/<update id>` (the id decoded, the same text
+    for every run) under the run's read domain (read_domain)."""
+    proof = sign(key, client_id, signed_at_ms, read_message(update_id), read_domain(run))
     return {
         CLIENT_HEADER: proof.client_id,
         TIME_HEADER: str(proof.signed_at_ms),

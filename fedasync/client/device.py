@@ -35,6 +35,7 @@ from fedasync.client.transport import RedisRetry, Transport
 from fedasync.shared.device_auth import SigningKey, check_client_id, parse_signing_key
 from fedasync.shared.durability import Durability
 from fedasync.shared.keys import Keys
+from fedasync.shared.runs import check_run_id
 
 #: how often `receipt(wait=...)` asks again, at most (it starts at 50 ms and doubles)
 RECEIPT_POLL_MAX_S = 1.0
@@ -63,6 +64,11 @@ class DeviceClient:
     to, for an edge with a private or self-signed certificate (docs/security.md, "A TLS edge for
     devices"); unset, the system's authorities. Either way the certificate and the host name are
     checked: there is no switch to turn checking off. Ignored with `session` (it has its own).
+    `run`: the run this device trains for; None (the default) is the deployment's default run
+    through the legacy routes (`/v1/models/latest`, `/v1/updates`), a run id its own routes
+    (`/v1/runs/<run>/...`), its own signature domain (docs/wire-format.md) and, straight to
+    Redis, its keys (`key_prefix` is then ignored). A key is issued per run
+    (`fedasync devices add <client> --run <run>`): another run's key is `unknown_device`.
     """
 
     def __init__(
@@ -82,8 +88,10 @@ class DeviceClient:
         sleep: Callable[[float], Awaitable[None]] | None = None,
         durability: Durability | None = None,
         ca_file: str | None = None,
+        run: str | None = None,
     ) -> None:
         check_client_id(client_id)
+        self.run = None if run is None else check_run_id(run)
         # read now, so that a missing or unreadable file is an error here, not at first use
         self._ssl = None if ca_file is None else ssl.create_default_context(cafile=ca_file)
         self.client_id = client_id
@@ -94,7 +102,7 @@ class DeviceClient:
         self._ingest_url = ingest_url
         self._owns_redis = isinstance(redis, str)
         self._redis = connect_url(redis) if isinstance(redis, str) else redis
-        self._keys = Keys(key_prefix)
+        self._keys = Keys(key_prefix if run is None else run)
         self._durability = durability or Durability()
         self._policy = retry or RetryPolicy()
         self._timeout_s = timeout_s
@@ -141,7 +149,7 @@ class DeviceClient:
     def _snapshots(self) -> Models:
         if self._models is None:
             self._models = Models(
-                self._http(), self._snapshot_url, self._timeout_s, self._downloads
+                self._http(), self._snapshot_url, self._timeout_s, self._downloads, self.run
             )
         return self._models
 
@@ -200,7 +208,7 @@ class DeviceClient:
         after every retry: sending it again later is safe) or `Abandoned` (stopping)."""
         if self._ingest_url is not None and self._key is not None:
             return await publishing.over_http(
-                self._http(), self._ingest_url, self._key, self.client_id, update
+                self._http(), self._ingest_url, self._key, self.client_id, update, self.run
             )
         if self._redis is None:
             raise ClientError("publishing needs ingest_url and key, or redis")
@@ -212,6 +220,7 @@ class DeviceClient:
             update,
             self._redis_retry,
             self._durability,
+            self.run,
         )
 
     async def publish(
@@ -247,7 +256,7 @@ class DeviceClient:
     async def _receipt_once(self, update_id: str) -> Receipt:
         if self._ingest_url is not None and self._key is not None:
             return await receipts.over_http(
-                self._http(), self._ingest_url, self._key, self.client_id, update_id
+                self._http(), self._ingest_url, self._key, self.client_id, update_id, self.run
             )
         if self._redis is None:
             raise ClientError("receipts need ingest_url and key, or redis")

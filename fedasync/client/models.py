@@ -19,7 +19,7 @@ from fedasync.client.errors import UnexpectedAnswer
 from fedasync.client.transport import Answer, Request, Transport
 from fedasync.shared.layout import Layout
 from fedasync.shared.model_format import decode_model
-from fedasync.shared.snapshot_protocol import DONE_HEADER, LATEST_PATH
+from fedasync.shared.snapshot_protocol import DONE_HEADER, latest_path
 from fedasync.shared.wire import WireError
 
 
@@ -47,10 +47,16 @@ class Models:
     """Fetches models for one device and keeps the newest one it got."""
 
     def __init__(
-        self, transport: Transport, base_url: str, timeout_s: float, counts: Downloads
+        self,
+        transport: Transport,
+        base_url: str,
+        timeout_s: float,
+        counts: Downloads,
+        run: str | None = None,
     ) -> None:
         self._transport = transport
-        self._url = base_url.rstrip("/") + LATEST_PATH
+        #: `run`'s newest model (None: the legacy route, the default run's)
+        self._url = base_url.rstrip("/") + latest_path(run)
         self._timeout_s = timeout_s
         self.model: Model | None = None
         self.training_done: str | None = None

@@ -23,9 +23,9 @@ from fedasync.client.redis_link import as_text, replicated
 from fedasync.client.retry import retryable
 from fedasync.client.transport import Answer, RedisRetry, Request, Transport, now_ms
 from fedasync.shared import stream_entry
-from fedasync.shared.device_auth import SigningKey, sign
+from fedasync.shared.device_auth import SigningKey, sign, update_domain
 from fedasync.shared.durability import Durability
-from fedasync.shared.ingest_protocol import PATH, signed_headers
+from fedasync.shared.ingest_protocol import signed_headers, updates_path
 from fedasync.shared.keys import Keys
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
@@ -82,13 +82,19 @@ def _again(answer: Answer) -> bool:
 
 
 async def over_http(
-    transport: Transport, base_url: str, key: SigningKey, client_id: str, update: PreparedUpdate
+    transport: Transport,
+    base_url: str,
+    key: SigningKey,
+    client_id: str,
+    update: PreparedUpdate,
+    run: str | None = None,
 ) -> Published:
-    """POST to the ingest service, signed afresh on each attempt; Refused for a 4xx."""
+    """POST to the ingest service (`run`'s route, None: the legacy one), signed afresh on each
+    attempt under the run's domain; Refused for a 4xx."""
     request = Request(
         "POST",
-        base_url.rstrip("/") + PATH,
-        lambda: signed_headers(key, client_id, now_ms(), update.body),
+        base_url.rstrip("/") + updates_path(run),
+        lambda: signed_headers(key, client_id, now_ms(), update.body, run),
         body=update.body,
     )
     answer = await transport.send("publish", request, _again)
@@ -108,12 +114,16 @@ async def to_redis(
     update: PreparedUpdate,
     retry: RedisRetry,
     durability: Durability | None = None,
+    run: str | None = None,
 ) -> Published:
     """XADD the entry (signed if there is a key), retried with the same bytes on connection
     errors; never trims the stream (no MAXLEN). In durable mode the XADD counts only once the
     replicas hold it; short of them it is retried like a lost connection: the entry added
-    again, which the aggregator's dedup memory records as a duplicate, never applies twice."""
-    proof = None if key is None else sign(key, client_id, now_ms(), update.body)
+    again, which the aggregator's dedup memory records as a duplicate, never applies twice.
+    `run` names the run in the signature's domain (None: the default run; `keys` are the run's
+    keys either way)."""
+    domain = update_domain(run)
+    proof = None if key is None else sign(key, client_id, now_ms(), update.body, domain)
     fields = stream_entry.build(update.body, proof)
 
     async def xadd(client: aioredis.Redis) -> Any:

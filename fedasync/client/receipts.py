@@ -70,13 +70,19 @@ def _text(value: Any) -> str | None:
 
 
 async def over_http(
-    transport: Transport, base_url: str, key: SigningKey, client_id: str, update_id: str
+    transport: Transport,
+    base_url: str,
+    key: SigningKey,
+    client_id: str,
+    update_id: str,
+    run: str | None = None,
 ) -> Receipt:
-    """Ask the ingest service; the request is signed afresh on each attempt."""
+    """Ask the ingest service (`run`'s route; None: the legacy one); the request is signed
+    afresh on each attempt."""
     request = Request(
         "GET",
-        base_url.rstrip("/") + receipt_path(update_id),
-        lambda: read_headers(key, client_id, now_ms(), update_id),
+        base_url.rstrip("/") + receipt_path(update_id, run),
+        lambda: read_headers(key, client_id, now_ms(), update_id, run),
     )
     answer = await transport.send("receipt", request)
     if answer.status == 200:

@@ -27,10 +27,11 @@ from fedasync.services.aggregator.commit import Batch, DeadLetter, LedgerEntry
 from fedasync.services.aggregator.logger import log
 from fedasync.services.aggregator.metrics import AggregatorMetrics
 from fedasync.services.aggregator.reader import Entry
+from fedasync.services.runtime.own_run import own_domain
 from fedasync.services.runtime.redis_conn import retrying
 from fedasync.services.runtime.settings import Problem, Settings, SettingsError, TaskSettings
 from fedasync.services.stores.archive import ADDRESS_MARK
-from fedasync.services.stores.claim_check import ClaimError, ClaimStore
+from fedasync.services.stores.claim_check import ClaimError, ClaimSource
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.ingest_markers import IngestMarkers, vouches
 from fedasync.shared import stream_entry
@@ -64,7 +65,7 @@ class Decider:
         metrics: AggregatorMetrics,
         device_keys: KeyCache,
         markers: IngestMarkers,
-        claim_store: ClaimStore | None,
+        claim_store: ClaimSource | None,
         archiving: bool,
     ) -> None:
         self._settings = settings
@@ -111,7 +112,7 @@ class Decider:
                 stopping,
             )
         addresses = {a for _, fields in entries if (a := stream_entry.address_of(fields))}
-        self._claimed = await self._fetch_claims(addresses) if addresses else {}
+        self._claimed = await self._fetch_claims(addresses, stopping) if addresses else {}
         size = sum(len(stream_entry.message_of(fields) or b"") for _, fields in entries)
         size += sum(len(m) for m in self._claimed.values() if isinstance(m, bytes))
         threaded = size >= THREAD_DECIDE_BYTES
@@ -189,13 +190,22 @@ class Decider:
         claimed = self._claimed.get(address) if address is not None else None
         return claimed if isinstance(claimed, bytes) else None
 
-    async def _fetch_claims(self, addresses: set[str]) -> dict[str, bytes | ClaimError]:
-        """The claim-check messages of a read, fetched and checked in a worker thread before
+    async def _fetch_claims(
+        self, addresses: set[str], stopping: asyncio.Event | None
+    ) -> dict[str, bytes | ClaimError]:
+        """The claim-check messages of a read, fetched and checked (the directory store in a
+        worker thread, Redis in one round trip per node, retried while Redis is away) before
         any of it is decided; without a store each is missing (a rejection, not a crash)."""
-        if self._claim_store is None:
+        store = self._claim_store
+        if store is None:
             missing = ClaimError("claim_missing", "no claim-check store configured")
             return dict.fromkeys(addresses, missing)
-        return await asyncio.to_thread(self._claim_store.fetch, addresses)
+        return await retrying(
+            "fetch claim-check objects",
+            lambda: store.fetch(addresses),
+            self._settings.redis,
+            stopping,
+        )
 
     def decide_all(self, entries: list[Entry], batch: Batch, policy: Policy) -> None:
         for stream_id, fields in entries:
@@ -287,7 +297,8 @@ class Decider:
             raise
         key = self.device_keys.key_of(proof.client_id)
         window_ms = self._settings.auth.window_ms
-        verify(proof, key, raw, stream_id_ms(stream_id), window_ms)
+        # under the run's own domain: a body signed for another run never verifies here
+        verify(proof, key, raw, stream_id_ms(stream_id), window_ms, own_domain(self._settings))
         self._metrics.authenticated.inc()
         return proof
 

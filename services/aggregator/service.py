@@ -62,7 +62,7 @@ from fedasync.services.runtime.redis_conn import (
 )
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.archive import PayloadArchive
-from fedasync.services.stores.claim_check import ClaimStore
+from fedasync.services.stores.claim_check import claim_source
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.dp_secret import ensure_secret
 from fedasync.services.stores.ingest_markers import IngestMarkers
@@ -103,7 +103,7 @@ class Aggregator:
         self.gauges = StreamGauges(redis, keys, metrics)
         self.reader = Reader(redis, keys, settings)
         self.policy_refresh = PolicyRefresh(redis, keys, settings.redis, metrics)
-        claim_dir = settings.wire.claim_check_dir
+        wire = settings.wire
         archive_dir = settings.aggregator.archive_dir
         archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
         self.decider = Decider(
@@ -111,7 +111,7 @@ class Aggregator:
             metrics,
             KeyCache(redis, keys, settings.auth.key_refresh_s),
             IngestMarkers(redis, keys),
-            None if claim_dir is None else ClaimStore(claim_dir),
+            claim_source(wire.claim_check_store, wire.claim_check_dir, redis, keys.prefix),
             archiving=archive is not None,
         )
         self.pipeline = CommitPipeline(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
     from fedasync.services.commands.flags import Flag
-    from fedasync.services.runtime.settings import RedisSettings, TaskSettings
+    from fedasync.services.runtime.settings import RedisSettings, TaskSettings, WireSettings
     from fedasync.shared.keys import Keys
 
 #: the policy fields that change α or whether an update is dropped (and the mode, for its preset)
@@ -136,7 +136,7 @@ def _ledger(args: argparse.Namespace) -> int:
                 redis_settings,
                 settings.wire.max_message_bytes,
                 settings.aggregator.archive_dir,
-                settings.wire.claim_check_dir,
+                settings.wire,
                 settings.task,
             )
         )
@@ -154,7 +154,7 @@ def _ledger(args: argparse.Namespace) -> int:
                 run.redis,
                 settings.wire.max_message_bytes,
                 settings.aggregator.archive_dir,
-                settings.wire.claim_check_dir,
+                settings.wire,
                 settings.task,
             )
         )
@@ -186,7 +186,7 @@ async def _ledger_job(
     redis_settings: RedisSettings,
     max_message_bytes: int,
     archive_dir: Path | None = None,
-    claim_check_dir: Path | None = None,
+    wire: WireSettings | None = None,
     task: TaskSettings | None = None,
 ) -> int:
     from fedasync.services.commands.errors import CommandError
@@ -194,7 +194,7 @@ async def _ledger_job(
     from fedasync.services.runtime.redis_conn import connect
     from fedasync.services.stores import ledger
     from fedasync.services.stores.archive import PayloadArchive
-    from fedasync.services.stores.claim_check import ClaimStore
+    from fedasync.services.stores.claim_check import claim_source
     from fedasync.services.stores.committed import CommitsTooFast
     from fedasync.services.stores.dp_secret import SecretUnreadable
     from fedasync.shared.keys import Keys
@@ -217,7 +217,11 @@ async def _ledger_job(
 
     async def verify() -> int:
         archive = None if archive_dir is None else PayloadArchive(archive_dir, keys.prefix)
-        claims = None if claim_check_dir is None else ClaimStore(claim_check_dir)
+        claims = (
+            None
+            if wire is None
+            else claim_source(wire.claim_check_store, wire.claim_check_dir, redis, keys.prefix)
+        )
         try:
             gradient_at = None if task is None else await _zeno_source(redis, keys, task)
             report = await ledger.verify(

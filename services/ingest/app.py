@@ -1,6 +1,15 @@
 """The ingest service's app: POST /v1/updates adds a device's update to the stream once;
 GET /v1/updates/{update_id} tells a device the decision about one of its own updates
-(services/ingest/receipts.py).
+(services/ingest/receipts.py). Both have a twin per run, `/v1/runs/{run}/updates[/{update_id}]`;
+the legacy routes mean the default run (services/runtime/run_routes.py).
+
+Each run gets its own `Ingest` (its keys, key cache, update store, policy, receipts, body limit
+and signature domain), made at its first request, at most `FEDASYNC_INGEST__MAX_RUNS` of them
+(beyond: 503 `too_many_runs`, nothing read). What guards the process stays shared: the budget of
+unverified bytes (one process's memory), the rate limiters and the metrics. A device's token
+bucket is keyed by (run, client id): client ids are chosen by each run's operators, so two runs'
+devices of the same name are not made to share one rate, and a device enrolled in two runs
+holds two keys, two identities.
 
 The order of checks spends as little as possible on a request that will be refused: media type,
 encoding (a compressed body is refused, never inflated) and declared length first (a body over
@@ -24,15 +33,17 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from redis.exceptions import ResponseError
 
 from fedasync.services.ingest.body_limit import BodyLimit
 from fedasync.services.ingest.budget import UnverifiedBudget
 from fedasync.services.ingest.metrics import IngestMetrics
-from fedasync.services.ingest.openapi import spec
+from fedasync.services.ingest.openapi import RUN_PATH, RUN_RECEIPT_PATH, spec
 from fedasync.services.ingest.receipts import ReceiptReader, not_decided
 from fedasync.services.ingest.refusal import (
     RateLimiter,
@@ -52,9 +63,12 @@ from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import livez, redis_readiness
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT, is_out_of_memory
+from fedasync.services.runtime.run_clients import RunClients
+from fedasync.services.runtime.run_routes import RUN, KnownRuns, RunContext, runs_middleware
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.device_keys import KeyCache
 from fedasync.services.stores.policy_store import PolicyCache
+from fedasync.services.stores.runs import run_exists
 from fedasync.shared.device_auth import (
     AuthError,
     AuthReason,
@@ -62,7 +76,9 @@ from fedasync.shared.device_auth import (
     Proof,
     VerifyKey,
     check_claim,
+    read_domain,
     stream_id_ms,
+    update_domain,
     verify,
 )
 from fedasync.shared.ingest_protocol import (
@@ -75,6 +91,7 @@ from fedasync.shared.ingest_protocol import (
     REDIS_OUT_OF_MEMORY,
 )
 from fedasync.shared.keys import Keys
+from fedasync.shared.runs import BAD_RUN_ID, UNKNOWN_RUN, RunIdError, check_run_id
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)
@@ -91,13 +108,46 @@ class Accepted:
     body_bytes: int
 
 
-class Ingest:
-    """The state of one ingest app: settings, Redis, key cache, limiter, metrics."""
+class Guards:
+    """What guards the whole process, whichever run a request is for: the metrics, the rate
+    limiters (a bucket per run and device) and the budget of unverified bytes."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
-        keys = Keys(settings.redis.key_prefix)
+    def __init__(self, settings: Settings) -> None:
+        self.metrics = IngestMetrics()
+        self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
+        #: a device may read receipts as fast as it may publish: its own bucket, not the same one
+        self.read_limiter = RateLimiter(
+            settings.ingest.rate_per_s, settings.ingest.burst, what="receipt reads"
+        )
+        self.budget = UnverifiedBudget(
+            settings.ingest.unverified_bytes,
+            settings.ingest.unverified_bytes_per_client,
+            settings.ingest.budget_retry_after_s,
+        )
+        self.metrics.unverified_bytes.set_function(lambda: self.budget.in_flight)
+
+
+class Ingest:
+    """One run's ingest: its keys, key cache, update store, policy, receipts, body limit and
+    signature domain, beside the process's guards (shared by every run)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        run: RunContext | None = None,
+        guards: Guards | None = None,
+        *,
+        default: bool = True,
+    ) -> None:
+        keys = Keys(settings.redis.key_prefix) if run is None else run.keys
+        guards = guards or Guards(settings)
         self.settings = settings
         self.redis = redis
+        self.run = keys.prefix
+        #: how devices name this run in what they sign: None for the deployment's default run
+        signed_as = None if default else keys.prefix
+        self.domain = update_domain(signed_as)
         self.keys_cache = KeyCache(redis, keys, settings.auth.key_refresh_s)
         self.store = IngestStore(
             redis,
@@ -106,17 +156,15 @@ class Ingest:
             window_ms=settings.auth.window_ms,
             durability=settings.redis.durability,
         )
-        self.limiter = RateLimiter(settings.ingest.rate_per_s, settings.ingest.burst)
+        self.guards = guards
+        self.limiter = guards.limiter
         self.policy = PolicyCache(redis, keys, settings.ingest.policy_refresh_s)
-        self.metrics = IngestMetrics()
-        self.receipts = ReceiptReader(settings, redis, self.keys_cache)
-        self.body_limit = BodyLimit(settings, redis)
-        self.budget = UnverifiedBudget(
-            settings.ingest.unverified_bytes,
-            settings.ingest.unverified_bytes_per_client,
-            settings.ingest.budget_retry_after_s,
+        self.metrics = guards.metrics
+        self.receipts = ReceiptReader(
+            settings, redis, keys, self.keys_cache, guards.read_limiter, read_domain(signed_as)
         )
-        self.metrics.unverified_bytes.set_function(lambda: self.budget.in_flight)
+        self.body_limit = BodyLimit(settings, redis, keys)
+        self.budget = guards.budget
 
     def refuse(self, request: web.Request, refusal: Refusal) -> web.Response:
         self.metrics.refusals.labels(refusal.reason).inc()
@@ -173,10 +221,10 @@ class Ingest:
         proof = request_proof(request)
         known = await device_known(self.keys_cache, proof)
         key = known.key
-        self.limiter.check(proof.client_id, time.monotonic(), take=False)
+        self.limiter.check(proof.client_id, time.monotonic(), take=False, run=self.run)
         body = await self.read_verified(request, proof, key, limit)
         window_ms = self.settings.auth.window_ms
-        self.limiter.check(proof.client_id, time.monotonic(), take=True)
+        self.limiter.check(proof.client_id, time.monotonic(), take=True, run=self.run)
         try:
             update = decode_update(body, self.settings.wire.max_message_bytes)
             check_claim(proof, update.client_id)
@@ -197,7 +245,7 @@ class Ingest:
             raise await self.key_changed(exc) from None
         except SignedOutsideWindow as exc:
             # then by Redis's clock, the aggregator's: what it would refuse is never acknowledged
-            raise outside_window(proof, key, body, exc.entry_id, window_ms) from None
+            raise outside_window(proof, key, body, exc.entry_id, window_ms, self.domain) from None
         except TRANSIENT as exc:
             # maybe added, maybe not: a retry with the same update id settles it
             raise unavailable(exc) from None
@@ -239,7 +287,7 @@ class Ingest:
         """
         reserved = limit if request.content_length is None else request.content_length
         with self.budget.hold(proof.client_id, reserved, limit):
-            state = BodyCheck(key, proof.client_id, proof.signed_at_ms)
+            state = BodyCheck(key, proof.client_id, proof.signed_at_ms, self.domain)
             allowed_s = self.upload_deadline_s(reserved)
             try:
                 async with asyncio.timeout(allowed_s):
@@ -285,12 +333,12 @@ class Ingest:
 
 
 def outside_window(
-    proof: Proof, key: VerifyKey, body: bytes, entry_id: str, window_ms: int
+    proof: Proof, key: VerifyKey, body: bytes, entry_id: str, window_ms: int, domain: bytes
 ) -> Refusal:
     """The 401 for an update the store found signed outside the window of Redis's time of
     receipt, worded by the core's own check (the aggregator's) at that time."""
     try:
-        verify(proof, key, body, stream_id_ms(entry_id.encode()), window_ms)
+        verify(proof, key, body, stream_id_ms(entry_id.encode()), window_ms, domain)
     except AuthError as exc:
         detail = f"{exc.detail} (by Redis's clock, when it added the entry)"
         return Refusal(401, exc.reason.value, detail)
@@ -326,26 +374,106 @@ async def _read(
     return chunks
 
 
+#: the default run's Ingest (what the legacy routes serve)
 INGEST = web.AppKey("ingest", Ingest)
+
+
+#: the wire reason of a run beyond FEDASYNC_INGEST__MAX_RUNS (503: this process serves no more)
+TOO_MANY_RUNS = "too_many_runs"
+
+
+class RunIngests:
+    """Each run's Ingest, made at its first request; at most `settings.ingest.max_runs`. When
+    full, the runs that no longer exist (retired) give their place up first."""
+
+    def __init__(self, settings: Settings, default: Ingest, known: KnownRuns) -> None:
+        self._settings = settings
+        self.default = default
+        self.guards = default.guards
+        self._runs: dict[str, Ingest] = {default.run: default}
+        #: whether a run exists, cached (run_routes.KnownRuns): the app's middleware's own
+        self.known = known
+        self.guards.metrics.runs.set_function(lambda: len(self._runs))
+
+    async def of(self, run: RunContext) -> Ingest:
+        """The Ingest of `run`; a Refusal (503 too_many_runs) beyond the runs allowed."""
+        ingest = self._runs.get(run.id)
+        if ingest is not None:
+            return ingest
+        limit = self._settings.ingest.max_runs
+        if len(self._runs) >= limit:
+            await self._forget_retired()
+            ingest = self._runs.get(run.id)  # made by a request that came meanwhile
+            if ingest is not None:
+                return ingest
+        if len(self._runs) >= limit:
+            self.guards.metrics.runs_refused.inc()
+            raise Refusal(
+                503,
+                TOO_MANY_RUNS,
+                f"this ingest service serves {limit} runs already (FEDASYNC_INGEST__MAX_RUNS); "
+                f"run {run.id!r} is not served here",
+                {"Retry-After": str(self._settings.ingest.paused_retry_after_s)},
+            )
+        ingest = self._runs[run.id] = Ingest(
+            self._settings, run.redis, run, self.guards, default=False
+        )
+        return ingest
+
+    async def _forget_retired(self) -> None:
+        """Drop the Ingests of runs that exist no more (each look cached: run_routes.py)."""
+        for held in [r for r in self._runs if r != self.default.run]:
+            try:
+                gone = not await self.known.exists(held)
+            except TRANSIENT:
+                return  # Redis away: the request's own refusal follows
+            if gone:
+                del self._runs[held]
+
+
+#: every run's Ingest (the default run's is INGEST)
+RUN_INGESTS = web.AppKey("run_ingests", RunIngests)
+
+
+async def _named_run(request: web.Request, known: KnownRuns) -> RunContext:
+    """The run a request names, for the `Expect: 100-continue` answer, which aiohttp gives
+    before any middleware runs: the same checks and answers as runs_middleware's."""
+    try:
+        run = check_run_id(request.match_info["run"])
+    except RunIdError as exc:
+        raise Refusal(400, BAD_RUN_ID, str(exc)) from None
+    if not await known.exists(run):
+        raise Refusal(404, UNKNOWN_RUN, f"no run {run!r} in this deployment")
+    return RunContext(run, Keys(run), known.clients.for_run(run), False)
 
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     """The ingest app; `lingering_time=0`: a refused body is not drained, the connection closes;
     `auto_decompress=False`: aiohttp never inflates a body (a compressed one is refused, 415)."""
+    clients = RunClients(redis, settings.redis, settings.redis.key_prefix)
+    known = KnownRuns(clients, run_exists)
     ingest = Ingest(settings, redis)
+    ingests = RunIngests(settings, ingest, known)
     app = web.Application(
-        middlewares=[json_errors],
+        # runs_middleware is typed loosely (run_routes.py): it is an aiohttp middleware
+        middlewares=[json_errors, cast(Middleware, runs_middleware(known))],
         client_max_size=ingest.body_limit.ceiling,  # a backstop: bodies are read in chunks
         handler_args={"lingering_time": 0, "auto_decompress": False},
     )
     app[INGEST] = ingest
+    app[RUN_INGESTS] = ingests
     app[REGISTRY] = ingest.metrics.registry
 
+    async def serving(request: web.Request) -> Ingest:
+        return await ingests.of(request[RUN])
+
     async def post_update(request: web.Request) -> web.Response:
+        run = ingest
         try:
-            accepted = await ingest.accept(request)
+            run = await serving(request)
+            accepted = await run.accept(request)
         except Refusal as refusal:
-            return ingest.refuse(request, refusal)
+            return run.refuse(request, refusal)
         ingest.metrics.accepted.labels("new" if accepted.new else "retry").inc()
         ingest.metrics.body_bytes.observe(accepted.body_bytes)
         return web.json_response(
@@ -360,23 +488,28 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse a paused ingest or an oversized body before the
-        device sends it."""
+        device sends it (and, on a run's route, a run that is not served)."""
+        run = ingest
         try:
-            await ingest.check_not_paused()
-            ingest.check_encoding(request)
-            await ingest.check_length(request)
+            if "run" in request.match_info:
+                run = await ingests.of(await _named_run(request, known))
+            await run.check_not_paused()
+            run.check_encoding(request)
+            await run.check_length(request)
         except Refusal as refusal:
-            return ingest.refuse(request, refusal)
+            return run.refuse(request, refusal)
         if request.headers.get("Expect", "").lower() != "100-continue":
             raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers['Expect']}")
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
 
     async def get_receipt(request: web.Request) -> web.Response:
+        run = ingest
         try:
-            record = await ingest.receipts.read(request)
+            run = await serving(request)
+            record = await run.receipts.read(request)
         except Refusal as refusal:
-            return ingest.refuse(request, refusal)
+            return run.refuse(request, refusal)
         if record is None:
             ingest.metrics.receipts.labels(NOT_DECIDED).inc()
             return not_decided(request)
@@ -389,10 +522,16 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         return metrics_response(ingest.metrics.registry)
 
+    async def close_clients(app: web.Application) -> None:
+        await clients.aclose()
+
+    app.on_cleanup.append(close_clients)
     app.add_routes(
         [
             web.post(PATH, post_update, expect_handler=expect),
             web.get(RECEIPT_PATH, get_receipt, allow_head=False),
+            web.post(RUN_PATH, post_update, expect_handler=expect),
+            web.get(RUN_RECEIPT_PATH, get_receipt, allow_head=False),
             web.get("/livez", livez),
             web.get("/readyz", readyz),
             web.get("/metrics", metrics),

@@ -36,9 +36,10 @@ HEAD_BYTES = 64 * 1024
 class BodyLimit:
     """The body limit in force: the setting, else the run's model's largest update."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, keys: Keys | None = None) -> None:
         self._redis = redis
-        self._keys = Keys(settings.redis.key_prefix)
+        #: the run whose model sets the limit (each run's Ingest has its own BodyLimit)
+        self._keys = Keys(settings.redis.key_prefix) if keys is None else keys
         self._explicit = settings.ingest.max_body_bytes
         self._ceiling = settings.wire.max_message_bytes
         self._derived: int | None = None

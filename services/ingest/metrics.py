@@ -48,6 +48,17 @@ class IngestMetrics:
             "Bytes of update bodies read, before their signature was checked (accepted or not)",
             registry=r,
         )
+        self.runs = Gauge(
+            "fedasync_ingest_runs",
+            "Runs this process serves (each made at its first request; "
+            "FEDASYNC_INGEST__MAX_RUNS bounds it)",
+            registry=r,
+        )
+        self.runs_refused = Counter(
+            "fedasync_ingest_runs_refused",
+            "Requests for a run beyond FEDASYNC_INGEST__MAX_RUNS, refused with 503 too_many_runs",
+            registry=r,
+        )
         self.body_limit_bytes = Gauge(
             "fedasync_ingest_body_limit_bytes",
             "The body limit in force: FEDASYNC_INGEST__MAX_BODY_BYTES, or the largest update of "

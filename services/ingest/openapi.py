@@ -15,6 +15,19 @@ from fedasync.shared.ingest_protocol import (
     TIME_HEADER,
 )
 
+#: a run's twins of PATH and RECEIPT_PATH (the legacy ones serve the default run)
+RUN_PATH = "/v1/runs/{run}" + PATH.removeprefix("/v1")
+RUN_RECEIPT_PATH = RUN_PATH + "/{update_id}"
+
+_RUN_PARAMETER = {
+    "name": "run",
+    "in": "path",
+    "required": True,
+    "description": "the run's id (400 bad_run_id outside the grammar, 404 unknown_run if no "
+    "such run)",
+    "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"},
+}
+
 _ERROR = {
     "type": "object",
     "properties": {"error": {"type": "string"}, "reason": {"type": "string"}},
@@ -94,65 +107,85 @@ def spec() -> dict[str, Any]:
             ),
         ),
     }
+    post: dict[str, Any] = {
+        "summary": "Add a signed update to the updates stream, once per update id",
+        "parameters": _SIGNATURE_HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        },
+        "responses": {
+            "202": _json(
+                {
+                    "type": "object",
+                    "properties": {
+                        "status": {"const": "accepted"},
+                        "update_id": {"type": "string"},
+                        "entry_id": {"type": "string"},
+                        "retry": {"type": "boolean"},
+                    },
+                },
+                "added (or already added: a retry gets the first entry id)",
+            ),
+            "403": _json(_ERROR, "client_mismatch: the message names another client"),
+            "409": _json(_ERROR, "update_id_reused with another body"),
+            "413": _json(_ERROR, "too_large"),
+            "415": _json(_ERROR, "unsupported_media_type"),
+            "422": _json(_ERROR, "not a valid update message (a wire reason)"),
+            **refused,
+        },
+    }
+    get: dict[str, Any] = {
+        "summary": "The decision about one of the signing device's own updates",
+        "parameters": [
+            {
+                "name": "update_id",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+            },
+            *_SIGNATURE_HEADERS,
+        ],
+        "responses": {
+            "200": _json(_receipt_schema(), "the ledger record of the decision"),
+            "404": _json(
+                _ERROR,
+                "not_decided: no decision recorded for this device's update id (not "
+                "yet decided, unknown, another device's, or older than kept)",
+            ),
+            **refused,
+        },
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "fedasync ingest service", "version": "1"},
         "paths": {
-            PATH: {
-                "post": {
-                    "summary": "Add a signed update to the updates stream, once per update id",
-                    "parameters": _SIGNATURE_HEADERS,
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}
-                        },
-                    },
-                    "responses": {
-                        "202": _json(
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "status": {"const": "accepted"},
-                                    "update_id": {"type": "string"},
-                                    "entry_id": {"type": "string"},
-                                    "retry": {"type": "boolean"},
-                                },
-                            },
-                            "added (or already added: a retry gets the first entry id)",
-                        ),
-                        "403": _json(_ERROR, "client_mismatch: the message names another client"),
-                        "409": _json(_ERROR, "update_id_reused with another body"),
-                        "413": _json(_ERROR, "too_large"),
-                        "415": _json(_ERROR, "unsupported_media_type"),
-                        "422": _json(_ERROR, "not a valid update message (a wire reason)"),
-                        **refused,
-                    },
-                }
-            },
-            RECEIPT_PATH: {
-                "get": {
-                    "summary": "The decision about one of the signing device's own updates",
-                    "parameters": [
-                        {
-                            "name": "update_id",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 128},
-                        },
-                        *_SIGNATURE_HEADERS,
-                    ],
-                    "responses": {
-                        "200": _json(_receipt_schema(), "the ledger record of the decision"),
-                        "404": _json(
-                            _ERROR,
-                            "not_decided: no decision recorded for this device's update id (not "
-                            "yet decided, unknown, another device's, or older than kept)",
-                        ),
-                        **refused,
-                    },
-                }
+            PATH: {"post": post},
+            RECEIPT_PATH: {"get": get},
+            RUN_PATH: {"post": _of_a_run(post, "unknown_run: no such run")},
+            RUN_RECEIPT_PATH: {
+                "get": _of_a_run(
+                    get, "not_decided (as on the legacy route), or unknown_run: no such run"
+                )
             },
             **operational_paths("accepted, refusals by reason, receipts"),
         },
+    }
+
+
+def _of_a_run(operation: dict[str, Any], not_found: str) -> dict[str, Any]:
+    """A legacy route's operation on a run's twin: the run in the path, and the answers of a
+    run that is not served (bad id, no such run, more runs than this process serves)."""
+    responses = dict(operation["responses"])
+    responses["400"] = _json(_ERROR, "bad_run_id: not a run id")
+    responses["404"] = _json(_ERROR, not_found)
+    responses["503"] = _json(
+        _ERROR,
+        responses["503"]["description"] + "; too_many_runs: FEDASYNC_INGEST__MAX_RUNS reached",
+    )
+    return {
+        **operation,
+        "summary": operation["summary"] + " (of the run named in the path)",
+        "parameters": [_RUN_PARAMETER, *operation["parameters"]],
+        "responses": responses,
     }

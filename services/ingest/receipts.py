@@ -1,7 +1,9 @@
 """GET /v1/updates/{update_id}: the decision about one of the asking device's own updates.
 
-Read-only. The device signs `GET /v1/updates/<update id>` under the read domain
-(shared/device_auth.py), so no receipt signature can pass as an update signature. The lookup is
+Read-only. The device signs `GET /v1/updates/<update id>` under the read domain of the run
+(shared/device_auth.read_domain; on a run's route `/v1/runs/<run>/updates/<update id>` the
+signed text is the same, the domain names the run), so no receipt signature can pass as an
+update signature, nor as a read of another run's receipt. The lookup is
 keyed by the *authenticated* client id and the update id (fedasync/client/receipt_index.py): another
 device's update id finds nothing and is answered exactly like an id never used, `404
 not_decided`, so a device learns nothing about updates that are not its own.
@@ -26,7 +28,7 @@ from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import receipts
 from fedasync.services.stores.device_keys import KeyCache
-from fedasync.shared.device_auth import READ_DOMAIN, AuthError, read_message, verify
+from fedasync.shared.device_auth import AuthError, read_message, verify
 from fedasync.shared.ingest_protocol import NOT_DECIDED
 from fedasync.shared.keys import Keys
 from fedasync.shared.update import MAX_ID_LENGTH
@@ -35,15 +37,23 @@ from fedasync.shared.update import MAX_ID_LENGTH
 class ReceiptReader:
     """Authenticates a read and looks the receipt up; every failure is a Refusal."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis, key_cache: KeyCache) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: aioredis.Redis,
+        keys: Keys,
+        key_cache: KeyCache,
+        limiter: RateLimiter,
+        domain: bytes,
+    ) -> None:
         self._settings = settings
         self._redis = redis
-        self._keys = Keys(settings.redis.key_prefix)
+        self._keys = keys
         self._key_cache = key_cache
-        #: a device may read receipts as fast as it may publish: its own bucket, not the same one
-        self.limiter = RateLimiter(
-            settings.ingest.rate_per_s, settings.ingest.burst, what="receipt reads"
-        )
+        #: the process's bucket of receipt reads per (run, device): not the publishing one
+        self.limiter = limiter
+        #: the run's read domain (shared/device_auth.read_domain)
+        self._domain = domain
 
     async def read(self, request: web.Request) -> dict[str, Any] | None:
         """The ledger record of the decision (with `ledger_id`); None if there is none; a
@@ -57,10 +67,10 @@ class ReceiptReader:
             raise Refusal(401, "bad_signature", "the update id is not UTF-8") from None
         window_ms = self._settings.auth.window_ms
         try:
-            verify(proof, key, message, int(time.time() * 1000), window_ms, READ_DOMAIN)
+            verify(proof, key, message, int(time.time() * 1000), window_ms, self._domain)
         except AuthError as exc:
             raise Refusal(401, exc.reason.value, exc.detail) from None
-        self.limiter.check(proof.client_id, time.monotonic(), take=True)
+        self.limiter.check(proof.client_id, time.monotonic(), take=True, run=self._keys.prefix)
         if not (1 <= len(update_id) <= MAX_ID_LENGTH and update_id.isprintable()):
             return None  # no update can have this id: answered like any id without a decision
         try:

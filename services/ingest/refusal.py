@@ -42,24 +42,26 @@ def unavailable(exc: BaseException) -> Refusal:
 
 @dataclass(slots=True)
 class RateLimiter:
-    """A token bucket per authenticated device, in this process's memory."""
+    """A token bucket per authenticated device of a run, in this process's memory: keyed by
+    (run, client id), since each run's operators name their devices, and one run's device must
+    not spend the rate of another run's device of the same name."""
 
     rate: float
     burst: int
     what: str = "updates"
-    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+    buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
 
-    def _bucket(self, client_id: str, now: float) -> TokenBucket:
-        bucket = self.buckets.get(client_id)
+    def _bucket(self, device: tuple[str, str], now: float) -> TokenBucket:
+        bucket = self.buckets.get(device)
         if bucket is None:
             if len(self.buckets) >= MAX_IDLE_BUCKETS:
                 self.buckets = {c: b for c, b in self.buckets.items() if not b.is_full(now)}
-            bucket = self.buckets[client_id] = TokenBucket.full(self.rate, self.burst, now)
+            bucket = self.buckets[device] = TokenBucket.full(self.rate, self.burst, now)
         return bucket
 
-    def check(self, client_id: str, now: float, *, take: bool) -> None:
+    def check(self, client_id: str, now: float, *, take: bool, run: str = "") -> None:
         """Refuse with 429 if the device has no token; take one if `take`."""
-        bucket = self._bucket(client_id, now)
+        bucket = self._bucket((run, client_id), now)
         wait = bucket.take(now) if take else bucket.wait(now)
         if wait > 0:
             raise Refusal(

@@ -630,6 +630,12 @@ class AuthSettings(Section):
     key_refresh_s: float = Field(
         1.0, gt=0, le=60, description="a cached device key is re-read after this many seconds"
     )
+    default_run: str | None = Field(
+        None,
+        description="the deployment's default run, when this process serves another one (its "
+        "key prefix): that run's devices then sign under its own domain and use its "
+        "/v1/runs/<id>/ routes; unset: this process's key prefix is the default run",
+    )
 
     @property
     def window_ms(self) -> int:

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from fedasync.client.receipt_index import record_at as record_at
 from fedasync.services.runtime.redis_conn import as_text, get_bytes, stream_entries
 from fedasync.services.stores.archive import ADDRESS_MARK, PayloadArchive
-from fedasync.services.stores.claim_check import ClaimError, ClaimStore
+from fedasync.services.stores.claim_check import ClaimError, ClaimSource
 from fedasync.services.stores.committed import Committed, read_committed
 from fedasync.services.stores.dp_secret import read_secret, uses_dp
 from fedasync.services.stores.memory_store import remembered
@@ -141,7 +141,7 @@ async def verify(
     keys: Keys,
     max_message_bytes: int,
     archive: PayloadArchive | None = None,
-    claims: ClaimStore | None = None,
+    claims: ClaimSource | None = None,
     gradient_at: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> VerifyReport:
     """Replay the ledger from genesis and compare decisions and the committed model.
@@ -188,7 +188,10 @@ async def verify(
             try:
                 if claims is None:
                     raise ClaimError("claim_missing", "no claim-check store given")
-                raw = claims.get(address)
+                fetched = (await claims.fetch([address]))[address]
+                if isinstance(fetched, ClaimError):
+                    raise fetched
+                raw = fetched
             except ClaimError as exc:
                 report.mismatches.append(f"{record['update_id']}: claim check: {exc}")
                 break

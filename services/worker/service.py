@@ -33,6 +33,7 @@ from fedasync.client import (
 )
 from fedasync.learning.dpsgd import private
 from fedasync.services.runtime.lifecycle import stop_on_signals
+from fedasync.services.runtime.own_run import own_run
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.run_record import RunCheck
@@ -146,6 +147,8 @@ def _client(
         stopping=stopping,
         durability=settings.redis.durability,
         ca_file=cfg.ca_file,
+        # the default run by its legacy routes and domain; another run by its own
+        run=own_run(settings),
     )
 
 

@@ -10,13 +10,20 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 
 from fedasync.services.aggregator.service import Aggregator, run
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores.alerts import REDIS_OOM
 from fedasync.services.stores.archive import PayloadArchive
-from fedasync.services.stores.claim_check import ClaimStore, address_of
+from fedasync.services.stores.claim_check import (
+    ClaimError,
+    ClaimStore,
+    RedisClaimStore,
+    address_of,
+    claim_source,
+)
 from fedasync.services.stores.ledger import verify
 from fedasync.shared import stream_entry
 from fedasync.shared.keys import Keys
@@ -152,6 +159,86 @@ async def test_claim_check_entries_are_decided_from_the_store_and_bad_ones_refus
     ]
     tampered = store.put(encode_update(make_update("tampered", base=0)))
     (tmp_path / "objects" / tampered[7:9] / tampered[7:]).write_bytes(b"other bytes")
+    for address in [*good, address_of(b"never stored"), tampered]:
+        await redis.xadd(keys.updates, stream_entry.build_claim(address))
+
+    await run(
+        claimed, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+
+    assert [r["outcome"] for r in await ledger(redis, keys)] == ["applied"] * 3
+    reasons = [d[b"reason"].decode() for d in await dead_letters(redis, keys)]
+    assert reasons == ["claim_missing", "claim_mismatch"]
+    report = await verify(
+        redis,
+        keys,
+        settings.wire.max_message_bytes,
+        PayloadArchive(tmp_path / "archive", keys.prefix),
+        store,
+    )
+    assert report.ok, report.describe()
+    assert report.replayed == 3
+
+
+async def test_redis_claim_store_round_trips_each_payload_in_its_own_slot(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    store = RedisClaimStore(redis, settings.redis.key_prefix)
+    messages = [encode_update(make_update(f"r{i}", base=0, value=float(i))) for i in range(8)]
+    addresses = [await store.put(m) for m in messages]
+    assert addresses == [address_of(m) for m in messages]
+    assert await store.put(messages[0]) == addresses[0]  # NX: once, the same address
+
+    found = await store.fetch([*addresses, address_of(b"never stored"), "md5:00"])
+    assert [found[a] for a in addresses] == messages
+    missing, malformed = found[address_of(b"never stored")], found["md5:00"]
+    assert isinstance(missing, ClaimError)
+    assert isinstance(malformed, ClaimError)
+    assert (missing.reason, malformed.reason) == ("claim_missing", "claim_missing")
+
+    keys = [store.key_of(a) for a in addresses]
+    assert all(
+        k is not None and k.startswith(f"claim:{settings.redis.key_prefix}:{{") for k in keys
+    )
+    # the tag is the digest: every payload in a slot of its own, spread over a cluster's primaries
+    assert len({key_slot(k.encode()) for k in keys if k is not None}) == len(keys)
+    assert sorted(await store.stored()) == sorted(k for k in keys if k is not None)
+
+    # Redis is not trusted to hold the bytes it was given: changed bytes are claim_mismatch
+    tampered = keys[3]
+    assert tampered is not None
+    await redis.set(tampered, b"other bytes")
+    changed = (await store.fetch([addresses[3]]))[addresses[3]]
+    assert isinstance(changed, ClaimError)
+    assert changed.reason == "claim_mismatch"
+
+
+async def test_claim_check_entries_are_decided_from_redis_and_bad_ones_refused(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """FEDASYNC_WIRE__CLAIM_CHECK_STORE=redis: the aggregator and `ledger verify` read the
+    payloads from Redis, checked against their addresses, as from the directory."""
+    keys = Keys(settings.redis.key_prefix)
+    claimed = settings.model_copy(
+        update={
+            "wire": settings.wire.model_copy(update={"claim_check_store": "redis"}),
+            "aggregator": settings.aggregator.model_copy(
+                update={"archive_dir": tmp_path / "archive", "port": None}
+            ),
+        }
+    )
+    store = claim_source(
+        claimed.wire.claim_check_store, claimed.wire.claim_check_dir, redis, keys.prefix
+    )
+    assert isinstance(store, RedisClaimStore)
+    good = [
+        await store.put(encode_update(make_update(f"c{i}", base=0, value=float(i))))
+        for i in range(3)
+    ]
+    tampered = await store.put(encode_update(make_update("tampered", base=0)))
+    key = store.key_of(tampered)
+    assert key is not None
+    await redis.set(key, b"other bytes")
     for address in [*good, address_of(b"never stored"), tampered]:
         await redis.xadd(keys.updates, stream_entry.build_claim(address))
 

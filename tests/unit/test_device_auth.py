@@ -16,12 +16,15 @@ from fedasync.shared.device_auth import (
     mac,
     parse_key,
     parse_proof,
+    read_domain,
     read_message,
     sign,
     signer,
     stream_id_ms,
+    update_domain,
     verify,
 )
+from fedasync.shared.runs import RunIdError
 from fedasync.shared.token_bucket import TokenBucket
 
 KEY = bytes(range(32))
@@ -189,3 +192,20 @@ def test_token_bucket_allows_a_burst_then_the_rate() -> None:
     assert not bucket.is_full(0.5)
     assert bucket.is_full(10.0)
     assert bucket.tokens == 3  # never more than the burst
+
+
+def test_a_named_run_signs_under_a_domain_that_names_it() -> None:
+    assert update_domain(None) == update_domain("fedasync") == DOMAIN
+    assert read_domain(None) == read_domain("fedasync") == READ_DOMAIN
+    assert update_domain("run-a") == b"fedasync-update-v2\nrun=run-a\n"
+    assert read_domain("run-a") == b"fedasync-receipt-v2\nrun=run-a\n"
+    key = bytes(range(32))
+    body = b"the same body"
+    signed_for_a = sign(key, "dev", 1_000, body, update_domain("run-a"))
+    verify(signed_for_a, key, body, 1_000, 10, update_domain("run-a"))
+    for elsewhere in ("run-b", None):
+        with pytest.raises(AuthError) as refused:
+            verify(signed_for_a, key, body, 1_000, 10, update_domain(elsewhere))
+        assert refused.value.reason is AuthReason.BAD_SIGNATURE
+    with pytest.raises(RunIdError):
+        update_domain("Not a run\n")
