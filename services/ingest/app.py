@@ -33,11 +33,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import cast
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from redis.exceptions import ResponseError
 
 from fedasync.services.ingest.body_limit import BodyLimit
@@ -455,8 +453,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     ingest = Ingest(settings, redis)
     ingests = RunIngests(settings, ingest, known)
     app = web.Application(
-        # runs_middleware is typed loosely (run_routes.py): it is an aiohttp middleware
-        middlewares=[json_errors, cast(Middleware, runs_middleware(known))],
+        middlewares=[json_errors, runs_middleware(known)],
         client_max_size=ingest.body_limit.ceiling,  # a backstop: bodies are read in chunks
         handler_args={"lingering_time": 0, "auto_decompress": False},
     )
