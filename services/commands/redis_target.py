@@ -93,6 +93,11 @@ def saved_run(
     data = run / RUN_REDIS_DIR
     if not run.is_dir():
         raise CommandError(f"{command}: --run {run}: no such folder")
+    one_of_many = _run_of_many(run)
+    if one_of_many is not None and not data.is_dir() and not prefix_given:
+        # `fedasync up --runs N` keeps one Redis for all runs beside their folders
+        data, prefix_given = run.parent / RUN_REDIS_DIR, True
+        settings = settings.model_copy(update={"key_prefix": one_of_many})
     if not data.is_dir():
         raise CommandError(
             f"{command}: --run {run}: no {RUN_REDIS_DIR}/ in it: not a `fedasync up` run folder, "
@@ -123,6 +128,21 @@ def saved_run(
             )
         finally:
             server.stop()
+
+
+def _run_of_many(run: Path) -> str | None:
+    """The run id of a folder `fedasync up --runs N` wrote (its summary names the run, and the
+    Redis of all runs is beside it); None for any other folder."""
+    import json
+
+    try:
+        summary = json.loads((run / RUN_SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    named = summary.get("run") if isinstance(summary, dict) else None
+    if isinstance(named, str) and (run.parent / RUN_REDIS_DIR).is_dir():
+        return named
+    return None
 
 
 def _only_prefix(server: RedisServer, run: Path, command: str) -> str:

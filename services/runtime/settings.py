@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
 from fedasync.client.redis_link import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S
@@ -754,6 +754,11 @@ class SupervisorSettings(Section):
     targets_file: Path | None = Field(
         None, description="Prometheus file_sd JSON of the children's /metrics, rewritten on change"
     )
+    log_dir: Path | None = Field(
+        None,
+        description="where each child's log goes (<run>.<role>.log); unset: a new temporary "
+        "directory, named in the supervisor's log",
+    )
 
 
 class LogSettings(Section):
@@ -844,6 +849,32 @@ def load_settings(**overrides: Any) -> Settings:
     except SourceError as exc:  # pydantic-settings could not read a variable: still one line
         cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
         raise SettingsError(f"invalid settings: {exc}{cause}") from None
+
+
+def validated(data: Mapping[str, Any]) -> Settings:
+    """Settings from `data` alone (sections as tables), checked by every rule the environment's
+    settings are; the environment is not read. SettingsError in load_settings' words.
+
+    How a process that runs others builds each one's settings (the supervisor, one per run)."""
+    try:
+        return _GivenSettings(**dict(data))
+    except ValidationError as exc:
+        raise SettingsError.of(tuple(_problem(error) for error in exc.errors())) from None
+
+
+class _GivenSettings(Settings):
+    """Settings read from the arguments only (`validated`): no environment, no file."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 def _invalid(lines: list[str]) -> str:

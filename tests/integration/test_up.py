@@ -338,3 +338,39 @@ def test_a_service_that_stops_is_a_failure_and_stray_settings_stay_out(
     # the caller's FEDASYNC_WORKER__KEY did not reach the worker: its updates were applied
     assert summary["updates"]["applied"] > 0
     assert summary["updates"]["dead_letters"] == 0
+
+
+def test_up_three_runs_trains_each_to_its_budget_and_each_ledger_verifies(
+    tmp_path: Path,
+    processes: list[subprocess.Popen[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fedasync up --runs 3`: one Redis, one snapshot and control service, an aggregator, an
+    evaluator and two devices per run; each run ends on its own budget, has its own folder, and
+    `ledger verify --run <out>/<run>` replays each from the shared Redis."""
+    out = tmp_path / "runs"
+    process = up(out, "--runs", "3", "--devices", "2", "--profile", "none", "--max-updates", "30")
+    processes.append(process)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    assert "fedasync up: 3 runs" in output
+    runs = ["fedasync", "fedasync-2", "fedasync-3"]
+    for run in runs:
+        summary = json.loads((out / run / "summary.json").read_text())
+        assert summary["run"] == run
+        assert summary["ended_by"] == "max_updates"
+        assert summary["updates"]["applied"] == 30
+        assert summary["final"]["version"] == summary["version"] == 30
+        assert summary["problems"] == []
+        assert {p.name for p in (out / "logs").iterdir()} >= {
+            f"{run}.aggregator.log",
+            f"{run}.evaluator.log",
+            f"{run}.worker-0.log",
+        }
+    for name in [n for n in os.environ if n.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(name)
+    for run in runs:
+        capsys.readouterr()
+        assert main(["ledger", "verify", "--run", str(out / run)]) == 0
+        assert "reproduced bit for bit" in capsys.readouterr().out

@@ -156,7 +156,7 @@ CHAIN = ("guard", "core", "learning", "sim", "runtime", "stores", "services", "c
 CLIENT_MAY_IMPORT = frozenset({"guard", "core", "client"})
 CLIENT_IMPORTED_BY = frozenset({"client", "runtime", "stores", "services", "commands", "api"})
 #: the services layer: one package each, none importing another's
-SERVICES = ("aggregator", "control", "evaluator", "ingest", "snapshot", "worker")
+SERVICES = ("aggregator", "control", "evaluator", "ingest", "snapshot", "supervisor", "worker")
 
 #: why each entry of KNOWN_UNTIL_MERGE is there: the part of issue 26 that removes it
 CLIENT = "h-client: fedasync.client imports only the core (the wire contract into shared/)"

@@ -81,10 +81,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=None, help="run folder (default: runs/up-<date>-<time>)"
     )
     run.add_argument(
+        "--runs",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="train N runs at once on one Redis (seed, seed+1, ...), each with its own "
+        "aggregator, evaluator and devices; one snapshot, control and ingest service for all",
+    )
+    run.add_argument(
+        "--runs-file",
+        type=Path,
+        default=None,
+        metavar="TOML",
+        help="the runs to train, as [[run]] tables (id, task, policy, budget: "
+        "examples/runs.toml); the first is the default run",
+    )
+    run.add_argument(
         "--no-live",
         action="store_true",
         help="print a progress line every few seconds instead of the live view",
     )
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of runs, 1 or more")
+    return int(text)
 
 
 def run_settings(args: argparse.Namespace) -> Settings:

@@ -298,6 +298,8 @@ def run_up(args: argparse.Namespace) -> int:
     except RedisNotFound as exc:
         console.print(f"[red]fedasync up: {escape(str(exc))}[/red]")
         return 2
+    if args.runs > 1 or args.runs_file is not None:
+        return _many(args, console, settings, out, redis)
     ports = Ports.free()
     settings = configure(settings, redis.url, redis.prefix, ports, secure=args.secure)
     started = time.monotonic()
@@ -315,6 +317,28 @@ def run_up(args: argparse.Namespace) -> int:
             if redis.server is not None:
                 redis.server.stop()
     return 0 if ended_by in BUDGETS and not summary["problems"] else 1
+
+
+def _many(
+    args: argparse.Namespace, console: Console, settings: Settings, out: Path, redis: _RunRedis
+) -> int:
+    """`--runs N` or `--runs-file`: several runs on this Redis (commands/up/many.py)."""
+    from fedasync.services.commands.up.many import RunsFileError, run_many
+
+    prefixed = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"key_prefix": redis.prefix})}
+    )
+    interrupts = Interrupts()
+    with interrupts.installed():
+        try:
+            code, _ = run_many(args, console, prefixed, out, redis.url, interrupts)
+        except RunsFileError as exc:
+            console.print(f"[red]fedasync up: {escape(str(exc))}[/red]")
+            code = 2
+        finally:
+            if redis.server is not None:
+                redis.server.stop()
+    return code
 
 
 def _supervised(
