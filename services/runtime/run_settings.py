@@ -30,6 +30,10 @@ def settings_for_run(
         name: dict(getattr(base, name).model_dump()) for name in type(base).model_fields
     }
     if spec is not None:
+        # the deployment's default run is the base's prefix: a named run's processes sign,
+        # verify and fetch as that run (services/runtime/own_run.py)
+        if spec.id != base.redis.key_prefix:
+            data["auth"]["default_run"] = base.auth.default_run or base.redis.key_prefix
         data["redis"]["key_prefix"] = spec.id
         data["task"] = spec.task.to_dict()
         data["policy"] = dict(spec.policy)

@@ -102,7 +102,10 @@ def plan_runs(base: Settings, count: int, specs: list[RunSpec] | None) -> list[O
             run = prefix if i == 0 else f"{prefix}-{i + 1}"
             task = base.task.model_copy(update={"seed": base.task.seed + i})
             redis = base.redis.model_copy(update={"key_prefix": run})
-            out.append(OneRun(run, base.model_copy(update={"task": task, "redis": redis}), i == 0))
+            # a named run's processes speak for it (services/runtime/own_run.py)
+            auth = base.auth.model_copy(update={"default_run": None if i == 0 else prefix})
+            changes = {"task": task, "redis": redis, "auth": auth}
+            out.append(OneRun(run, base.model_copy(update=changes), i == 0))
         return out
     for i, spec in enumerate(specs):
         if spec.task.num_devices is None:
