@@ -138,12 +138,19 @@ def header(answer_head: bytes, name: str) -> str:
     raise KeyError(name)
 
 
-async def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+async def metrics(
+    port: int, run: str | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The figures /metrics shows: the process's, and those of `run` (of any run for None: a
+    test that holds one), without their `run` label."""
     _, body = await ask(port, head("/metrics"))
     return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "run"))): (
+            sample.value
+        )
         for family in text_string_to_metric_families(body.decode())
         for sample in family.samples
+        if run is None or sample.labels.get("run", run) == run
     }
 
 
