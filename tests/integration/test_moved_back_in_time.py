@@ -354,7 +354,7 @@ async def test_the_snapshot_service_freezes_when_redis_reports_an_older_version(
     assert alert["message"] == "Redis reports version 1, below version 3 already served"
     metrics = await (await client.get("/metrics")).text()
     assert f'fedasync_snapshot_version_regressed{{run="{PREFIX}"}} 1.0' in metrics
-    assert "fedasync_snapshot_model_version 3.0" in metrics
+    assert f'fedasync_snapshot_model_version{{run="{PREFIX}"}} 3.0' in metrics
     ready = await client.get("/readyz")
     assert ready.status == 503
     assert (await ready.json())["status"] == "version regressed"

@@ -134,7 +134,9 @@ async def test_a_version_has_one_spelling(client: TestClient, spelling: str) -> 
     assert (await client.get("/v1/models/0/meta")).status == 200
     text = await (await client.get("/metrics")).text()
     run = client.server.app[RUNS].default.id  # every figure of a run is labelled with it
-    assert f'fedasync_snapshot_requests_total{{route="version",run="{run}",status="400"}} 1.0' in text
+    assert (
+        f'fedasync_snapshot_requests_total{{route="version",run="{run}",status="400"}} 1.0' in text
+    )
 
 
 @pytest.mark.parametrize(
