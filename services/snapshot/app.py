@@ -516,7 +516,9 @@ def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> we
     }
     # each legacy route (the default run) and its twin for a named run, the fixed paths first
     routes = [
-        web.get(path, h) for legacy, h in handlers.items() for path in (legacy, run_route(legacy))
+        web.get(path, h)
+        for legacy, h in handlers.items()
+        for path in (legacy, run_route(legacy, pattern=True))
     ]
     app.add_routes(
         [

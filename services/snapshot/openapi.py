@@ -17,14 +17,17 @@ from fedasync.shared.snapshot_protocol import (
 
 #: a version's metadata (the route's pattern, as MODEL_PATH)
 MODEL_META_PATH = MODEL_PATH + "/meta"
-#: where a named run's twins of the legacy routes live
+#: where a named run's twins of the legacy routes live (as the OpenAPI document names them)
 RUN_BASE = "/v1/runs/{run}"
+#: the same as a route pattern: any one segment, braces included, so that a segment which is no
+#: run id reaches the runs middleware (400 bad_run_id) instead of matching no route (404)
+_RUN_PATTERN = "/v1/runs/{run:[^/]+}"
 
 
-def run_route(legacy: str) -> str:
-    """The route pattern of a named run's twin of a legacy `/v1/...` route (the pattern form of
-    shared/runs.run_path: the same path, the run a route variable)."""
-    return RUN_BASE + legacy.removeprefix("/v1")
+def run_route(legacy: str, *, pattern: bool = False) -> str:
+    """A named run's twin of a legacy `/v1/...` route (the path form of shared/runs.run_path:
+    the same path, the run a route variable); `pattern`: as the router takes it."""
+    return (_RUN_PATTERN if pattern else RUN_BASE) + legacy.removeprefix("/v1")
 
 
 #: a version as a URL spells it (app.py, parse_version), to 18 digits: the service also takes
