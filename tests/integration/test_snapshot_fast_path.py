@@ -220,6 +220,45 @@ async def test_fast_answers_are_the_bytes_aiohttp_writes(
     assert after[requests] - before.get(requests, 0.0) == 2  # both counted, the same way
 
 
+async def test_fast_answers_of_a_named_run_are_the_bytes_aiohttp_writes(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """`GET /v1/runs/<id>/models/latest[/meta]` of a run the worker holds: the fast path's bytes
+    (plain) and aiohttp's (an empty query string) are the same, counted the same, in the run's
+    own figures; and they are that run's answers, not the default run's."""
+    run = f"{settings.redis.key_prefix}-a"
+    await commit(
+        settings.model_copy(
+            update={"redis": settings.redis.model_copy(update={"key_prefix": run})}
+        ),
+        redis,
+        ["a"],
+    )  # run a at version 1; the default run (serving) at version 0
+    path = f"/v1/runs/{run}/models/latest"
+    async with serving(settings, redis) as port:
+        first, _ = await ask(port, head(path))  # aiohttp's (the run is held from now on)
+        assert header(first, "X-Fedasync-Version") == "1"
+        legacy, _ = await ask(port, head("/v1/models/latest"))
+        assert header(legacy, "X-Fedasync-Version") == "0"
+        etag = header(first, "ETag")
+        for asked, headers in (
+            (path, {}),
+            (path, {"If-None-Match": etag}),
+            (path, {"If-None-Match": header(legacy, "ETag")}),  # the default run's: a 200
+            (path + "/meta", {}),
+        ):
+            before = await metrics(port, run)
+            fast = await ask(port, head(asked, **headers))
+            slow = await ask(port, head(asked + "?", **headers))
+            after = await metrics(port, run)
+            assert fast == slow, (asked, headers)
+            assert header(fast[0], "X-Fedasync-Version") == "1"
+            status = fast[0].split(b" ")[1].decode()
+            route = "meta" if asked.endswith("/meta") else "latest"
+            requests = ("fedasync_snapshot_requests_total", (("route", route), ("status", status)))
+            assert after[requests] - before.get(requests, 0.0) == 2, (asked, headers)
+
+
 async def test_pipelined_requests_are_answered_in_order_across_the_hand_over(
     settings: Settings, redis: aioredis.Redis
 ) -> None:
