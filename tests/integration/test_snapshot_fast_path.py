@@ -473,3 +473,43 @@ async def test_every_worker_serves_and_freezes_when_redis_reports_an_older_versi
     ):  # every worker stopped with it: nobody listens any more
         await ask(port, head("/livez"))
     assert (tmp_path / "snapshot.log").read_text().count("draining and stopping") == 2
+
+
+async def test_each_worker_holds_and_follows_the_runs_it_is_asked_for(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path, spawned: list[Any]
+) -> None:
+    """Workers share nothing but the port: each holds a run once asked for it, and follows that
+    run's versions itself (a commit of the run reaches every worker holding it)."""
+    run = f"{settings.redis.key_prefix}-a"
+    run_settings = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"key_prefix": run})}
+    )
+    await commit(settings, redis, [])
+    await commit(run_settings, redis, ["a"])  # run a at version 1
+    port = free_port()
+    spawned.append(spawn_snapshot(settings, port, 2, tmp_path / "snapshot.log"))
+    path = f"/v1/runs/{run}/models/latest"
+
+    async def until_every_worker_serves(version: int) -> None:
+        """Ask for the run on new connections (the kernel spreads them over the workers) until
+        every worker's /metrics shows the run held at `version`."""
+        seen: set[str] = set()
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while len(seen) < 2:
+            assert asyncio.get_running_loop().time() < deadline, f"only workers {seen}"
+            try:
+                answer, _ = await ask(port, head(path))
+                assert header(answer, "X-Fedasync-Version") in (str(version - 1), str(version))
+                figures = await metrics(port, run)
+            except (OSError, asyncio.IncompleteReadError):
+                await asyncio.sleep(0.05)
+                continue
+            if figures.get(("fedasync_snapshot_model_version", ())) == version:
+                seen |= {dict(labels)["worker"] for name, labels in figures if name == WORKER}
+
+    await until_every_worker_serves(1)
+    await commit(run_settings, redis, ["b"])  # each worker's own follower takes version 2
+    await until_every_worker_serves(2)
+    process = spawned[0]
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.wait, DEADLINE_S) == 0
