@@ -41,7 +41,7 @@ def create_app(
     app[METRICS] = metrics
     app[READY] = ready
     app[REDIS] = redis
-    app[REGISTRY] = metrics.registry
+    app[REGISTRY] = metrics.exposed
 
     async def readyz(request: web.Request) -> web.Response:
         readiness = request.app[READY]
@@ -53,7 +53,7 @@ def create_app(
         return await redis_readiness(request.app[REDIS])
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
-        return metrics_response(request.app[METRICS].registry)
+        return metrics_response(request.app[METRICS].exposed)
 
     app.add_routes(
         [

@@ -3,7 +3,8 @@
 τ and α distributions, decisions by outcome, rejections by reason (the poisoning bound's among
 them), updates the bound clipped, the norm of each step the
 model takes, how long applying and committing take, and how far behind the stream it is.
-Scalars only (never a copy of the model), and no client or update id as a label.
+Scalars only (never a copy of the model), and no client or update id as a label. An aggregator
+decides for one run, and its /metrics labels every figure with it (`run`: `exposed`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from fedasync.services.runtime.prometheus import FoldingRegistry
+from fedasync.services.runtime.prometheus import FoldingRegistry, run_registry
 from fedasync.shared.continuity import Check
 from fedasync.shared.decision import Decision, Outcome
 
@@ -26,11 +27,15 @@ _SECONDS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5)
 
 
 class AggregatorMetrics:
-    """One registry per aggregator (tests may run several in one process)."""
+    """One registry per aggregator (tests may run several in one process).
 
-    def __init__(self) -> None:
+    `registry` counts, without a run label (what tests read); `exposed` is what /metrics
+    answers: every sample labelled `run=<run>` (unlabelled for run None)."""
+
+    def __init__(self, run: str | None = None) -> None:
         self.registry = r = FoldingRegistry()
         r.folds.append(self.fold)
+        self.exposed = run_registry(r, run)
         #: decisions observed and not yet folded into the metrics (`observe`, `fold`)
         self._decided: list[tuple[Decision, float]] = []
         #: `observe` may run in the deciding thread while a scrape folds on the event loop

@@ -95,7 +95,7 @@ class Aggregator:
         self.keys = keys
         self.started_at = 0.0
         self._stopping: asyncio.Event | None = None
-        self.metrics = metrics = AggregatorMetrics()
+        self.metrics = metrics = AggregatorMetrics(keys.prefix)
         self.ready = Readiness()
         self.claims = IdleClaims(redis, keys, settings)
         self.memory = MemoryPressure(redis, keys, metrics)

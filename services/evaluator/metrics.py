@@ -1,18 +1,24 @@
-"""Prometheus metrics of the evaluator (own registry: several may live in one test process)."""
+"""Prometheus metrics of the evaluator (own registry: several may live in one test process).
+
+An evaluator follows one run, and its /metrics labels every figure with it (`run`: `exposed`);
+the figures are counted (and read by tests) in `registry`, without the label."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fedasync.learning.evaluation import Evaluation
+from fedasync.services.runtime.prometheus import run_registry
 
 #: why the follow loop did not score a version
 FAILURE_REASONS = ("fetch", "redis", "decode", "weights", "error")
 
 
 class EvaluatorMetrics:
-    def __init__(self) -> None:
+    def __init__(self, run: str | None = None) -> None:
         self.registry = CollectorRegistry()
+        #: what /metrics answers: every sample labelled `run=<run>` (unlabelled for None)
+        self.exposed = run_registry(self.registry, run)
         self.evaluations = Counter(
             "fedasync_evaluator_evaluations", "Versions evaluated", registry=self.registry
         )

@@ -6,6 +6,11 @@ counted, so the evaluator never falls further behind and never holds anything up
 aggregator's keys it reads only the run's task, once at start (stores/run_record.py), and it
 writes only its own stream, so it cannot block the aggregator. Scoring runs in a thread; the
 event loop keeps answering /readyz and /metrics.
+
+An evaluator follows one run: the one its key prefix names. It asks the snapshot service for
+that run's newest model (`/v1/runs/<run>/models/latest`), or by the legacy route for the
+default run (and for a prefix that is no run id, which only the legacy routes can serve), and
+labels every figure on its /metrics with the run.
 """
 
 from __future__ import annotations
@@ -44,13 +49,20 @@ from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.run_record import RunCheck
 from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import ModelMessage, decode_model
+from fedasync.shared.runs import DEFAULT_RUN, is_run_id
 from fedasync.shared.seeds import Stream, stream
-from fedasync.shared.snapshot_protocol import LATEST_PATH, MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER, latest_path
 from fedasync.shared.wire import WireError
 
 log = logging.getLogger(__name__)
 
 METRICS = web.AppKey("metrics", EvaluatorMetrics)
+
+
+def followed_run(key_prefix: str) -> str | None:
+    """The run an evaluator of `key_prefix` asks the snapshot service for: None (the legacy
+    routes) for the default run and for a prefix that is no run id, the prefix otherwise."""
+    return None if key_prefix == DEFAULT_RUN or not is_run_id(key_prefix) else key_prefix
 
 
 class Follower:
@@ -88,7 +100,7 @@ class Follower:
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         cfg = self.settings.evaluator
-        url = cfg.snapshot_url.rstrip("/") + LATEST_PATH
+        url = cfg.snapshot_url.rstrip("/") + latest_path(followed_run(self.keys.prefix))
         backoff = 0.1
         resumed = False
         while not self.stopping.is_set():
@@ -196,11 +208,11 @@ FOLLOWER = web.AppKey("follower", Follower)
 
 def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     app = web.Application(middlewares=[json_errors])
-    metrics = EvaluatorMetrics()
+    metrics = EvaluatorMetrics(settings.redis.key_prefix)
     follower = Follower(settings, redis, metrics)
     background = Background()
     app[METRICS] = metrics
-    app[REGISTRY] = metrics.registry
+    app[REGISTRY] = metrics.exposed
     app[FOLLOWER] = follower
     app[BACKGROUND] = background
 
@@ -209,7 +221,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         return await redis_readiness(redis, background, evaluated=follower.evaluated)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
-        return metrics_response(metrics.registry)
+        return metrics_response(metrics.exposed)
 
     async def follow(app: web.Application) -> AsyncIterator[None]:
         await follower.run_check.ensure()

@@ -1,7 +1,9 @@
 """The snapshot service's hottest answers, written without aiohttp (http_guard.py, FastPath).
 
 A polling fleet mostly asks three things: `GET /v1/models/latest` with the ETag it holds (304),
-the same without it (200, the model), and `GET /v1/models/latest/meta`. Their answers change only
+the same without it (200, the model), and `GET /v1/models/latest/meta`; or the same of a named
+run (`GET /v1/runs/<id>/models/latest[/meta]`) this worker already holds (a run not held yet,
+or an id that is no run id, is aiohttp's, whose middleware checks it). Their answers change only
 when a version is committed or training ends, so they are built once per change (and their
 `Date` once per second) as ready bytes, and a request costs a look at its head and a socket write:
 what nginx does for a static file. Everything else (long-polls, versions, safetensors, query
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 from aiohttp import __version__ as aiohttp_version
 
 from fedasync.services.snapshot.conditional import none_match
+from fedasync.shared.runs import is_run_id
 from fedasync.shared.snapshot_protocol import (
     DONE_HEADER,
     LATEST_META_PATH,
@@ -34,11 +37,16 @@ from fedasync.shared.snapshot_protocol import (
 
 if TYPE_CHECKING:
     from fedasync.services.snapshot.cache import ModelCache, Served
-    from fedasync.services.snapshot.metrics import SnapshotMetrics
+    from fedasync.services.snapshot.metrics import RunMetrics
+    from fedasync.services.snapshot.runs import RunCaches
 
 #: the request lines answered here; any other (a query string, HTTP/1.0...) goes to aiohttp
 _LATEST = f"GET {LATEST_PATH} HTTP/1.1".encode()
 _META = f"GET {LATEST_META_PATH} HTTP/1.1".encode()
+#: a named run's: this, the run id, then one of the two tails
+_RUN_PREFIX = b"GET /v1/runs/"
+_LATEST_TAIL = b"/models/latest HTTP/1.1"
+_META_TAIL = b"/models/latest/meta HTTP/1.1"
 #: a header line read with certainty: a token, a colon, a value without control characters
 _HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 #: headers that change how a request is read or answered: such requests are aiohttp's
@@ -56,16 +64,82 @@ DECLINED, NOT_MODIFIED, MODEL, META = range(4)
 
 
 class HotAnswers:
-    """The fast path of one snapshot app: latest (200 and 304) and latest/meta.
+    """The fast path of one snapshot app, for every run it holds: the request line names the
+    run (the legacy lines the default run), and that run's RunAnswers answers."""
 
-    Its answers are counted in plain ints, one per kind, and added to the app's Prometheus
+    def __init__(self, runs: RunCaches) -> None:
+        self._runs = runs
+        #: by the run id as the request line spells it (b"" for the legacy lines)
+        self._by_run: dict[bytes, RunAnswers] = {}
+        #: whole heads already answered, and whose answers they are
+        self._heads: dict[bytes, RunAnswers] = {}
+
+    def known(self, data: bytes) -> tuple[bytes, ...] | None:
+        """As RunAnswers.known, for the run whose head `data` was (None: not one answered)."""
+        answers = self._heads.get(data)
+        return None if answers is None else answers.known(data)
+
+    def answer(self, head: bytes) -> tuple[bytes, ...] | None:
+        """The answer to this request head, or None: aiohttp answers it (see the module doc)."""
+        answers = self._answers_of(head)
+        if answers is None:
+            return None
+        answer = answers.answer(head)
+        if answer is not None:
+            if len(self._heads) >= KNOWN_HEADS:
+                self._heads.clear()
+            self._heads[head] = answers
+        return answer
+
+    def _answers_of(self, head: bytes) -> RunAnswers | None:
+        """The RunAnswers of the run the request line names, if it is one answered here."""
+        line = head[: head.find(b"\r\n")]
+        if line in (_LATEST, _META):
+            spelled = b""
+        elif line.startswith(_RUN_PREFIX):
+            rest = line[len(_RUN_PREFIX) :]
+            slash = rest.find(b"/")
+            if slash < 0 or rest[slash:] not in (_LATEST_TAIL, _META_TAIL):
+                return None
+            spelled = rest[:slash]
+        else:
+            return None
+        answers = self._by_run.get(spelled)
+        if answers is not None:
+            return answers
+        if spelled:
+            run = spelled.decode("latin-1")
+            served = self._runs.get(run) if is_run_id(run) else None
+        else:
+            served = self._runs.default
+        if served is None:
+            return None  # not held yet (or no run id): aiohttp's middleware decides
+        latest, meta = _LATEST, _META
+        if spelled:
+            latest, meta = _RUN_PREFIX + spelled + _LATEST_TAIL, _RUN_PREFIX + spelled + _META_TAIL
+        answers = self._by_run[spelled] = RunAnswers(served.cache, served.metrics, latest, meta)
+        return answers
+
+
+class RunAnswers:
+    """The fast path of one run: latest (200 and 304) and latest/meta, for the request lines
+    `latest_line` and `meta_line` (the legacy ones by default).
+
+    Its answers are counted in plain ints, one per kind, and added to the run's Prometheus
     metrics when they are read (`fold`, run by the registry before each collection) and before
     the answers change: an answer costs no metric call, and each is counted exactly once.
     """
 
-    def __init__(self, cache: ModelCache, metrics: SnapshotMetrics) -> None:
+    def __init__(
+        self,
+        cache: ModelCache,
+        metrics: RunMetrics,
+        latest_line: bytes = _LATEST,
+        meta_line: bytes = _META,
+    ) -> None:
         self._cache = cache
         self._metrics = metrics
+        self._latest_line, self._meta_line = latest_line, meta_line
         self._latest_200 = metrics.requests.labels("latest", "200")
         self._latest_304 = metrics.requests.labels("latest", "304")
         self._meta_200 = metrics.requests.labels("meta", "200")
@@ -138,7 +212,7 @@ class HotAnswers:
         """What this head asks of the current version (its ETag decides 304 or 200)."""
         end = head.find(b"\r\n")
         line = head[:end]
-        if line not in (_LATEST, _META):
+        if line != self._latest_line and line != self._meta_line:
             return DECLINED
         if_none_match: bytes | None = None
         for header in head[end + 2 : -4].split(b"\r\n"):
@@ -155,7 +229,7 @@ class HotAnswers:
                     return DECLINED
             elif name in _DECLINED:
                 return DECLINED
-        if line == _META:
+        if line == self._meta_line:
             return META
         if if_none_match is not None and none_match(if_none_match.decode("latin-1"), self._etag):
             return NOT_MODIFIED

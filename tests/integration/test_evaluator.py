@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from fedasync.learning.task_failure import TaskCodeError
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
-from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app
+from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app, followed_run
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
@@ -30,7 +30,7 @@ from fedasync.shared.keys import Keys
 from fedasync.shared.layout import Layout
 from fedasync.shared.model_format import decode_model, encode_model
 from fedasync.shared.seeds import Stream, stream
-from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER, latest_path
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 from tests.integration.helpers import next_entries, start_snapshot, wait_for_ledger
@@ -117,9 +117,10 @@ async def test_evaluator_resumes_scores_the_newest_version_and_follows(
             session.get(f"http://127.0.0.1:{port}/metrics") as response,
         ):
             text = await response.text()
-        assert "fedasync_evaluator_evaluations_total 2.0" in text
-        assert "fedasync_evaluator_skipped_versions_total 6.0" in text
-        assert "fedasync_evaluator_version 11.0" in text
+        run = f'{{run="{settings.redis.key_prefix}"}}'  # every figure labelled with its run
+        assert f"fedasync_evaluator_evaluations_total{run} 2.0" in text
+        assert f"fedasync_evaluator_skipped_versions_total{run} 6.0" in text
+        assert f"fedasync_evaluator_version{run} 11.0" in text
     finally:
         stopping.set()
         await evaluator
@@ -169,7 +170,8 @@ async def scripted(settings: Settings) -> AsyncIterator[tuple[ScriptedSnapshots,
         {1: b"\x93not a model", 2: model_bytes(2, size + 1), 3: model_bytes(3, size)}
     )
     app = web.Application()
-    app.router.add_get("/v1/models/latest", snapshots.latest)
+    # the route of the run the evaluator follows (its key prefix: a named run)
+    app.router.add_get(latest_path(followed_run(settings.redis.key_prefix)), snapshots.latest)
     async with TestServer(app) as server:
         url = str(server.make_url("")).rstrip("/")
         update = {"snapshot_url": url, "port": 0, "wait_s": 1.0}
@@ -199,10 +201,11 @@ async def test_a_bad_model_is_counted_and_passed_over_and_the_evaluator_goes_on(
     # each bad version was asked for once, then passed over: no tight loop on the same bytes
     assert snapshots.asked[:3] == [-1, 1, 2]
     assert set(snapshots.asked[3:]) <= {3}
-    assert 'fedasync_evaluator_failures_total{reason="decode"} 1.0' in metrics
-    assert 'fedasync_evaluator_failures_total{reason="weights"} 1.0' in metrics
-    assert 'fedasync_evaluator_failures_total{reason="fetch"} 0.0' in metrics
-    assert "fedasync_evaluator_skipped_versions_total 0.0" in metrics  # failed, not skipped
+    run = f'run="{settings.redis.key_prefix}"'
+    assert f'fedasync_evaluator_failures_total{{reason="decode",{run}}} 1.0' in metrics
+    assert f'fedasync_evaluator_failures_total{{reason="weights",{run}}} 1.0' in metrics
+    assert f'fedasync_evaluator_failures_total{{reason="fetch",{run}}} 0.0' in metrics
+    assert f"fedasync_evaluator_skipped_versions_total{{{run}}} 0.0" in metrics  # not skipped
     assert [r.version for r in await evaluations.all_records(redis, keys)] == [3]
 
 

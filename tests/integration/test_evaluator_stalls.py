@@ -20,12 +20,13 @@ from aiohttp.test_utils import TestServer
 from fedasync.learning.tasks import get_task
 from fedasync.services.commands.chaos.proxy import Command, RedisProxy, StallMode
 from fedasync.services.commands.redis_launch.server import RedisServer
+from fedasync.services.evaluator.service import followed_run
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
 from fedasync.shared.keys import Keys
-from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER
+from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER, latest_path
 from tests.integration.test_evaluator import model_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -76,7 +77,7 @@ async def test_a_record_whose_reply_was_lost_is_not_recorded_again(
     keys = Keys(settings.redis.key_prefix)
     snapshots = OneVersion(model_bytes(VERSION, get_task("linear").layout.size))
     app = web.Application()
-    app.router.add_get("/v1/models/latest", snapshots.latest)
+    app.router.add_get(latest_path(followed_run(settings.redis.key_prefix)), snapshots.latest)
 
     def record_xadd(command: Command) -> bool:
         return command.name == "XADD" and command.key == keys.evaluations

@@ -53,14 +53,15 @@ async def test_metrics_count_decisions_tau_alpha_and_commits(
         assert (await client.get("/livez")).status == 200
         assert (await client.get("/readyz")).status == 200
         text = await (await client.get("/metrics")).text()
-    assert 'fedasync_aggregator_decisions_total{outcome="applied"} 6.0' in text
-    assert 'fedasync_aggregator_decisions_total{outcome="duplicate"} 1.0' in text
-    assert 'fedasync_aggregator_rejections_total{reason="shape_mismatch"} 1.0' in text
-    assert 'fedasync_aggregator_rejections_total{reason="malformed"} 1.0' in text
-    assert "fedasync_aggregator_staleness_count 6.0" in text
-    assert "fedasync_aggregator_alpha_count 6.0" in text
-    assert "fedasync_aggregator_step_norm_count 6.0" in text
-    assert "fedasync_aggregator_model_version 6.0" in text
+    run = f'run="{settings.redis.key_prefix}"'  # every figure is labelled with its run
+    assert f'fedasync_aggregator_decisions_total{{outcome="applied",{run}}} 6.0' in text
+    assert f'fedasync_aggregator_decisions_total{{outcome="duplicate",{run}}} 1.0' in text
+    assert f'fedasync_aggregator_rejections_total{{reason="shape_mismatch",{run}}} 1.0' in text
+    assert f'fedasync_aggregator_rejections_total{{reason="malformed",{run}}} 1.0' in text
+    assert f"fedasync_aggregator_staleness_count{{{run}}} 6.0" in text
+    assert f"fedasync_aggregator_alpha_count{{{run}}} 6.0" in text
+    assert f"fedasync_aggregator_step_norm_count{{{run}}} 6.0" in text
+    assert f"fedasync_aggregator_model_version{{{run}}} 6.0" in text
     assert "fedasync_aggregator_commits_total" in text
     assert "client" not in text.replace("fedasync_", "")  # no client id as a label
 

@@ -353,8 +353,8 @@ async def test_the_snapshot_service_freezes_when_redis_reports_an_older_version(
     assert alert["rule"] == VERSION_REGRESSED
     assert alert["message"] == "Redis reports version 1, below version 3 already served"
     metrics = await (await client.get("/metrics")).text()
-    assert "fedasync_snapshot_version_regressed 1.0" in metrics
-    assert "fedasync_snapshot_model_version 3.0" in metrics
+    assert f'fedasync_snapshot_version_regressed{{run="{PREFIX}"}} 1.0' in metrics
+    assert f'fedasync_snapshot_model_version{{run="{PREFIX}"}} 3.0' in metrics
     ready = await client.get("/readyz")
     assert ready.status == 503
     assert (await ready.json())["status"] == "version regressed"
@@ -377,7 +377,10 @@ async def test_the_snapshot_service_freezes_when_redis_reports_an_older_version(
     assert (await client.get("/v1/models/latest?newer_than=3&wait=0")).status == 204
     # said once, not at every refresh
     assert await observer.xlen(KEYS.alerts) == 1
-    assert app[METRICS].registry.get_sample_value("fedasync_snapshot_version_regressed") == 1.0
+    regressed = app[METRICS].registry.get_sample_value(
+        "fedasync_snapshot_version_regressed", {"run": KEYS.prefix}
+    )
+    assert regressed == 1.0
 
 
 async def test_redis_restarted_on_an_older_aof(

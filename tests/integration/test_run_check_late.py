@@ -14,6 +14,7 @@ evaluator, each run in this process.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -73,7 +74,8 @@ async def waiting_for_a_model(url: str) -> None:
         for _ in range(1200):
             async with session.get(url + "/metrics") as response:
                 text = await response.text()
-            if "fedasync_snapshot_long_poll_waiters 1.0" in text:
+            # (of the run asked for: each run's figures carry its `run`)
+            if re.search(r'fedasync_snapshot_long_poll_waiters\{run="[^"]+"\} 1\.0', text):
                 return
             await asyncio.sleep(0.05)
     raise AssertionError("the worker never asked for a model")

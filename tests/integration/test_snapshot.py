@@ -24,6 +24,7 @@ from fedasync.services.snapshot.app import (
     CACHE,
     DONE_HEADER,
     MODEL_CONTENT_TYPE,
+    RUNS,
     VERSION_HEADER,
     create_app,
     follow,
@@ -132,7 +133,10 @@ async def test_a_version_has_one_spelling(client: TestClient, spelling: str) -> 
     assert (await client.get("/v1/models/0")).status == 200  # the one spelling
     assert (await client.get("/v1/models/0/meta")).status == 200
     text = await (await client.get("/metrics")).text()
-    assert 'fedasync_snapshot_requests_total{route="version",status="400"} 1.0' in text
+    run = client.server.app[RUNS].default.id  # every figure of a run is labelled with it
+    assert (
+        f'fedasync_snapshot_requests_total{{route="version",run="{run}",status="400"}} 1.0' in text
+    )
 
 
 @pytest.mark.parametrize(
@@ -234,8 +238,9 @@ async def test_health_and_metrics(client: TestClient) -> None:
     assert ready.status == 200
     await client.get("/v1/models/latest")
     text = await (await client.get("/metrics")).text()
-    assert 'fedasync_snapshot_requests_total{route="latest",status="200"}' in text
-    assert "fedasync_snapshot_model_version 0.0" in text
+    run = client.server.app[RUNS].default.id
+    assert f'fedasync_snapshot_requests_total{{route="latest",run="{run}",status="200"}}' in text
+    assert f'fedasync_snapshot_model_version{{run="{run}"}} 0.0' in text
 
 
 async def test_shutdown_answers_waiting_long_polls_at_once(
@@ -287,15 +292,15 @@ async def test_the_follower_ends_by_itself_once_the_cache_closes(
 ) -> None:
     """Shutdown must not depend on the follower seeing its cancellation: one that lands while
     redis-py's pub/sub read times out can be lost (redis-py 8.1, Python 3.11), and the service
-    then never finished stopping. Closing the cache alone ends the follower: it is never
-    cancelled here."""
+    then never finished stopping. Closing the runs' caches alone ends the follower: it is
+    never cancelled here."""
     await run_aggregator(
         settings, redis=redis, initial=initial_state(settings), handle_signals=False, burst=True
     )
     app = create_app(settings, redis)
     follower = asyncio.create_task(follow(app))
     assert await app[CACHE].wait_newer(-1, timeout=30) is not None  # following: it read v0
-    await app[CACHE].close()
+    await app[RUNS].close()
     done, _ = await asyncio.wait([follower], timeout=30)  # a deadline, not a sleep
     assert follower in done
     assert follower.result() is None
@@ -334,7 +339,9 @@ async def test_an_error_reply_does_not_end_the_follower(
     newer = await waiting
     assert (newer.status, newer.headers[VERSION_HEADER]) == (200, "1")
     metrics = await (await client.get("/metrics")).text()
-    failures = re.search(r'fedasync_snapshot_follow_failures_total\{kind="redis"\} (\S+)', metrics)
+    failures = re.search(
+        r'fedasync_snapshot_follow_failures_total\{kind="redis",run="[^"]+"\} (\S+)', metrics
+    )
     assert failures is not None
     assert float(failures.group(1)) >= 1
 

@@ -138,12 +138,19 @@ def header(answer_head: bytes, name: str) -> str:
     raise KeyError(name)
 
 
-async def metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+async def metrics(
+    port: int, run: str | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The figures /metrics shows: the process's, and those of `run` (of any run for None: a
+    test that holds one), without their `run` label."""
     _, body = await ask(port, head("/metrics"))
     return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "run"))): (
+            sample.value
+        )
         for family in text_string_to_metric_families(body.decode())
         for sample in family.samples
+        if run is None or sample.labels.get("run", run) == run
     }
 
 
@@ -211,6 +218,45 @@ async def test_fast_answers_are_the_bytes_aiohttp_writes(
     route = "meta" if path.endswith("/meta") else "latest"
     requests = ("fedasync_snapshot_requests_total", (("route", route), ("status", status)))
     assert after[requests] - before.get(requests, 0.0) == 2  # both counted, the same way
+
+
+async def test_fast_answers_of_a_named_run_are_the_bytes_aiohttp_writes(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    """`GET /v1/runs/<id>/models/latest[/meta]` of a run the worker holds: the fast path's bytes
+    (plain) and aiohttp's (an empty query string) are the same, counted the same, in the run's
+    own figures; and they are that run's answers, not the default run's."""
+    run = f"{settings.redis.key_prefix}-a"
+    await commit(
+        settings.model_copy(
+            update={"redis": settings.redis.model_copy(update={"key_prefix": run})}
+        ),
+        redis,
+        ["a"],
+    )  # run a at version 1; the default run (serving) at version 0
+    path = f"/v1/runs/{run}/models/latest"
+    async with serving(settings, redis) as port:
+        first, _ = await ask(port, head(path))  # aiohttp's (the run is held from now on)
+        assert header(first, "X-Fedasync-Version") == "1"
+        legacy, _ = await ask(port, head("/v1/models/latest"))
+        assert header(legacy, "X-Fedasync-Version") == "0"
+        etag = header(first, "ETag")
+        for asked, headers in (
+            (path, {}),
+            (path, {"If-None-Match": etag}),
+            (path, {"If-None-Match": header(legacy, "ETag")}),  # the default run's: a 200
+            (path + "/meta", {}),
+        ):
+            before = await metrics(port, run)
+            fast = await ask(port, head(asked, **headers))
+            slow = await ask(port, head(asked + "?", **headers))
+            after = await metrics(port, run)
+            assert fast == slow, (asked, headers)
+            assert header(fast[0], "X-Fedasync-Version") == "1"
+            status = fast[0].split(b" ")[1].decode()
+            route = "meta" if asked.endswith("/meta") else "latest"
+            requests = ("fedasync_snapshot_requests_total", (("route", route), ("status", status)))
+            assert after[requests] - before.get(requests, 0.0) == 2, (asked, headers)
 
 
 async def test_pipelined_requests_are_answered_in_order_across_the_hand_over(
@@ -427,3 +473,43 @@ async def test_every_worker_serves_and_freezes_when_redis_reports_an_older_versi
     ):  # every worker stopped with it: nobody listens any more
         await ask(port, head("/livez"))
     assert (tmp_path / "snapshot.log").read_text().count("draining and stopping") == 2
+
+
+async def test_each_worker_holds_and_follows_the_runs_it_is_asked_for(
+    settings: Settings, redis: aioredis.Redis, tmp_path: Path, spawned: list[Any]
+) -> None:
+    """Workers share nothing but the port: each holds a run once asked for it, and follows that
+    run's versions itself (a commit of the run reaches every worker holding it)."""
+    run = f"{settings.redis.key_prefix}-a"
+    run_settings = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"key_prefix": run})}
+    )
+    await commit(settings, redis, [])
+    await commit(run_settings, redis, ["a"])  # run a at version 1
+    port = free_port()
+    spawned.append(spawn_snapshot(settings, port, 2, tmp_path / "snapshot.log"))
+    path = f"/v1/runs/{run}/models/latest"
+
+    async def until_every_worker_serves(version: int) -> None:
+        """Ask for the run on new connections (the kernel spreads them over the workers) until
+        every worker's /metrics shows the run held at `version`."""
+        seen: set[str] = set()
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while len(seen) < 2:
+            assert asyncio.get_running_loop().time() < deadline, f"only workers {seen}"
+            try:
+                answer, _ = await ask(port, head(path))
+                assert header(answer, "X-Fedasync-Version") in (str(version - 1), str(version))
+                figures = await metrics(port, run)
+            except (OSError, asyncio.IncompleteReadError):
+                await asyncio.sleep(0.05)
+                continue
+            if figures.get(("fedasync_snapshot_model_version", ())) == version:
+                seen |= {dict(labels)["worker"] for name, labels in figures if name == WORKER}
+
+    await until_every_worker_serves(1)
+    await commit(run_settings, redis, ["b"])  # each worker's own follower takes version 2
+    await until_every_worker_serves(2)
+    process = spawned[0]
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.wait, DEADLINE_S) == 0

@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 
 from fedasync.services.snapshot import fast
 from fedasync.services.snapshot.cache import ModelCache, Served
-from fedasync.services.snapshot.fast import HotAnswers
-from fedasync.services.snapshot.metrics import SnapshotMetrics
+from fedasync.services.snapshot.fast import RunAnswers
+from fedasync.services.snapshot.metrics import RunMetrics
 
 HOST = b"Host: 127.0.0.1:8080\r\n"
 
@@ -29,14 +29,14 @@ def if_none_match(etag: str) -> bytes:
 
 
 @pytest.fixture
-def hot() -> tuple[HotAnswers, ModelCache, SnapshotMetrics]:
+def hot() -> tuple[RunAnswers, ModelCache, RunMetrics]:
     cache = ModelCache(2, 10)
     cache.latest = served(0, 100)
-    metrics = SnapshotMetrics()
-    return HotAnswers(cache, metrics), cache, metrics
+    metrics = RunMetrics()
+    return RunAnswers(cache, metrics), cache, metrics
 
 
-def figures(metrics: SnapshotMetrics) -> dict[str, float | None]:
+def figures(metrics: RunMetrics) -> dict[str, float | None]:
     """What a scrape reads (each read collects the registry, so folds first)."""
     get = metrics.registry.get_sample_value
     return {
@@ -49,7 +49,7 @@ def figures(metrics: SnapshotMetrics) -> dict[str, float | None]:
 
 
 def test_each_answer_is_counted_once_when_the_metrics_are_read(
-    hot: tuple[HotAnswers, ModelCache, SnapshotMetrics],
+    hot: tuple[RunAnswers, ModelCache, RunMetrics],
 ) -> None:
     answers, cache, metrics = hot
     assert cache.latest is not None
@@ -77,7 +77,7 @@ def test_each_answer_is_counted_once_when_the_metrics_are_read(
 
 
 def test_answers_before_a_version_change_are_counted_at_their_own_size(
-    hot: tuple[HotAnswers, ModelCache, SnapshotMetrics],
+    hot: tuple[RunAnswers, ModelCache, RunMetrics],
 ) -> None:
     answers, cache, metrics = hot
     assert cache.latest is not None
@@ -108,7 +108,7 @@ def test_answers_before_a_version_change_are_counted_at_their_own_size(
 
 
 def test_the_done_flag_and_closing_change_the_answers(
-    hot: tuple[HotAnswers, ModelCache, SnapshotMetrics],
+    hot: tuple[RunAnswers, ModelCache, RunMetrics],
 ) -> None:
     answers, cache, _ = hot
     model = head(b"/v1/models/latest")
@@ -125,7 +125,7 @@ def test_the_done_flag_and_closing_change_the_answers(
 
 
 def test_the_date_is_rebuilt_when_the_second_changes_either_way(
-    hot: tuple[HotAnswers, ModelCache, SnapshotMetrics], monkeypatch: pytest.MonkeyPatch
+    hot: tuple[RunAnswers, ModelCache, RunMetrics], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     answers, _, _ = hot
     clock = [1_700_000_000.25]
