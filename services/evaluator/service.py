@@ -41,6 +41,7 @@ from fedasync.services.runtime.http_service import (
 )
 from fedasync.services.runtime.lifecycle import Background
 from fedasync.services.runtime.openapi_parts import operational_document
+from fedasync.services.runtime.own_run import own_run
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
 from fedasync.services.runtime.redis_conn import TRANSIENT
 from fedasync.services.runtime.settings import Settings, SettingsError
@@ -49,7 +50,6 @@ from fedasync.services.stores.evaluations import EvaluationRecord
 from fedasync.services.stores.run_record import RunCheck
 from fedasync.shared.keys import Keys
 from fedasync.shared.model_format import ModelMessage, decode_model
-from fedasync.shared.runs import DEFAULT_RUN, is_run_id
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.snapshot_protocol import MODEL_CONTENT_TYPE, VERSION_HEADER, latest_path
 from fedasync.shared.wire import WireError
@@ -57,12 +57,6 @@ from fedasync.shared.wire import WireError
 log = logging.getLogger(__name__)
 
 METRICS = web.AppKey("metrics", EvaluatorMetrics)
-
-
-def followed_run(key_prefix: str) -> str | None:
-    """The run an evaluator of `key_prefix` asks the snapshot service for: None (the legacy
-    routes) for the default run and for a prefix that is no run id, the prefix otherwise."""
-    return None if key_prefix == DEFAULT_RUN or not is_run_id(key_prefix) else key_prefix
 
 
 class Follower:
@@ -100,7 +94,7 @@ class Follower:
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         cfg = self.settings.evaluator
-        url = cfg.snapshot_url.rstrip("/") + latest_path(followed_run(self.keys.prefix))
+        url = cfg.snapshot_url.rstrip("/") + latest_path(own_run(self.settings))
         backoff = 0.1
         resumed = False
         while not self.stopping.is_set():

@@ -19,9 +19,7 @@ from fedasync.shared.runs import RunSpec
 RUN_SECTIONS = ("task", "policy", "budget")
 
 
-def settings_for_run(
-    base: Settings, spec: RunSpec | None, **sections: dict[str, Any]
-) -> Settings:
+def settings_for_run(base: Settings, spec: RunSpec | None, **sections: dict[str, Any]) -> Settings:
     """`base` with `spec`'s prefix, task, policy and budget (spec None: the default run, whose
     task, policy and budget are the deployment's own); `sections` change further fields of a
     section (a child's own port: `aggregator={"port": 9100}`). SettingsError names a bad field

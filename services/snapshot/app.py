@@ -31,11 +31,11 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any, cast
+from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp.typedefs import Handler
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_errors import json_errors
@@ -494,9 +494,7 @@ def create_app(settings: Settings, redis: aioredis.Redis, worker: int = 0) -> we
     """The snapshot app; `worker` names this process among those sharing the port (service.py)."""
     clients = RunClients(redis, settings.redis, settings.redis.key_prefix)
     known = KnownRuns(clients, run_exists)
-    app = web.Application(
-        middlewares=[json_errors, redis_away, cast(Middleware, runs_middleware(known))]
-    )
+    app = web.Application(middlewares=[json_errors, redis_away, runs_middleware(known)])
     app[SETTINGS] = settings
     app[REDIS] = redis
     app[CLIENTS] = clients

@@ -18,8 +18,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from fedasync.learning.task_failure import TaskCodeError
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
-from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app, followed_run
+from fedasync.services.evaluator.service import BACKGROUND, FOLLOWER, create_app
 from fedasync.services.evaluator.service import run as run_evaluator
+from fedasync.services.runtime.own_run import own_run
 from fedasync.services.runtime.redis_conn import get_bytes
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
@@ -171,7 +172,7 @@ async def scripted(settings: Settings) -> AsyncIterator[tuple[ScriptedSnapshots,
     )
     app = web.Application()
     # the route of the run the evaluator follows (its key prefix: a named run)
-    app.router.add_get(latest_path(followed_run(settings.redis.key_prefix)), snapshots.latest)
+    app.router.add_get(latest_path(own_run(settings)), snapshots.latest)
     async with TestServer(app) as server:
         url = str(server.make_url("")).rstrip("/")
         update = {"snapshot_url": url, "port": 0, "wait_s": 1.0}

@@ -20,8 +20,8 @@ from aiohttp.test_utils import TestServer
 from fedasync.learning.tasks import get_task
 from fedasync.services.commands.chaos.proxy import Command, RedisProxy, StallMode
 from fedasync.services.commands.redis_launch.server import RedisServer
-from fedasync.services.evaluator.service import followed_run
 from fedasync.services.evaluator.service import run as run_evaluator
+from fedasync.services.runtime.own_run import own_run
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.stores import evaluations
@@ -77,7 +77,7 @@ async def test_a_record_whose_reply_was_lost_is_not_recorded_again(
     keys = Keys(settings.redis.key_prefix)
     snapshots = OneVersion(model_bytes(VERSION, get_task("linear").layout.size))
     app = web.Application()
-    app.router.add_get(latest_path(followed_run(settings.redis.key_prefix)), snapshots.latest)
+    app.router.add_get(latest_path(own_run(settings)), snapshots.latest)
 
     def record_xadd(command: Command) -> bool:
         return command.name == "XADD" and command.key == keys.evaluations

@@ -19,9 +19,9 @@ from yarl import URL
 
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
-from fedasync.services.evaluator.service import followed_run
 from fedasync.services.evaluator.service import run as run_evaluator
 from fedasync.services.runtime.http_service import FAST_PATH
+from fedasync.services.runtime.own_run import own_run
 from fedasync.services.runtime.settings import Settings
 from fedasync.services.snapshot.app import RUNS, create_app, refresh, wait_ready
 from fedasync.services.stores import evaluations
@@ -47,7 +47,10 @@ DEADLINE_S = 60.0
 def for_run(settings: Settings, run: str) -> Settings:
     """The settings of another run on the same Redis: its key prefix is its id."""
     return settings.model_copy(
-        update={"redis": settings.redis.model_copy(update={"key_prefix": run})}
+        update={
+            "redis": settings.redis.model_copy(update={"key_prefix": run}),
+            "auth": settings.auth.model_copy(update={"default_run": settings.redis.key_prefix}),
+        }
     )
 
 
@@ -272,8 +275,8 @@ async def test_an_evaluator_follows_its_named_run_and_records_there(
         update = Update(f"a{version}", "c0", version, 10, np.full(size, 0.1, np.float32))
         await publish(redis, keys_a, update)
         await run_aggregator(settings_a, redis=redis, handle_signals=False, burst=True)
-    assert followed_run(run_a) == run_a
-    assert latest_path(followed_run(run_a)) == model(run_a)
+    assert own_run(settings_a) == run_a
+    assert latest_path(own_run(settings_a)) == model(run_a)
     stopping = asyncio.Event()
     snapshot, url = await start_snapshot(settings, redis, stopping)
     evaluator_settings = settings_a.model_copy(

@@ -54,6 +54,8 @@ def server_version(binary: str) -> tuple[int, ...]:
 
 #: tries to start a server on a port picked here before giving up
 _START_ATTEMPTS = 3
+
+
 def _second_reply(sock: socket.socket) -> bytes:
     """The second line Redis sends back (both replies here are one line each)."""
     data = b""
