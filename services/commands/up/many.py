@@ -38,6 +38,7 @@ from fedasync.services.runtime.run_settings import settings_for_run
 from fedasync.services.runtime.settings import Settings, settings_env
 from fedasync.services.runtime.supervisor import ChildFailed, ServiceSpec, Supervisor
 from fedasync.services.stores.device_keys import ED25519, add_device
+from fedasync.services.stores.policy_store import NoPolicy
 from fedasync.services.stores.runs import create_run
 from fedasync.services.worker.device import default_client_id
 from fedasync.shared.keys import Keys
@@ -150,18 +151,18 @@ def run_many(
     with Supervisor(out / "logs") as supervisor:
         try:
             asyncio.run(_create(runs))
-            for name in SHARED:
-                if name == "ingest" and not base.auth.required:
+            # the aggregators first (each commits its run's genesis, which the shared services
+            # serve and are ready on), then the shared services, then the evaluators
+            for role in ("aggregator", None, "evaluator"):
+                if role is None:
+                    _start_shared(supervisor, base, ports, interrupts)
                     continue
-                port = getattr(ports, name)
-                supervisor.start(_spec(name, name, base, f"http://{HOST}:{port}/readyz"))
-                supervisor.wait_ready(name, timeout=60, between=interrupts.check)
-            for run in runs:
-                for role in ("aggregator", "evaluator"):
+                for run in runs:
                     port = getattr(run.settings, role).port
                     ready = f"http://{HOST}:{port}/readyz"
                     supervisor.start(_spec(f"{run.id}.{role}", role, run.settings, ready))
-                supervisor.wait_ready(f"{run.id}.aggregator", 60, interrupts.check)
+                for run in runs:
+                    supervisor.wait_ready(f"{run.id}.{role}", 60, interrupts.check)
             _header(console, base, ports, runs, out)
             for run in runs:
                 keys = asyncio.run(_provision(run.settings)) if args.secure else {}
@@ -200,7 +201,7 @@ def run_many(
                     extra={"problems": list(problems), "run": run.id},
                 )
             )
-        except (RedisError, OSError) as exc:
+        except (RedisError, OSError, NoPolicy) as exc:
             problems.append(f"run folder of {run.id} not written: {exc}")
             continue
         summaries.append(summary)
@@ -211,6 +212,18 @@ def run_many(
         s["ended_by"] in BUDGETS and not s["problems"] for s in summaries
     )
     return (0 if ok and not problems else 1), summaries
+
+
+def _start_shared(
+    supervisor: Supervisor, base: Settings, ports: Ports, interrupts: Interrupts
+) -> None:
+    """snapshot, control and (devices signing) ingest, each ready before the next."""
+    for name in SHARED:
+        if name == "ingest" and not base.auth.required:
+            continue
+        port = getattr(ports, name)
+        supervisor.start(_spec(name, name, base, f"http://{HOST}:{port}/readyz"))
+        supervisor.wait_ready(name, timeout=60, between=interrupts.check)
 
 
 async def _create(runs: list[OneRun]) -> None:
