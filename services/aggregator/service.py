@@ -160,7 +160,7 @@ class Aggregator:
         # before the epoch: an aggregator started with another task must not fence off the
         # running one on its way to refusing (invalid settings, exit code 2)
         await check_task(r, keys, self.settings.task)
-        epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch)))
+        epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch), key=keys.epoch))
         found = await inspect(r, keys)
         problems = mismatches(found.found)
         if problems:

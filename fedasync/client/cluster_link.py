@@ -1,0 +1,143 @@
+"""Durable writes on a Redis Cluster: one plain client per primary, for a write and its WAIT.
+
+WAIT counts the writes of the connection it is sent on, so durable mode (`redis_link.replicated`)
+runs the write and the WAIT on one connection. redis-py's cluster client has no such thing to
+lend (no `.client()`; each command takes any free connection of its node, and a keyless WAIT
+goes to the *default* node, not to the primary that took the write). `LinkedCluster` is the
+cluster client plus `links`: a plain client per primary, made on first use with the cluster
+client's own credentials and timeouts, whose connection a durable write borrows.
+
+Those plain clients know nothing of slots: if the slot moved since the cluster client last
+learned the map, the node answers MOVED (or, while it is cut off or its slot is being failed
+over, CLUSTERDOWN, TRYAGAIN, ASK). `NodeLinkConnection` turns those into `FailoverError` like
+every other failover reply (nothing was run: the command may be repeated), and `replicated`
+then has the cluster client re-learn the slot map, so the repeat goes to the new primary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection
+from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+
+from fedasync.client.redis_link import FailoverAware, FailoverError
+
+#: what a cluster node answers, besides the failover replies of any primary, when it is not
+#: (or not now) the one to run a command on a slot: nothing was run, so it may be repeated
+CLUSTER_CODES = frozenset({"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"})
+#: the classes redis-py's parser makes of those replies (it drops the code from the text)
+_CLUSTER_ERRORS = (MovedError, AskError, ClusterDownError, TryAgainError)
+
+#: connection settings the per-primary clients copy from the cluster client's
+_COPIED = (
+    "username",
+    "password",
+    "credential_provider",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "socket_keepalive_options",
+    "health_check_interval",
+    "protocol",
+    "decode_responses",
+    "encoding",
+    "encoding_errors",
+    "driver_info",
+)
+
+
+class ClusterConnection(FailoverAware, Connection):
+    """A cluster client's connection: CLUSTERDOWN (the slot's primary failed and no replica is
+    promoted yet) is a failover too, so callers retry it as they retry a lost connection, and
+    the cluster client, seeing a connection error, learns the slot map again. MOVED and ASK
+    stay as they are: the cluster client follows them itself."""
+
+    #: the replies (as redis-py's parser classes them, dropping the code) read as a failover
+    refused: tuple[type[Exception], ...] = (ClusterDownError,)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except FailoverError:
+            raise
+        except self.refused as exc:
+            await self.disconnect()
+            raise FailoverError(
+                f"{type(exc).__name__} {exc} (the slot's primary changed: repeat it)"
+            ) from exc
+
+
+class NodeLinkConnection(ClusterConnection):
+    """A per-primary connection, which follows no redirect: MOVED, ASK and TRYAGAIN are a
+    failover as well (nothing was run; the repeat goes where the new slot map says)."""
+
+    refused = _CLUSTER_ERRORS
+
+
+class NodeLinks:
+    """A plain client per primary (by address), made on first use, with `options`."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = {name: options[name] for name in _COPIED if name in options}
+        self._clients: dict[str, aioredis.Redis] = {}
+
+    def to(self, node: ClusterNode) -> aioredis.Redis:
+        """The client of `node` (its connections are this module's failover-aware ones)."""
+        client = self._clients.get(node.name)
+        if client is None:
+            pool = aioredis.ConnectionPool(
+                connection_class=NodeLinkConnection,
+                host=node.host,
+                port=int(node.port),
+                **self._options,
+            )
+            client = self._clients[node.name] = aioredis.Redis(connection_pool=pool)
+            client.auto_close_connection_pool = True
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
+
+
+class LinkedCluster(RedisCluster):
+    """redis-py's cluster client, with a plain client per primary for durable writes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.links = NodeLinks(self.connection_kwargs)
+
+    async def primary_for(self, key: str) -> ClusterNode:
+        """The primary of `key`'s slot, learning the slot map first if it is stale."""
+        await self.initialize()
+        node = self.get_node_from_key(key)
+        if node is None:
+            raise FailoverError(f"no primary serves the slot of {key} (yet): repeat it")
+        return node
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self.links.aclose()
+
+
+async def on_primary_of(cluster: RedisCluster, key: str) -> tuple[aioredis.Redis, Any]:
+    """(the plain client of `key`'s primary, that node) for a write that must stay on one
+    connection; `cluster` must be a `LinkedCluster` (services.runtime.redis_cluster makes them)."""
+    if not isinstance(cluster, LinkedCluster):
+        raise TypeError(
+            "a durable write on a Redis Cluster needs the client connect_cluster makes "
+            f"(a LinkedCluster), not {type(cluster).__name__}"
+        )
+    node = await cluster.primary_for(key)
+    return cluster.links.to(node), node
+
+
+def relearn(cluster: RedisCluster) -> None:
+    """Have `cluster` learn the slot map again before its next command (after a redirect or a
+    lost primary seen on a link): what redis-py does itself after a connection error, without
+    closing the connections other commands are using."""
+    cluster._initialize = True
