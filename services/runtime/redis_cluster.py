@@ -71,10 +71,10 @@ async def on_node_of(redis: aioredis.Redis, key: str, *command: Any) -> Any:
     """Run a keyless command (PING, INFO, SCRIPT LOAD, ...) on the primary of `key`'s slot on a
     cluster, on the one server otherwise; its reply as a plain client gives it."""
     if not isinstance(redis, aioredis.RedisCluster):
-        return await redis.execute_command(*command)
+        return await redis.execute_command(*command)  # type: ignore[no-untyped-call]
     await redis.initialize()
     node = node_of(redis, key)
-    reply = await redis.execute_command(*command, target_nodes=node)  # type: ignore[no-untyped-call]
+    reply = await redis.execute_command(*command, target_nodes=node)
     # redis-py folds the replies of a command sent to several nodes into {node name: reply}
     # for some commands (SCRIPT LOAD, PING); one target node gives a one-entry dict
     if isinstance(reply, dict) and list(reply) == [node.name]:
