@@ -16,6 +16,7 @@ then has the cluster client re-learn the slot map, so the repeat goes to the new
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -104,12 +105,27 @@ class NodeLinks:
             await client.aclose()
 
 
+def _without_keys(callback: Callable[..., Any]) -> Callable[..., Any]:
+    def parse(response: Any, keys: Any = None, **options: Any) -> Any:
+        return callback(response, **options)
+
+    return parse
+
+
 class LinkedCluster(RedisCluster):
     """redis-py's cluster client, with a plain client per primary for durable writes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.links = NodeLinks(self.connection_kwargs)
+        # redis-py 8.1's cluster transactions (MULTI/EXEC after WATCH) hand each reply's
+        # callback the command's `keys=` option, which the plain client drops first (it is
+        # for client-side caching only), and the callbacks of HGETALL, XREVRANGE and others
+        # take no such argument: a TypeError after EXEC. Every callback drops it here (the
+        # node connections share this dict)
+        callbacks = self.response_callbacks
+        for name, callback in list(callbacks.items()):
+            callbacks[name] = _without_keys(callback)
 
     async def primary_for(self, key: str) -> ClusterNode:
         """The primary of `key`'s slot, learning the slot map first if it is stale."""

@@ -222,8 +222,16 @@ class LocalCluster:
         raise RuntimeError(f"127.0.0.1:{primary} has no running replica")
 
     def read(self, port: int, key: str) -> bytes | None:
-        """GET on one node (a key of its slots)."""
-        value: bytes | None = self._ask(port, "GET", key)
+        """GET on one node, a primary or a replica of the key's slot (READONLY first: a
+        replica otherwise answers MOVED)."""
+        client = redis.Redis(
+            port=port, socket_timeout=2.0, protocol=2, single_connection_client=True
+        )
+        try:
+            client.execute_command("READONLY")  # type: ignore[no-untyped-call]
+            value: bytes | None = client.execute_command("GET", key)  # type: ignore[no-untyped-call]
+        finally:
+            client.close()
         return value
 
     def wait_promoted(self, old: int, key: str, timeout: float = 60.0) -> tuple[int, float]:
