@@ -179,7 +179,7 @@ async def test_a_policy_change_and_the_transactions_run_in_the_runs_slot(
     keys = keys_of(cluster_settings)
     initial = cluster_settings.policy.to_policy()
     current = await policy_store.ensure_policy(client, keys, initial)
-    changed = current.model_copy(update={"version": current.version + 1, "gamma": 0.25})
+    changed = current.evolve(gamma=0.25)
     await policy_store.change_policy(client, keys, changed, who="test", why="cluster", at=1.0)
     assert (await policy_store.read_policy(client, keys)).gamma == 0.25
     with pytest.raises(policy_store.PolicyConflict):
