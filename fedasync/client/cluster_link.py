@@ -16,15 +16,17 @@ then has the cluster client re-learn the slot map, so the repeat goes to the new
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
-from fedasync.client.redis_link import FailoverAware, FailoverError
+from fedasync.client.redis_link import TRANSIENT, FailoverAware, FailoverError, NotReplicated
+
+T = TypeVar("T")
 
 #: what a cluster node answers, besides the failover replies of any primary, when it is not
 #: (or not now) the one to run a command on a slot: nothing was run, so it may be repeated
@@ -135,21 +137,23 @@ class LinkedCluster(RedisCluster):
             raise FailoverError(f"no primary serves the slot of {key} (yet): repeat it")
         return node
 
+    async def on_primary(self, key: str, action: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+        """`action` on the plain client of `key`'s primary (`redis_link.replicated`: a write and
+        its WAIT on one of its connections). After a lost primary or a redirect there, the slot
+        map is learnt again before the next command, so the repeat goes to the new primary; a
+        WAIT short of replicas (NotReplicated) changes no slot."""
+        client = self.links.to(await self.primary_for(key))
+        try:
+            return await action(client)
+        except NotReplicated:
+            raise
+        except TRANSIENT:
+            relearn(self)
+            raise
+
     async def aclose(self) -> None:
         await super().aclose()
         await self.links.aclose()
-
-
-async def on_primary_of(cluster: RedisCluster, key: str) -> tuple[aioredis.Redis, Any]:
-    """(the plain client of `key`'s primary, that node) for a write that must stay on one
-    connection; `cluster` must be a `LinkedCluster` (services.runtime.redis_cluster makes them)."""
-    if not isinstance(cluster, LinkedCluster):
-        raise TypeError(
-            "a durable write on a Redis Cluster needs the client connect_cluster makes "
-            f"(a LinkedCluster), not {type(cluster).__name__}"
-        )
-    node = await cluster.primary_for(key)
-    return cluster.links.to(node), node
 
 
 def relearn(cluster: RedisCluster) -> None:

@@ -179,36 +179,32 @@ async def replicated(
     wanted, timeout_ms = durability.replicas, durability.timeout_ms
     if not wanted:
         return await write(redis)
-    if isinstance(redis, RedisCluster):
-        return await _replicated_on_primary(redis, wanted, timeout_ms, write, key)
-    async with redis.client() as connection:
-        result = await write(connection)
-        reached = int(await connection.wait(wanted, timeout_ms))
-    if reached < wanted:
-        raise NotReplicated(f"WAIT: {reached} of {wanted} replicas within {timeout_ms} ms")
+    if not isinstance(redis, RedisCluster):
+        return await _write_and_wait(redis, write, wanted, timeout_ms)
+    if key is None:
+        raise TypeError("a durable write on a Redis Cluster needs key= (the slot it writes)")
+    on_primary: Any = getattr(redis, "on_primary", None)
+    if on_primary is None:
+        raise TypeError(
+            "a durable write on a Redis Cluster needs the client connect_cluster makes "
+            f"(a LinkedCluster, fedasync/client/cluster_link.py), not {type(redis).__name__}"
+        )
+    result: T = await on_primary(
+        key, lambda primary: _write_and_wait(primary, write, wanted, timeout_ms)
+    )
     return result
 
 
-async def _replicated_on_primary(
-    cluster: RedisCluster,
+async def _write_and_wait(
+    redis: aioredis.Redis,
+    write: Callable[[aioredis.Redis], Awaitable[T]],
     wanted: int,
     timeout_ms: int,
-    write: Callable[[aioredis.Redis], Awaitable[T]],
-    key: str | None,
 ) -> T:
-    """`replicated` on a cluster: the write and the WAIT on one connection of `key`'s primary."""
-    from fedasync.client import cluster_link  # built on this module: imported here, not above
-
-    if key is None:
-        raise TypeError("a durable write on a Redis Cluster needs key= (the slot it writes)")
-    client, _ = await cluster_link.on_primary_of(cluster, key)
-    try:
-        async with client.client() as connection:
-            result = await write(connection)
-            reached = int(await connection.wait(wanted, timeout_ms))
-    except TRANSIENT:
-        cluster_link.relearn(cluster)
-        raise
+    """`write`, then WAIT, on one connection of `redis`'s pool."""
+    async with redis.client() as connection:
+        result = await write(connection)
+        reached = int(await connection.wait(wanted, timeout_ms))
     if reached < wanted:
         raise NotReplicated(f"WAIT: {reached} of {wanted} replicas within {timeout_ms} ms")
     return result

@@ -15,7 +15,6 @@ from fedasync.client.cluster_link import (
     ClusterConnection,
     LinkedCluster,
     NodeLinkConnection,
-    on_primary_of,
 )
 from fedasync.client.redis_link import FailoverError, replicated
 from fedasync.services.runtime.redis_cluster import connect_cluster, is_cluster, node_of
@@ -110,9 +109,13 @@ async def test_a_durable_write_on_a_cluster_needs_the_slot_it_writes() -> None:
 async def test_a_durable_write_needs_the_linked_cluster_client() -> None:
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    plain = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", 7000)])
+    plain: Any = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", 7000)])
+
+    async def write(_: Any) -> int:
+        raise AssertionError("nothing may be sent on a client without links")
+
     with pytest.raises(TypeError, match="LinkedCluster"):
-        await on_primary_of(plain, "{a}:state")
+        await replicated(plain, Durability(replicas=1), write, key="{a}:state")
 
 
 @pytest.mark.parametrize(
