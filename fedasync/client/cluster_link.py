@@ -152,7 +152,12 @@ class LinkedCluster(RedisCluster):
             raise
 
     async def aclose(self) -> None:
+        """Close every connection, the nodes' and the links'. redis-py closes the nodes only
+        while its slot map is fresh: after a connection error (which marks it stale until the
+        next command) its `aclose` closes nothing, and the open connections leak."""
         await super().aclose()
+        await self.nodes_manager.aclose()
+        await self.nodes_manager.aclose("startup_nodes")
         await self.links.aclose()
 
 

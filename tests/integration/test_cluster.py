@@ -30,6 +30,7 @@ from fedasync.services.commands.cli import main
 from fedasync.services.commands.redis_launch.cluster import (
     LocalCluster,
     prefixes_on_distinct_primaries,
+    process_state,
 )
 from fedasync.services.ingest.app import create_app as create_ingest_app
 from fedasync.services.runtime import lua
@@ -274,23 +275,31 @@ async def test_the_versions_channel_is_heard_on_any_node(
         await other.aclose()
 
 
-def fail_over(cluster: LocalCluster, key: str) -> tuple[int, int, float]:
-    """Kill -9 the primary of `key`'s slot; (its port, the promoted one's, seconds to the
-    promotion). Run in a thread: the wait polls."""
+def fail_over(cluster: LocalCluster, key: str, fault: str = "kill") -> tuple[int, int, float]:
+    """Kill -9 (or SIGSTOP: `fault` "pause") the primary of `key`'s slot; (its port, the
+    promoted one's, seconds to the promotion). Run in a thread: the wait polls."""
     old = cluster.primary_of(key)
     victim = cluster.node_on(old)
     process = victim.process
-    cluster.kill(victim)
     assert process is not None
-    assert process.returncode == -9
+    if fault == "kill":
+        cluster.kill(victim)
+        assert process.returncode == -9  # the kill happened
+    else:
+        cluster.pause(victim)
+        assert process_state(process.pid) == "T"  # stopped, its sockets open
     new, waited = cluster.wait_promoted(old, key, PROMOTED_WITHIN_S)
     return old, new, waited
 
 
-def recover(cluster: LocalCluster, old: int) -> None:
+def recover(cluster: LocalCluster, old: int, fault: str = "kill") -> None:
     """Start the killed node again (as a replica of the promoted one), from the main thread: a
-    child dies with the thread that started it (PR_SET_PDEATHSIG)."""
-    cluster.restart(cluster.node_on(old))
+    child dies with the thread that started it (PR_SET_PDEATHSIG); or resume the paused one,
+    which then hears it was replaced and turns replica."""
+    if fault == "kill":
+        cluster.restart(cluster.node_on(old))
+    else:
+        cluster.resume(cluster.node_on(old))
     cluster.wait_settled()
 
 
@@ -372,18 +381,21 @@ async def test_one_run_end_to_end_with_ledger_verify(
     assert "OK" in capsys.readouterr().out.upper()
 
 
+@pytest.mark.parametrize("fault", ["kill", "pause"])
 @pytest.mark.asyncio
-async def test_a_primary_killed_under_one_run_while_another_keeps_committing(
-    redis_cluster: LocalCluster, request: pytest.FixtureRequest
+async def test_a_primary_lost_under_one_run_while_another_keeps_committing(
+    redis_cluster: LocalCluster, request: pytest.FixtureRequest, fault: str
 ) -> None:
     """Two runs on two primaries, each with its aggregator and its durable publisher. The
-    victim's primary is killed -9: the other run commits between the kill and the promotion
-    (its client never waits on the dead node), and once the replica is promoted and the
-    killed node is back as its replica, the victim's aggregator resumes; every update
-    acknowledged to the victim's publisher is decided, and both ledgers verify."""
+    victim's primary is killed -9, or SIGSTOPped (a frozen host: its sockets stay open, a
+    command sent there waits): the other run commits between the fault and the promotion (its
+    client never waits on the lost node, not even to learn the slot map), and once the replica
+    is promoted and the old primary is back as its replica, the victim's aggregator resumes;
+    every update acknowledged to the victim's publisher is decided, none twice, and both
+    ledgers verify."""
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
     victim_run, bystander_run = prefixes_on_distinct_primaries(
-        redis_cluster, [f"kill-{digest}-{i}" for i in range(20)]
+        redis_cluster, [f"{fault}-{digest}-{i}" for i in range(20)]
     )
     runs = {
         run: load_settings(
@@ -426,13 +438,13 @@ async def test_a_primary_killed_under_one_run_while_another_keeps_committing(
             acknowledged.append(f"v{i}")
             seen = await wait_for_ledger(victim_client, victim_keys, seen, 1)
         killed_at = time.monotonic()
-        old, new, _ = await asyncio.to_thread(fail_over, redis_cluster, tag(victim_keys))
+        old, new, _ = await asyncio.to_thread(fail_over, redis_cluster, tag(victim_keys), fault)
         promoted_at = time.monotonic()
         assert new != old
         assert redis_cluster.primary_of(tag(keys_of(runs[bystander_run]))) != old
         # the bystander committed while the victim's slot had no primary
         assert any(killed_at < t < promoted_at for t in bystander_commits), bystander_commits
-        recover(redis_cluster, old)
+        recover(redis_cluster, old, fault)
         for i in range(3, 6):
             await durable_publish(victim_client, victim, f"v{i}", base=i)
             acknowledged.append(f"v{i}")
@@ -443,11 +455,14 @@ async def test_a_primary_killed_under_one_run_while_another_keeps_committing(
         publishing.cancel()
         await asyncio.gather(publishing, return_exceptions=True)
         outcomes = await asyncio.gather(*aggregators.values(), return_exceptions=True)
-    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
-    decided = [r["update_id"] async for r in records(victim_client, victim_keys)]
-    assert set(acknowledged) <= set(decided), (acknowledged, decided)
-    assert len(decided) == len(set(decided))  # none decided twice
-    for run, settings in runs.items():
-        report = await verify(clients[run], keys_of(settings), settings.wire.max_message_bytes)
-        assert report.ok, report.describe()
-        await clients[run].aclose()
+    try:
+        assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+        decided = [r["update_id"] async for r in records(victim_client, victim_keys)]
+        assert set(acknowledged) <= set(decided), (acknowledged, decided)
+        assert len(decided) == len(set(decided))  # none decided twice
+        for run, settings in runs.items():
+            report = await verify(clients[run], keys_of(settings), settings.wire.max_message_bytes)
+            assert report.ok, report.describe()
+    finally:
+        for redis in clients.values():
+            await redis.aclose()

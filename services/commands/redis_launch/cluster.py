@@ -74,6 +74,8 @@ class LocalCluster:
         self.bus_ports = {node.port: free_port() for node in self.nodes}
         for node in self.nodes:
             node.extra_args = self._args(node, extra_args)
+        #: ports of the nodes SIGSTOPped (`pause`) and not yet resumed: not asked anything
+        self.paused: set[int] = set()
 
     def _args(self, node: RedisServer, extra: tuple[str, ...]) -> tuple[str, ...]:
         return (
@@ -145,10 +147,14 @@ class LocalCluster:
         """SIGSTOP: the host frozen; its sockets stay open until `resume`."""
         if node.process is not None:
             node.process.send_signal(signal.SIGSTOP)
+            self.paused.add(node.port)
+            _wait_stopped(node.process.pid)
 
     def resume(self, node: RedisServer) -> None:
+        """SIGCONT: a paused primary goes on as one until it hears it was replaced."""
         if node.process is not None:
             node.process.send_signal(signal.SIGCONT)
+        self.paused.discard(node.port)
 
     def restart(self, node: RedisServer, timeout: float = 30.0) -> None:
         """Start a killed node again on its port and directory: it rejoins from nodes.conf (as
@@ -175,7 +181,8 @@ class LocalCluster:
         return info
 
     def running(self) -> list[RedisServer]:
-        return [node for node in self.nodes if node.process is not None]
+        """The nodes started and not paused."""
+        return [n for n in self.nodes if n.process is not None and n.port not in self.paused]
 
     def slot_owners(self, port: int | None = None) -> dict[int, int]:
         """Slot range start → the port of its primary, as one running node (`port`, or the
@@ -287,6 +294,21 @@ class LocalCluster:
         except (redis.RedisError, OSError, RuntimeError) as exc:
             return str(exc)
         return ""
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter (/proc/<pid>/stat: R, S, D, T for stopped, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until a SIGSTOPped process is stopped: the signal waits out a system call in progress
+    (an fsync of the AOF, state D)."""
+    deadline = time.monotonic() + timeout
+    while process_state(pid) != "T":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} not stopped in {timeout} s")
+        time.sleep(0.005)
 
 
 def prefixes_on_distinct_primaries(
