@@ -364,7 +364,9 @@ async def run(
             async with contextlib.AsyncExitStack() as http:
                 listening_http = False
                 if cfg.port is not None and not burst:
-                    app = create_app(aggregator.metrics, aggregator.ready, client)
+                    app = create_app(
+                        aggregator.metrics, aggregator.ready, client, aggregator.keys.state
+                    )
                     port = await http.enter_async_context(
                         listening("aggregator metrics", app, cfg.host, cfg.port, settings.http)
                     )

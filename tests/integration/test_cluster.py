@@ -347,9 +347,14 @@ async def test_one_run_end_to_end_with_ledger_verify(
     settings = cluster_settings
     keys = keys_of(settings)
     stopping = asyncio.Event()
+    listening: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     aggregator = asyncio.create_task(
         run_aggregator(
-            settings, initial=initial_state(settings), handle_signals=False, stopping=stopping
+            settings,
+            initial=initial_state(settings),
+            handle_signals=False,
+            stopping=stopping,
+            started=listening,
         )
     )
     snapshot, url = await start_snapshot(settings, client, stopping)
@@ -365,6 +370,9 @@ async def test_one_run_end_to_end_with_ledger_verify(
             async with http.get(query) as response:
                 assert response.status == 200
                 meta = await response.json()
+            # committing, so restored: ready, its readiness PING answered by the run's node
+            async with http.get(f"http://127.0.0.1:{await listening}/readyz") as response:
+                assert response.status == 200
         assert meta.get("version") == 4
     finally:
         stopping.set()
