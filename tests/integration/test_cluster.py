@@ -36,6 +36,7 @@ from fedasync.services.ingest.app import create_app as create_ingest_app
 from fedasync.services.runtime import lua
 from fedasync.services.runtime.redis_cluster import is_cluster, node_of, on_node_of
 from fedasync.services.runtime.redis_conn import connect, retrying, until_sent
+from fedasync.services.runtime.run_clients import RunClients
 from fedasync.services.runtime.settings import Settings, load_settings
 from fedasync.services.stores import policy_store
 from fedasync.services.stores.backlog import correct_lag
@@ -474,3 +475,23 @@ async def test_a_primary_lost_under_one_run_while_another_keeps_committing(
     finally:
         for redis in clients.values():
             await redis.aclose()
+
+
+@pytest.mark.asyncio
+async def test_each_run_gets_a_cluster_client_of_its_own(
+    cluster_settings: Settings, client: aioredis.Redis
+) -> None:
+    """runtime/run_clients: the default run shares the service's client, another run gets its
+    own (so a topology reset after one run's failover touches no other run's client)."""
+    default = cluster_settings.redis.key_prefix
+    clients = RunClients(client, cluster_settings.redis, default)
+    try:
+        assert clients.for_run(default) is client
+        other = clients.for_run(default + "-b")
+        assert other is not client
+        assert is_cluster(other)
+        assert clients.for_run(default + "-b") is other
+        await other.set(Keys(default + "-b").version, b"1")
+        assert await client.get(Keys(default + "-b").version) == b"1"
+    finally:
+        await clients.aclose()
