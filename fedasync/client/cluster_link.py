@@ -10,8 +10,10 @@ client's own credentials and timeouts, whose connection a durable write borrows.
 Those plain clients know nothing of slots: if the slot moved since the cluster client last
 learned the map, the node answers MOVED (or, while it is cut off or its slot is being failed
 over, CLUSTERDOWN, TRYAGAIN, ASK). `NodeLinkConnection` turns those into `FailoverError` like
-every other failover reply (nothing was run: the command may be repeated), and `replicated`
-then has the cluster client re-learn the slot map, so the repeat goes to the new primary.
+every other failover reply (nothing was run: the command may be repeated), and
+`LinkedCluster.on_primary` then has the cluster client re-learn the slot map, so the repeat
+goes to the new primary. The cluster client's own connections (`ClusterConnection`) follow
+MOVED and ASK as redis-py does, and read only CLUSTERDOWN as a failover.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from fedasync.client.redis_link import TRANSIENT, FailoverAware, FailoverError, 
 T = TypeVar("T")
 
 #: what a cluster node answers, besides the failover replies of any primary, when it is not
-#: (or not now) the one to run a command on a slot: nothing was run, so it may be repeated
-CLUSTER_CODES = frozenset({"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"})
-#: the classes redis-py's parser makes of those replies (it drops the code from the text)
+#: (or not now) the one to run a command on a slot (MOVED, ASK, CLUSTERDOWN, TRYAGAIN): nothing
+#: was run, so it may be repeated. As the classes redis-py's parser makes of them (it drops
+#: the code from the text)
 _CLUSTER_ERRORS = (MovedError, AskError, ClusterDownError, TryAgainError)
 
 #: connection settings the per-primary clients copy from the cluster client's
