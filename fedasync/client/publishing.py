@@ -129,5 +129,6 @@ async def to_redis(
     async def xadd(client: aioredis.Redis) -> Any:
         return await client.xadd(keys.updates, fields)  # type: ignore[arg-type]
 
-    entry_id = await retry("publish", lambda: replicated(redis, durability or Durability(), xadd))
+    durable = durability or Durability()
+    entry_id = await retry("publish", lambda: replicated(redis, durable, xadd, key=keys.updates))
     return Published(update.update_id, as_text(entry_id))

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import (
     AbstractConnection,
     Connection,
@@ -158,6 +159,8 @@ async def replicated(
     redis: aioredis.Redis,
     durability: Durability,
     write: Callable[[aioredis.Redis], Awaitable[T]],
+    *,
+    key: str | None = None,
 ) -> T:
     """Run `write` and, in durable mode, return only once WAIT says `durability.replicas`
     replicas hold it; `NotReplicated` (transient) if they do not within its `timeout_ms`.
@@ -167,10 +170,38 @@ async def replicated(
     service already added) must still write something (the same value again) for its WAIT to
     cover the earlier write: the offset WAIT waits for is that of the connection's last write.
     Off (0 replicas), `write` runs on `redis` as it is.
+
+    On a Redis Cluster (`redis` a cluster client) `key` names the slot the write is about: the
+    write and the WAIT run on one connection of that slot's primary (fedasync/client/
+    cluster_link.py). A redirect or a lost primary there is a `FailoverError`, after which the
+    cluster client learns the slot map again, so the repeat goes to the new primary.
     """
     wanted, timeout_ms = durability.replicas, durability.timeout_ms
     if not wanted:
         return await write(redis)
+    if not isinstance(redis, RedisCluster):
+        return await _write_and_wait(redis, write, wanted, timeout_ms)
+    if key is None:
+        raise TypeError("a durable write on a Redis Cluster needs key= (the slot it writes)")
+    on_primary: Any = getattr(redis, "on_primary", None)
+    if on_primary is None:
+        raise TypeError(
+            "a durable write on a Redis Cluster needs the client connect_cluster makes "
+            f"(a LinkedCluster, fedasync/client/cluster_link.py), not {type(redis).__name__}"
+        )
+    result: T = await on_primary(
+        key, lambda primary: _write_and_wait(primary, write, wanted, timeout_ms)
+    )
+    return result
+
+
+async def _write_and_wait(
+    redis: aioredis.Redis,
+    write: Callable[[aioredis.Redis], Awaitable[T]],
+    wanted: int,
+    timeout_ms: int,
+) -> T:
+    """`write`, then WAIT, on one connection of `redis`'s pool."""
     async with redis.client() as connection:
         result = await write(connection)
         reached = int(await connection.wait(wanted, timeout_ms))

@@ -172,7 +172,10 @@ class Committer:
         announces the version (`announce`).
         """
         outcome = await replicated(
-            self._redis, self._durability, lambda client: self._run(batch, now, client)
+            self._redis,
+            self._durability,
+            lambda client: self._run(batch, now, client),
+            key=self._keys.state,
         )
         if outcome is CommitOutcome.IN_PLACE:
             log.info("commit %d was already in place (a retried commit)", self.seq + 1)

@@ -35,8 +35,10 @@ REDIS = web.AppKey("redis", aioredis.Redis)
 
 
 def create_app(
-    metrics: AggregatorMetrics, ready: Readiness, redis: aioredis.Redis
+    metrics: AggregatorMetrics, ready: Readiness, redis: aioredis.Redis, key: str | None = None
 ) -> web.Application:
+    """The aggregator's /livez, /readyz and /metrics; `key` (one of the run's) aims the
+    readiness PING at the run's node on a Redis Cluster."""
     app = web.Application(middlewares=[json_errors])
     app[METRICS] = metrics
     app[READY] = ready
@@ -50,7 +52,7 @@ def create_app(
             return web.json_response(body, status=503)
         if not readiness.ready:
             return web.json_response({"status": "restoring"}, status=503)
-        return await redis_readiness(request.app[REDIS])
+        return await redis_readiness(request.app[REDIS], key=key)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
         return metrics_response(request.app[METRICS].exposed)

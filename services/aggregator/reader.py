@@ -128,7 +128,12 @@ class Reader:
                 # durable mode: what a read delivers is on the replicas before it is decided, so
                 # a commit retried on a promoted replica finds every entry it acknowledges
                 # pending there, and carries on instead of refusing (group-lost-delivery)
-                return await replicated(self._redis, self._settings.redis.durability, xreadgroup)
+                return await replicated(
+                    self._redis,
+                    self._settings.redis.durability,
+                    xreadgroup,
+                    key=self._keys.updates,
+                )
             except TRANSIENT:
                 # Redis may have run the read (entries now pending for us) and lost the reply
                 # (a timeout, or a crash after the AOF fsync): ">" never delivers those again

@@ -160,7 +160,7 @@ class Aggregator:
         # before the epoch: an aggregator started with another task must not fence off the
         # running one on its way to refusing (invalid settings, exit code 2)
         await check_task(r, keys, self.settings.task)
-        epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch)))
+        epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch), key=keys.epoch))
         found = await inspect(r, keys)
         problems = mismatches(found.found)
         if problems:
@@ -365,7 +365,9 @@ async def run(
             async with contextlib.AsyncExitStack() as http:
                 listening_http = False
                 if cfg.port is not None and not burst:
-                    app = create_app(aggregator.metrics, aggregator.ready, client)
+                    app = create_app(
+                        aggregator.metrics, aggregator.ready, client, aggregator.keys.state
+                    )
                     port = await http.enter_async_context(
                         listening("aggregator metrics", app, cfg.host, cfg.port, settings.http)
                     )

@@ -57,6 +57,8 @@ def redis_where(settings: RedisSettings) -> str:
     """Where the configured Redis is, as a line may print it (no user, no password)."""
     if settings.sentinels is not None:
         return f"the primary {settings.master_name!r} of the Sentinels {settings.sentinels}"
+    if settings.cluster is not None:
+        return f"the Redis Cluster of {settings.cluster}"
     return where(settings.url)
 
 

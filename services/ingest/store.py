@@ -140,7 +140,7 @@ class IngestStore:
         async def add(client: aioredis.Redis) -> Any:
             return await INGEST_SCRIPT(client, keys=keys, args=args.argv())
 
-        reply: Any = await replicated(self._redis, self._durability, add)
+        reply: Any = await replicated(self._redis, self._durability, add, key=keys[1])
         outcome, entry_id = lua.outcome(IngestOutcome, reply[0]), as_text(reply[1])
         if outcome is IngestOutcome.UPDATE_ID_REUSED:
             raise UpdateIdReused(entry_id)

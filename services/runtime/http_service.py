@@ -28,6 +28,7 @@ from fedasync.services.runtime.http_guard import FastPath, Guard, GuardCollector
 from fedasync.services.runtime.http_malformed import handler_factory
 from fedasync.services.runtime.lifecycle import Background, stop_on_signals
 from fedasync.services.runtime.prometheus import REGISTRY
+from fedasync.services.runtime.redis_cluster import is_cluster, on_node_of
 from fedasync.services.runtime.redis_conn import TRANSIENT, connect
 from fedasync.services.runtime.settings import HttpSettings, RedisSettings, Settings
 
@@ -214,17 +215,28 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def redis_readiness(
-    redis: aioredis.Redis, background: Background | None = None, **ready: Any
+    redis: aioredis.Redis,
+    background: Background | None = None,
+    *,
+    key: str | None = None,
+    **ready: Any,
 ) -> web.Response:
     """503 while Redis does not answer a PING, or once `background` (the service's loop) has died;
-    else 200 with `ready` in the body."""
+    else 200 with `ready` in the body.
+
+    On a Redis Cluster the PING goes to the primary of `key`'s slot (the run's node: a PING to
+    the default node says nothing about it), and without a key to a primary of the client's
+    choice."""
     failure = background.failure() if background is not None else None
     if failure is not None:
         return web.json_response(
             {"status": "background task stopped", "error": failure}, status=503
         )
     try:
-        await redis.ping()
+        if key is not None and is_cluster(redis):
+            await on_node_of(redis, key, "PING")
+        else:
+            await redis.ping()
     except TRANSIENT as exc:
         return web.json_response({"status": "redis unreachable", "error": str(exc)}, status=503)
     return web.json_response({"status": "ready", **ready})

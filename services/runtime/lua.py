@@ -18,7 +18,8 @@ in Python) breaks silently when one side moves a field. Here both sides name eve
 - Loading: `load` reads the file with importlib.resources, so it works from the installed wheel
   (pyproject.toml ships the `.lua` files as package data) as from the checkout, once per process.
   The script runs with EVALSHA, and SCRIPT LOAD when the server does not know it yet (redis-py's
-  own way, and the commands the services' Redis users are granted: stores/acl.py).
+  own way, and the commands the services' Redis users are granted: stores/acl.py). On a Redis
+  Cluster the SCRIPT LOAD goes to the primary of the script's first key only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
+
+from fedasync.services.runtime.redis_cluster import is_cluster, on_node_of
 
 #: what one ARGV entry after the fields may be: redis-py encodes them as it does any argument
 Value = bytes | str | int
@@ -111,7 +114,13 @@ class LuaScript:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            await client.script_load(self.source)
+            if is_cluster(client):
+                # the node that refused it, not every primary (redis-py's SCRIPT LOAD): while
+                # another primary is down, that would fail this run's reload too. Scripts are
+                # not replicated, so a replica promoted by a failover starts without them
+                await on_node_of(client, keys[0], "SCRIPT LOAD", self.source)
+            else:
+                await client.script_load(self.source)
             return await client.evalsha(self.sha, len(keys), *keys, *args)
 
 

@@ -51,6 +51,7 @@ from fedasync.client.redis_link import failover_reply as failover_reply
 from fedasync.client.redis_link import is_out_of_memory as is_out_of_memory
 from fedasync.client.redis_link import replicated as replicated
 from fedasync.services.runtime.primary_watch import PrimaryWatch, hello_role
+from fedasync.services.runtime.redis_cluster import connect_cluster
 from fedasync.services.runtime.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,10 @@ class SentinelRedis(aioredis.Redis):
 
 def connect(settings: RedisSettings, url: str | None = None) -> aioredis.Redis:
     """A client for `url` (or the configured one), or for the primary the configured Sentinels
-    name; nothing is sent until first use."""
+    name, or for the configured Redis Cluster (services/runtime/redis_cluster.py); nothing is
+    sent until first use."""
+    if settings.cluster is not None and url is None:
+        return connect_cluster(settings)
     if settings.sentinels is not None and url is None:
         common = client_options(settings.socket_timeout_s, settings.connect_timeout_s)
         return _primary_of_sentinels(settings, common)

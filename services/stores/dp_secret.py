@@ -51,7 +51,7 @@ async def ensure_secret(
             await client.set(keys.dp_secret, stored, xx=True)
         return stored, False
 
-    stored, made = await replicated(redis, durability, write)
+    stored, made = await replicated(redis, durability, write, key=keys.dp_secret)
     if stored is None or len(stored) != SECRET_BYTES:
         raise RuntimeError(f"{keys.dp_secret} is not a {SECRET_BYTES}-byte secret")
     return stored, made

@@ -15,6 +15,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from fedasync.services.runtime.redis_cluster import is_cluster, on_node_of
+
 
 @dataclass(frozen=True, slots=True)
 class Memory:
@@ -27,7 +29,11 @@ class Memory:
         return self.used / self.limit if self.limit else 0.0
 
 
-async def read_memory(redis: aioredis.Redis) -> Memory:
-    """One INFO memory: used_memory and maxmemory."""
-    info: Any = await redis.info("memory")
+async def read_memory(redis: aioredis.Redis, key: str | None = None) -> Memory:
+    """One INFO memory: used_memory and maxmemory. On a Redis Cluster, of the primary of
+    `key`'s slot (the run's node; INFO would otherwise go to the client's default node)."""
+    if key is not None and is_cluster(redis):
+        info: Any = await on_node_of(redis, key, "INFO", "memory")
+    else:
+        info = await redis.info("memory")
     return Memory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))

@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
+from fedasync.services.commands.redis_launch.cluster import LocalCluster
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
@@ -65,6 +66,31 @@ def settings(redis_server: RedisServer, request: pytest.FixtureRequest) -> Setti
     prefix = f"t-{request.node.originalname[:40]}-{digest}"
     return load_settings(
         redis={"url": redis_server.url, "key_prefix": prefix, "socket_timeout_s": 5.0},
+        task={"name": "linear"},
+        aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
+    )
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A Redis Cluster of our own for the module: three primaries, a replica each (six
+    processes, so once per module), never the shared Redis."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_settings(redis_cluster: LocalCluster, request: pytest.FixtureRequest) -> Settings:
+    """`settings`, on the cluster: a key prefix (a run) unique to the test, durable mode as by
+    default with a cluster (one replica)."""
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
+    prefix = f"t-{request.node.originalname[:40]}-{digest}"
+    return load_settings(
+        redis=redis_cluster.redis_settings(key_prefix=prefix, socket_timeout_s=5.0),
         task={"name": "linear"},
         aggregator={"batch_ms": 20, "block_ms": 100, "port": 0},
     )
