@@ -618,7 +618,8 @@ async def evaluation_curve(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready once Redis answers: everything the service shows comes from there."""
-    return await redis_readiness(request.app[REDIS], request.app[BACKGROUND])
+    key = request.app[KEYS].state  # the default run's node, on a cluster
+    return await redis_readiness(request.app[REDIS], request.app[BACKGROUND], key=key)
 
 
 async def _rules(app: web.Application) -> AsyncIterator[None]:

@@ -84,7 +84,7 @@ class RuleRunner:
         await self.window.refresh(now)
         backlog = await read_backlog(self.redis, self.keys)
         sync_switch_rules(self.rules, await switch_owners(self.redis, self.keys))
-        memory = await read_memory(self.redis)
+        memory = await read_memory(self.redis, key=self.keys.state)
         self.metrics.observe_memory(memory)
         figures = self.window.figures(now, float(backlog.waiting), memory.share)
         actions = [a for rule in self.rules for a in rule.evaluate(figures)]

@@ -212,7 +212,9 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
 
     async def readyz(request: web.Request) -> web.Response:
         """Ready once Redis answers and while the follower runs; `evaluated` says how far it got."""
-        return await redis_readiness(redis, background, evaluated=follower.evaluated)
+        return await redis_readiness(
+            redis, background, key=follower.keys.state, evaluated=follower.evaluated
+        )
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
         return metrics_response(metrics.exposed)

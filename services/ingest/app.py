@@ -514,7 +514,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
         return web.json_response(record)
 
     async def readyz(request: web.Request) -> web.Response:
-        return await redis_readiness(redis)
+        return await redis_readiness(redis, key=Keys(settings.redis.key_prefix).state)
 
     async def metrics(request: web.Request) -> web.Response:
         return metrics_response(ingest.metrics.registry)

@@ -305,7 +305,8 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "version regressed", "error": cache.frozen}, status=503)
     if cache.latest is None:
         return web.json_response({"status": "no model yet"}, status=503)
-    return await redis_readiness(request.app[REDIS], version=cache.latest.version)
+    key = Keys(request.app[SETTINGS].redis.key_prefix).state  # the default run's node
+    return await redis_readiness(request.app[REDIS], key=key, version=cache.latest.version)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:

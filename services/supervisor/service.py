@@ -48,6 +48,7 @@ from fedasync.services.stores.runs import list_runs, read_spec, run_status
 from fedasync.services.supervisor.children import Children
 from fedasync.services.supervisor.metrics import SupervisorMetrics
 from fedasync.services.supervisor.specs import RunPorts, run_specs
+from fedasync.shared.keys import REGISTRY as RUN_REGISTRY
 from fedasync.shared.keys import Keys
 from fedasync.shared.runs import RunSpec, RunStatus, is_run_id
 
@@ -209,7 +210,7 @@ def create_app(settings: Settings, redis: aioredis.Redis) -> web.Application:
     app[BACKGROUND] = background
 
     async def readyz(request: web.Request) -> web.Response:
-        return await redis_readiness(redis, background)
+        return await redis_readiness(redis, background, key=RUN_REGISTRY)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
         return metrics_response(supervisor.metrics.registry)
