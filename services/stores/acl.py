@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedasync.services.runtime.sentinel_channels import SENTINEL_HELLO, SWITCH_MASTER
-from fedasync.shared.keys import Keys
+from fedasync.shared.keys import REGISTRY, Keys
 
 #: passwords go into Redis URLs and ACL lines: URL-unreserved characters only, and long enough
 PASSWORD_RE = re.compile(r"[A-Za-z0-9._~-]{16,}")
@@ -219,6 +219,10 @@ def users(prefix: str) -> tuple[User, ...]:
                 Grant(("exists", "xlen", "xinfo|groups"), read=(k.updates,)),
                 # Redis's memory against maxmemory, for the memory rule (stores/memory.py)
                 Grant(("info",)),
+                # the directory of runs (stores/runs.py): listed for GET /v1/runs and the
+                # rules of each run; an entry added when a run is created (HSETNX, never
+                # rewritten)
+                Grant(("hkeys", "hsetnx"), keys=(glob_escape(REGISTRY),)),
             ),
         ),
         User(

@@ -20,6 +20,7 @@ from fedasync.services.stores.acl import (
     server_users,
     users,
 )
+from fedasync.shared.keys import REGISTRY
 
 USERS = ["aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"]
 #: Redis's own users on the data servers (replication, Sentinel), after the services'
@@ -33,6 +34,7 @@ def acl_rules(prefix: str) -> dict[str, str]:
 
 
 def test_every_user_starts_from_nothing_and_names_only_keys_under_its_prefix() -> None:
+    """... and the directory of runs, which only control lists and adds to."""
     rules = acl_rules("p")
     assert list(rules) == USERS
     for name, rule in rules.items():
@@ -42,7 +44,9 @@ def test_every_user_starts_from_nothing_and_names_only_keys_under_its_prefix() -
         assert "+@all" not in words, name
         patterns = [w.split("~", 1)[1].rstrip(")") for w in words if "~" in w]
         assert patterns, name
-        assert all(p.startswith("{p}:") for p in patterns), name
+        directory = [p for p in patterns if p == REGISTRY]
+        assert directory == ([REGISTRY] if name == "control" else []), name
+        assert all(p.startswith("{p}:") for p in patterns if p != REGISTRY), name
         channels = [w[1:] for w in words if w.startswith("&")]
         assert channels in ([], ["{p}:versions"]), name
 
