@@ -108,6 +108,9 @@ def plan_runs(base: Settings, count: int, specs: list[RunSpec] | None) -> list[O
             changes = {"task": task, "redis": redis, "auth": auth}
             out.append(OneRun(run, base.model_copy(update=changes), i == 0))
         return out
+    # the first run is the default run: the others name it (auth.default_run)
+    redis = base.redis.model_copy(update={"key_prefix": specs[0].id})
+    base = base.model_copy(update={"redis": redis})
     for i, spec in enumerate(specs):
         if spec.task.num_devices is None:
             fleet = dataclasses.replace(spec.task, num_devices=base.task.num_devices)
