@@ -628,9 +628,14 @@ async def _rules(app: web.Application) -> AsyncIterator[None]:
     runner = RuleRunner(
         app[SETTINGS].control, app[REDIS], app[KEYS], window=app[WINDOW], metrics=app[METRICS]
     )
-    app[BACKGROUND].start(runner.run(stopping), "rules")
     others = RunsRules(app[SETTINGS].control, app[CLIENTS], app[WINDOWS], app[METRICS])
-    app[BACKGROUND].start(others.run(stopping), "runs-rules")
+
+    async def both() -> None:
+        # one background task (the one /readyz vouches for and shutdown cancels): the default
+        # run's rules and the other runs' side by side
+        await asyncio.gather(runner.run(stopping), others.run(stopping))
+
+    app[BACKGROUND].start(both(), "rules")
     yield
     stopping.set()
     await app[BACKGROUND].stop()

@@ -526,7 +526,19 @@ def spec() -> dict[str, Any]:
             "/": {
                 "get": {
                     "summary": "The dashboard (HTML); switches ask for the token once",
-                    "responses": {"200": {"description": "text/html"}},
+                    "parameters": [
+                        {
+                            "name": "run",
+                            "in": "query",
+                            "description": "the run it shows (default: the default run); read "
+                            "by the page itself, which lists the runs",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "text/html"},
+                        "400": _json(_ERROR, "a query key other than run, or one given twice"),
+                    },
                 }
             },
             **operational_paths("rule actions, policy changes, policy version"),

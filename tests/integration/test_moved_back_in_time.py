@@ -269,7 +269,7 @@ async def test_a_refusing_aggregator_process_says_why_and_exits_with_code_4(
         assert status == 503
         assert f"state at version {version}, version key {version - 1}" in body
         _, metrics = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics")
-        assert f'{MISMATCHES}{{check="state-version"}} 1.0' in metrics
+        assert f'{MISMATCHES}{{check="state-version",run="{PREFIX}"}} 1.0' in metrics
         assert process.poll() is None  # it lingers for the scrape
         process.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(process.wait, 30)

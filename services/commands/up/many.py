@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedasync.services.commands.up.interrupts import Interrupts
-from fedasync.services.commands.up.plan import HOST, Ports, configure, worker_specs
+from fedasync.services.commands.up.plan import BUDGETS, HOST, Ports, configure, worker_specs
 from fedasync.services.commands.up.report import write_run_folder
 from fedasync.services.commands.up.view import num
 from fedasync.services.runtime.ports import free_port
@@ -209,8 +209,6 @@ def run_many(
             continue
         summaries.append(summary)
     _table(console, runs, summaries, out, problems)
-    from fedasync.services.commands.up.run import BUDGETS
-
     ok = len(summaries) == len(runs) and all(
         s["ended_by"] in BUDGETS and not s["problems"] for s in summaries
     )

@@ -17,6 +17,10 @@ from fedasync.services.runtime.supervisor import ServiceSpec
 from fedasync.services.worker.device import default_client_id
 
 HOST = "127.0.0.1"
+#: the ends of a run that are its budgets running out, as asked (exit 0): updates, time, the
+#: privacy budget (the core closes training before a step that would spend past it), and an
+#: operator's stop (policy.stopped)
+BUDGETS = frozenset({"max_updates", "max_seconds", "privacy_budget", "stopped"})
 #: started in this order, each once the previous is ready; stopped in the reverse order
 SERVICES = ("aggregator", "snapshot", "control", "evaluator", "ingest")
 

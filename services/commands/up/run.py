@@ -29,8 +29,10 @@ from fedasync.services.commands.redis_launch.server import RedisNotFound, RedisS
 from fedasync.services.commands.redis_target import redis_where
 from fedasync.services.commands.up import view
 from fedasync.services.commands.up.interrupts import Interrupts
+from fedasync.services.commands.up.many import RunsFileError, run_many
 from fedasync.services.commands.up.options import run_settings
 from fedasync.services.commands.up.plan import (
+    BUDGETS,
     SERVICES,
     Ports,
     configure,
@@ -50,10 +52,6 @@ from fedasync.shared.keys import Keys
 FINAL_EVALUATION_S = 30.0
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
-#: the ends of a run that are its budgets running out, as asked (exit 0): updates, time, the
-#: privacy budget (the core closes training before a step that would spend past it), and an
-#: operator's stop (policy.stopped)
-BUDGETS = frozenset({"max_updates", "max_seconds", "privacy_budget", "stopped"})
 #: how long every worker may be stopped before the control service says training is done
 WORKERS_GONE_GRACE_S = 15.0
 
@@ -323,8 +321,6 @@ def _many(
     args: argparse.Namespace, console: Console, settings: Settings, out: Path, redis: _RunRedis
 ) -> int:
     """`--runs N` or `--runs-file`: several runs on this Redis (commands/up/many.py)."""
-    from fedasync.services.commands.up.many import RunsFileError, run_many
-
     prefixed = settings.model_copy(
         update={"redis": settings.redis.model_copy(update={"key_prefix": redis.prefix})}
     )
