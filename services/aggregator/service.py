@@ -68,12 +68,14 @@ from fedasync.services.stores.dp_secret import ensure_secret
 from fedasync.services.stores.ingest_markers import IngestMarkers
 from fedasync.services.stores.policy_store import check_policy_log, ensure_policy
 from fedasync.services.stores.run_record import check_task, record_run
+from fedasync.services.stores.runs import register
 from fedasync.shared.aggregation import AggregationState
 from fedasync.shared.checkpoint import MemoryMissing, save_state
 from fedasync.shared.continuity import Check, Mismatch, mismatches
 from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.policy import Policy
+from fedasync.shared.runs import is_run_id
 from fedasync.shared.seeds import Stream, stream
 
 
@@ -160,6 +162,13 @@ class Aggregator:
         # before the epoch: an aggregator started with another task must not fence off the
         # running one on its way to refusing (invalid settings, exit code 2)
         await check_task(r, keys, self.settings.task)
+        # its run in the directory of runs (HSETNX: an entry there stays as it is), so a run
+        # whose entry was lost (a crash between its spec and its entry) is listed again; a
+        # prefix outside the run-id grammar (a deployment from before runs) is no run to list
+        if is_run_id(keys.prefix):
+            await register(r, keys.prefix, time.time(), "aggregator")
+        else:
+            log.info("key prefix %r is not a run id: not listed in the directory", keys.prefix)
         epoch = int(await replicated(r, durability, lambda c: c.incr(keys.epoch), key=keys.epoch))
         found = await inspect(r, keys)
         problems = mismatches(found.found)

@@ -1,13 +1,18 @@
-"""`fedasync runs create|list|show|pause|resume|stop`: a deployment's runs, through the control API.
+"""`fedasync runs create|list|show|pause|resume|stop|retire`: a deployment's runs.
 
 Every subcommand is one request to the control service (`POST /v1/runs`, `GET /v1/runs`, ...;
 docs/http-api.md "Runs"), so the CLI goes through the same checks, token and policy log as any
 other operator: a pause or stop is a policy change with who (`--operator`) and why. The service
 is `--url`, else the configured control host and port; the token is `--token`, else
-FEDASYNC_CONTROL__TOKEN. `retire` (deleting a done run's keys) is not built yet.
+FEDASYNC_CONTROL__TOKEN.
 
-Exit codes: 0 done, 1 refused by the service (its reason is printed), 3 the service did not
-answer.
+`retire` is not a control route: it deletes a done or stopped run's keys, claim-check payloads and
+directory entry straight in Redis (services/stores/runs.retire_run), as the operator's Redis user
+(`admin` under the ACL for every run: FEDASYNC_REDIS__URL, and FEDASYNC_REDIS__CLUSTER on a
+cluster), like `fedasync ledger` and `fedasync devices`.
+
+Exit codes: 0 done, 1 refused by the service (its reason is printed), 2 a run that cannot be
+retired (or no Redis configured), 3 the service did not answer.
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ def add_arguments(runs: argparse.ArgumentParser) -> None:
     stop = actions.add_parser("stop", help="stop the run for good (its aggregator closes it)")
     stop.add_argument("run")
     stop.add_argument("--reason", default="", help="why (in the policy log)")
+    retire = actions.add_parser(
+        "retire",
+        help="delete a done or stopped run's keys, claim-check payloads and directory entry "
+        "(in Redis, as FEDASYNC_REDIS__URL's user; not the default run)",
+    )
+    retire.add_argument("run")
     runs.set_defaults(handler=_runs)
 
 
@@ -204,6 +215,8 @@ def _runs(args: argparse.Namespace) -> int:
             check_run_id(run)
         except RunIdError as exc:
             raise CommandError(f"runs {command}: {exc}") from None
+    if command == "retire":
+        return _retire(str(run))
     method, path, body = _asked(args, run)
     status, answer = request(method, base + path, _token(args.token), args.operator, body)
     if status >= 400:
@@ -216,6 +229,42 @@ def _runs(args: argparse.Namespace) -> int:
         print(table(answer["runs"]))
     else:
         print(json.dumps(answer, indent=2, sort_keys=True))
+    return 0
+
+
+def _retire(run: str) -> int:
+    """`runs retire RUN`: one line saying what was deleted; a refusal is one line, exit 2."""
+    import asyncio
+
+    from fedasync.services.commands.errors import CommandError
+    from fedasync.services.commands.redis_target import configured, talking_to
+    from fedasync.services.runtime.redis_conn import connect
+    from fedasync.services.runtime.settings import load_settings
+    from fedasync.services.stores.runs import Retired, RetireRefused, retire_run
+
+    settings = load_settings()
+    command = "runs retire"
+    redis_settings = configured(settings.redis, command)
+
+    async def job() -> Retired:
+        redis = connect(redis_settings)
+        try:
+            return await talking_to(
+                redis_settings,
+                command,
+                lambda: retire_run(redis, run, settings.redis.key_prefix),
+            )
+        finally:
+            await redis.aclose()
+
+    try:
+        retired = asyncio.run(job())
+    except RetireRefused as exc:
+        raise CommandError(f"{command}: {exc}") from None
+    print(
+        f"run {run} retired: {retired.keys} keys and {retired.claims} claim-check payloads "
+        "deleted, and its directory entry"
+    )
     return 0
 
 
