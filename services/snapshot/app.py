@@ -419,7 +419,7 @@ async def follow(app: web.Application) -> None:
                 # redis-py 8.1's cluster pub/sub looks the channel's slot up in the client's
                 # slot map without learning it first: a client that has sent nothing yet (the
                 # shared one, when every run has its own) fails with a KeyError
-                await app[REDIS].initialize()  # type: ignore[attr-defined]
+                await app[REDIS].initialize()
             pubsub = app[REDIS].pubsub()
             async with pubsub:
                 channels: dict[str, ServedRun] = {}

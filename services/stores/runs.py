@@ -148,7 +148,7 @@ async def _run_keys(redis: aioredis.Redis, keys: Keys) -> list[str]:
     pattern = keys.run.removesuffix("run") + "*"
     where: dict[str, Any] = {}
     if is_cluster(redis):
-        await redis.initialize()  # type: ignore[attr-defined]
+        await redis.initialize()
         where["target_nodes"] = node_of(redis, keys.run)
     found = redis.scan_iter(match=pattern, count=RETIRE_BATCH, **where)
     return list(dict.fromkeys([as_text(key) async for key in found]))
