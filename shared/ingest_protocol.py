@@ -34,6 +34,8 @@ INGEST_PAUSED = "ingest_paused"
 REDIS_OUT_OF_MEMORY = "redis_out_of_memory"
 #: the 503 while other uploads hold the budget of unverified bytes (services/ingest/budget.py)
 UNVERIFIED_BUDGET = "unverified_budget"
+#: the 409 of an update for a run that finished training: no aggregator will decide it
+RUN_DONE = "run_done"
 
 
 def signed_headers(

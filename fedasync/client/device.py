@@ -25,7 +25,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from fedasync.client import publishing, receipts
-from fedasync.client.errors import ClientError
+from fedasync.client.errors import ClientError, Refused
 from fedasync.client.models import Downloads, Model, Models
 from fedasync.client.publishing import PreparedUpdate, Published
 from fedasync.client.receipts import Receipt
@@ -113,6 +113,8 @@ class DeviceClient:
         self._redis_retry = RedisRetry(self._policy, self._pause)
         self._transport: Transport | None = None
         self._models: Models | None = None
+        #: why training ended, when ingest said so first (`409 run_done`)
+        self._done_by_ingest: str | None = None
         self._downloads = Downloads()
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -172,7 +174,10 @@ class DeviceClient:
 
     @property
     def training_done(self) -> str | None:
-        """Why training ended (`max_updates`, `max_seconds`), once the snapshot service said so."""
+        """Why training ended (`max_updates`, `max_seconds`), once the snapshot service said so
+        (or ingest refused an update with `409 run_done`, which says it too)."""
+        if self._done_by_ingest is not None:
+            return self._done_by_ingest
         return None if self._models is None else self._models.training_done
 
     @property
@@ -207,9 +212,14 @@ class DeviceClient:
         `Refused` (ingest refused it for good, with its reason), `Unavailable` (still failing
         after every retry: sending it again later is safe) or `Abandoned` (stopping)."""
         if self._ingest_url is not None and self._key is not None:
-            return await publishing.over_http(
-                self._http(), self._ingest_url, self._key, self.client_id, update, self.run
-            )
+            try:
+                return await publishing.over_http(
+                    self._http(), self._ingest_url, self._key, self.client_id, update, self.run
+                )
+            except Refused as exc:
+                if exc.training_done:  # 409 run_done: as the snapshot service's header says
+                    self._done_by_ingest = exc.training_done
+                raise
         if self._redis is None:
             raise ClientError("publishing needs ingest_url and key, or redis")
         return await publishing.to_redis(

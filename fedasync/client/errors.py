@@ -10,12 +10,16 @@ class ClientError(Exception):
 class Refused(ClientError):
     """A service refused the request for good (a 4xx other than 429): sending it again would be
     refused again. `reason` is the service's stable reason (`bad_signature`, `too_large`, ...,
-    or `unknown` when the answer was not the service's JSON, e.g. a proxy's page)."""
+    or `unknown` when the answer was not the service's JSON, e.g. a proxy's page).
+    `training_done` is why training ended, when the refusal says so (`409 run_done`)."""
 
-    def __init__(self, status: int, reason: str, detail: str) -> None:
+    def __init__(
+        self, status: int, reason: str, detail: str, training_done: str | None = None
+    ) -> None:
         self.status = status
         self.reason = reason
         self.detail = detail
+        self.training_done = training_done
         super().__init__(f"{status} {reason}: {detail}")
 
 

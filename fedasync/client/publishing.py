@@ -27,6 +27,7 @@ from fedasync.shared.device_auth import SigningKey, sign, update_domain
 from fedasync.shared.durability import Durability
 from fedasync.shared.ingest_protocol import signed_headers, updates_path
 from fedasync.shared.keys import Keys
+from fedasync.shared.snapshot_protocol import DONE_HEADER
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
 
@@ -99,7 +100,7 @@ async def over_http(
     )
     answer = await transport.send("publish", request, _again)
     if answer.status != 202:
-        raise Refused(answer.status, answer.reason, answer.error)
+        raise Refused(answer.status, answer.reason, answer.error, answer.headers.get(DONE_HEADER))
     reply: dict[str, Any] = answer.json
     if reply.get("update_id", update.update_id) != update.update_id:
         raise UnexpectedAnswer(f"ingest answered for update {reply.get('update_id')!r}")

@@ -53,6 +53,7 @@ from fedasync.services.ingest.refusal import (
 from fedasync.services.ingest.store import (
     IngestStore,
     KeyChanged,
+    RunDone,
     SignedOutsideWindow,
     UpdateIdReused,
 )
@@ -87,9 +88,11 @@ from fedasync.shared.ingest_protocol import (
     PATH,
     RECEIPT_PATH,
     REDIS_OUT_OF_MEMORY,
+    RUN_DONE,
 )
 from fedasync.shared.keys import Keys
 from fedasync.shared.runs import BAD_RUN_ID, UNKNOWN_RUN, RunIdError, check_run_id
+from fedasync.shared.snapshot_protocol import DONE_HEADER
 from fedasync.shared.wire import WireError, WireReason, decode_update
 
 log = logging.getLogger(__name__)
@@ -241,6 +244,10 @@ class Ingest:
             raise Refusal(409, "update_id_reused", str(exc)) from None
         except KeyChanged as exc:
             raise await self.key_changed(exc) from None
+        except RunDone as exc:
+            raise Refusal(
+                409, RUN_DONE, f"run {self.run!r}: {exc}", {DONE_HEADER: exc.reason}
+            ) from None
         except SignedOutsideWindow as exc:
             # then by Redis's clock, the aggregator's: what it would refuse is never acknowledged
             raise outside_window(proof, key, body, exc.entry_id, window_ms, self.domain) from None

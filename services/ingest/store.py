@@ -61,6 +61,8 @@ class IngestOutcome(StrEnum):
     SIGNED_OUTSIDE_WINDOW = "signed-outside-window"
     #: the device's stored key is no longer the one its signature was checked with (`KeyChanged`)
     KEY_CHANGED = "key-changed"
+    #: the run finished training (its done flag is set): nothing added (`RunDone`)
+    RUN_DONE = "run-done"
 
 
 #: the idempotent XADD: ingest.lua, beside this file
@@ -99,6 +101,15 @@ class KeyChanged(Exception):
         super().__init__(f"the key of {client_id!r} changed while its update arrived")
 
 
+class RunDone(Exception):
+    """The run finished training before the update arrived (its done flag): nothing was added,
+    since no aggregator will decide it once the run's processes are stopped."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"the run finished training ({reason}); no update is taken")
+
+
 class IngestStore:
     def __init__(
         self,
@@ -122,7 +133,8 @@ class IngestStore:
         SignedOutsideWindow if `proof` was signed outside the window of Redis's time of the XADD
         (nothing added), UpdateIdReused if the update id came before with other content,
         KeyChanged if the key stored for the signer no longer has `key_fingerprint` (the one
-        the signature was checked with: services/stores/device_keys.py `fingerprint`)."""
+        the signature was checked with: services/stores/device_keys.py `fingerprint`), RunDone
+        once the run finished training (a retry of an update taken before is answered still)."""
         marker = update_digest(client_id, update_id)
         digest = hashlib.sha256(body).hexdigest()
         fields = stream_entry.build(body, proof)
@@ -135,7 +147,12 @@ class IngestStore:
             key_sha1=key_fingerprint,
         )
         args.section("entry", part=[part for pair in fields.items() for part in pair])
-        keys = [self._keys.ingested(marker), self._keys.updates, self._keys.device_keys]
+        keys = [
+            self._keys.ingested(marker),
+            self._keys.updates,
+            self._keys.device_keys,
+            self._keys.done,
+        ]
 
         async def add(client: aioredis.Redis) -> Any:
             return await INGEST_SCRIPT(client, keys=keys, args=args.argv())
@@ -148,4 +165,6 @@ class IngestStore:
             raise SignedOutsideWindow(entry_id)
         if outcome is IngestOutcome.KEY_CHANGED:
             raise KeyChanged(proof.client_id)
+        if outcome is IngestOutcome.RUN_DONE:
+            raise RunDone(entry_id)
         return Ingested(entry_id, new=outcome is IngestOutcome.ADDED)

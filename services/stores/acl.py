@@ -290,7 +290,10 @@ def _users(tag: str, all_runs: bool) -> tuple[User, ...]:
             (
                 # its script: the marker, the stream, and the device's stored key (HMGET, granted
                 # read-only below: the key it checked the signature with must still be the one)
-                Grant(("evalsha", "script|load"), keys=(k.ingested("*"), k.updates, k.device_keys)),
+                Grant(
+                    ("evalsha", "script|load"),
+                    keys=(k.ingested("*"), k.updates, k.device_keys, k.done),
+                ),
                 Grant(("get", "set"), keys=(k.ingested("*"),)),
                 # the policy (pause-ingest); and for the body limit the newest version and the
                 # layout at the head of its model (GETRANGE, services/ingest/body_limit.py)
@@ -298,6 +301,8 @@ def _users(tag: str, all_runs: bool) -> tuple[User, ...]:
                 Grant(("getrange",), read=(models,)),
                 # its script deletes the entry it just added when signed outside the window
                 Grant(("xadd", "xdel"), write=(k.updates,)),
+                # its script takes nothing for a run that finished (the done flag's reason)
+                Grant(("hget",), read=(k.done,)),
                 device_keys,
                 *receipts,
                 *run_known,

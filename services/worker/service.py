@@ -186,6 +186,9 @@ async def _publish(
     try:
         published = await client.send(update)
     except Refused as exc:
+        if client.training_done:  # 409 run_done: the loop ends as when the snapshot says so
+            log.info("update %s not taken: the run finished training (%s)", update.update_id, exc)
+            return True
         result.refused += 1
         log.error("update %s refused: %s", update.update_id, exc)
         return True

@@ -21,7 +21,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
-from fedasync.client import DeviceClient
+from fedasync.client import DeviceClient, Refused
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.ingest.app import INGEST, RUN_INGESTS, create_app
 from fedasync.services.runtime.settings import Settings
@@ -369,3 +369,49 @@ async def test_the_device_client_publishes_and_reads_receipts_of_its_run(
     decided = {r["update_id"]: r["outcome"] for r in await ledger(redis, Keys(runs.b))}
     assert decided == {"c-1": "applied", "c-2": "applied"}
     assert await dead_letters(redis, Keys(runs.b)) == []
+
+
+async def test_a_run_that_finished_takes_no_new_update_and_still_answers_a_retry(
+    client: TestClient[Any, Any], settings: Settings, redis: aioredis.Redis, runs: Runs
+) -> None:
+    keys_a = Keys(runs.a)
+    key_a = await add_device(redis, keys_a, CLIENT)
+    key_b = parse_key(await add_device(redis, Keys(runs.b), CLIENT))
+    taken_body = body_of("d-1")
+    status, taken = await post(client, runs.a, parse_key(key_a), taken_body)
+    assert (status, taken["retry"]) == (202, False)
+
+    # A is stopped and its aggregator closes it: the update taken before is decided (dropped,
+    # closed), and the done flag is set by the final commit
+    run_a = of_run(settings, runs.a)
+    in_force = await ensure_policy(redis, keys_a, Policy())
+    stopped = dataclasses.replace(in_force, stopped=True, version=in_force.version + 1)
+    await change_policy(redis, keys_a, stopped, who="test", why="stop A", at=time.time())
+    await run_aggregator(
+        run_a, redis=redis, initial=initial_state(run_a), handle_signals=False, burst=True
+    )
+    assert await redis.hget(keys_a.done, "reason") == b"stopped"
+    assert {r["update_id"]: r["reason"] for r in await ledger(redis, keys_a)} == {"d-1": "closed"}
+    assert await redis.xlen(keys_a.updates) == 1
+
+    # a retry of the update taken before is answered with its entry; a new one is refused
+    status, retried = await post(client, runs.a, parse_key(key_a), taken_body)
+    assert (status, retried["retry"], retried["entry_id"]) == (202, True, taken["entry_id"])
+    assert reason_of(await post(client, runs.a, parse_key(key_a), body_of("d-2"))) == (
+        409,
+        "run_done",
+    )
+    assert await redis.xlen(keys_a.updates) == 1
+    # the device client hears it as the end of training, as from the snapshot service
+    async with DeviceClient(
+        "http://127.0.0.1:9", CLIENT, key=key_a, ingest_url=str(client.make_url("")), run=runs.a
+    ) as device:
+        with pytest.raises(Refused) as refused:
+            await device.publish(make_update("d-3", 0, client=CLIENT).weights, 0, 10)
+        assert refused.value.reason == "run_done"
+        assert refused.value.training_done == device.training_done == "stopped"
+    registry = client.app[INGEST].metrics.registry
+    assert registry.get_sample_value("fedasync_ingest_refusals_total", {"reason": "run_done"}) == 2
+    # B is not done: it takes the same body
+    status, taken_b = await post(client, runs.b, key_b, body_of("d-2"))
+    assert (status, taken_b["retry"]) == (202, False)
