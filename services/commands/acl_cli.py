@@ -4,6 +4,11 @@ Without options each user carries a `${REDIS_PASSWORD_<USER>}` placeholder (dock
 is this output for the default prefix); `--passwords-from-env` fills them in from those variables;
 `--new-passwords` prints fresh random passwords as `.env` lines for Docker Compose. `--sentinel`
 prints the `user` lines of a Sentinel's configuration file instead (docker/redis/sentinel.conf).
+
+`--all-runs` grants every run's keys (`{*}:...`) instead of one prefix's, and adds the
+supervisor's user and `runs retire`'s rights; `--cluster` adds what a Redis Cluster client sends
+(CLUSTER SLOTS, COMMAND, ASKING) to every user and the `cluster-admin` user that makes the cluster
+(docker/redis/users-cluster.acl is `fedasync acl --all-runs --cluster`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,19 @@ import sys
 def add_arguments(acl: argparse.ArgumentParser) -> None:
     """The arguments and handler of `fedasync acl`."""
     acl.add_argument("--prefix", help="key prefix (default: FEDASYNC_REDIS__KEY_PREFIX)")
+    acl.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="every run's keys ({*}:...) instead of one prefix's; adds the supervisor user and "
+        "`runs retire`'s rights (admin)",
+    )
+    acl.add_argument(
+        "--cluster",
+        action="store_true",
+        help="for Redis Cluster nodes: each user may also send CLUSTER SLOTS, COMMAND and ASKING "
+        "(redis-py's cluster client), plus the cluster-admin user (`redis-cli --cluster "
+        "create`); no Sentinel user",
+    )
     acl.add_argument(
         "--sentinel",
         action="store_true",
@@ -48,9 +66,10 @@ def _acl(args: argparse.Namespace) -> int:
     )
 
     prefix = args.prefix if args.prefix is not None else load_settings().redis.key_prefix
+    scope = {"all_runs": args.all_runs, "cluster": args.cluster}
     try:
         if args.new_passwords:
-            for variable in password_variables(prefix):
+            for variable in password_variables(prefix, **scope):
                 print(f"{variable}={secrets.token_hex(24)}")
             return 0
         if args.sentinel:
@@ -58,8 +77,10 @@ def _acl(args: argparse.Namespace) -> int:
             given = passwords_of(among, os.environ) if args.passwords_from_env else None
             print(sentinel_acl(given), end="")
             return 0
-        passwords = passwords_from_env(prefix, os.environ) if args.passwords_from_env else None
-        print(acl_file(prefix, passwords), end="")
+        passwords = None
+        if args.passwords_from_env:
+            passwords = passwords_from_env(prefix, os.environ, **scope)
+        print(acl_file(prefix, passwords, **scope), end="")
     except ValueError as exc:
         print(f"fedasync: {exc}", file=sys.stderr)
         return 2

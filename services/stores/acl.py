@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedasync.services.runtime.sentinel_channels import SENTINEL_HELLO, SWITCH_MASTER
 from fedasync.shared.keys import REGISTRY, Keys
@@ -71,7 +71,8 @@ class User:
 
     @property
     def password_variable(self) -> str:
-        return PASSWORD_ENV_PREFIX + self.name.upper()
+        """`REDIS_PASSWORD_<USER>`, the name a shell variable can have (`-` as `_`)."""
+        return PASSWORD_ENV_PREFIX + self.name.upper().replace("-", "_")
 
 
 def glob_escape(text: str) -> str:
@@ -79,11 +80,42 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def users(prefix: str) -> tuple[User, ...]:
-    """Every fedasync user, for keys under `prefix` (the setting FEDASYNC_REDIS__KEY_PREFIX)."""
+#: the hash tag that matches every run's keys (`{*}:state`, ...): run ids hold no glob character
+#: and no `{}` (shared/runs.py RUN_ID), so `*` inside the braces matches exactly the runs' tags
+ALL_RUNS = "*"
+
+#: what redis-py's cluster client sends besides a command's own (redis/asyncio/cluster.py): CLUSTER
+#: SLOTS to learn the slot map (at its first command and after every connection error), a bare
+#: COMMAND to learn where each command's keys are (and COMMAND GETKEYS for those whose keys move,
+#: such as XREADGROUP), and ASKING before a command redirected while a slot migrates
+CLUSTER_CLIENT = ("cluster|slots", "command", "asking")
+
+
+def users(prefix: str, *, all_runs: bool = False, cluster: bool = False) -> tuple[User, ...]:
+    """Every fedasync user, for keys under `prefix` (the setting FEDASYNC_REDIS__KEY_PREFIX);
+    with `all_runs`, for the keys of every run (`{*}:...`, whatever `prefix`), plus the
+    supervisor, which follows them all; with `cluster`, each user may also send what a Redis
+    Cluster client sends (`CLUSTER_CLIENT`)."""
     if not prefix or re.search(r"\s", prefix) or not prefix.isprintable():
         raise ValueError(f"key prefix {prefix!r} cannot be written into an ACL rule")
-    k = Keys(glob_escape(prefix))
+    made = _users(ALL_RUNS if all_runs else glob_escape(prefix), all_runs)
+    if not cluster:
+        return made
+    return tuple(with_cluster_client(user) for user in made)
+
+
+def with_cluster_client(user: User) -> User:
+    """`user`, allowed what a cluster client sends besides its commands (CLUSTER_CLIENT)."""
+    return replace(user, root=replace(user.root, commands=user.root.commands + CLUSTER_CLIENT))
+
+
+def _users(tag: str, all_runs: bool) -> tuple[User, ...]:
+    """The users for keys under the hash tag `tag` (a glob pattern: an escaped prefix, or
+    ALL_RUNS)."""
+    k = Keys(tag)
+    registry = glob_escape(REGISTRY)
+    # a run's claim-check payloads (stores/claim_check.RedisClaimStore: `claim:<run>:{<hex>}`)
+    claims = k.claim("*")
     models = k.model(0).removesuffix("0") + "*"
     device_keys = Grant(("hmget",), read=(k.device_keys, k.device_revoked))
     # appends an alert and can do nothing else to the stream (XADD's MAXLEN trims it at most)
@@ -92,8 +124,13 @@ def users(prefix: str) -> tuple[User, ...]:
     receipts = (Grant(("hget",), read=(k.receipts,)), Grant(("xrange",), read=(k.ledger,)))
     # what the run is (stores/run_record.py): the task every process builds, the budget
     run_task = Grant(("hget",), read=(k.run,))
+    # whether a run other than the default exists (stores/runs.run_exists: EXISTS on its
+    # record), as ingest, snapshot and control ask it before serving it
+    # (runtime/run_routes.KnownRuns) and `devices add --run` before adding a key: only for
+    # every run's users (for one prefix there is no other run to ask about)
+    run_known = (Grant(("exists",), read=(k.run,)),) if all_runs else ()
     ping = ("ping",)
-    return (
+    made = (
         User(
             "aggregator",
             "the single consumer: reads updates, commits state, model, ledger, dead letters",
@@ -174,6 +211,12 @@ def users(prefix: str) -> tuple[User, ...]:
                 Grant(("hgetall",), read=(k.memory,)),
                 # start-up: its task against the run's, then the run's task (once) and budget
                 Grant(("hget", "hsetnx", "hset"), keys=(k.run,)),
+                # start-up: its run in the directory of runs (stores/runs.register: HSETNX, the
+                # first entry stays), so a run whose entry was lost is listed again
+                Grant(("hsetnx",), keys=(registry,)),
+                # claim-check payloads in Redis (stores/claim_check.RedisClaimStore.fetch: MGET,
+                # one per node on a cluster), read and never written
+                Grant(("mget",), read=(claims,)),
             ),
             (k.versions_channel,),
         ),
@@ -185,7 +228,7 @@ def users(prefix: str) -> tuple[User, ...]:
                 (*ping, "get", "mget", "hgetall", "subscribe"),
                 read=(k.version, k.announced, k.done, models),
             ),
-            (alert,),
+            (alert, *run_known),
             channels=(k.versions_channel,),
         ),
         User(
@@ -222,7 +265,13 @@ def users(prefix: str) -> tuple[User, ...]:
                 # the directory of runs (stores/runs.py): listed for GET /v1/runs and the
                 # rules of each run; an entry added when a run is created (HSETNX, never
                 # rewritten)
-                Grant(("hkeys", "hsetnx"), keys=(glob_escape(REGISTRY),)),
+                Grant(("hkeys", "hsetnx"), keys=(registry,)),
+                # where a run stands (stores/runs.run_status: EXISTS done, GET version, GET
+                # policy), for GET /v1/runs[/{run}]
+                Grant(("exists",), read=(k.done,)),
+                # a run created (stores/runs.create_run: its spec, HSETNX, never rewritten)
+                *((Grant(("hsetnx",), keys=(k.run,)),) if all_runs else ()),
+                *run_known,
             ),
         ),
         User(
@@ -251,6 +300,7 @@ def users(prefix: str) -> tuple[User, ...]:
                 Grant(("xadd", "xdel"), write=(k.updates,)),
                 device_keys,
                 *receipts,
+                *run_known,
             ),
         ),
         User(
@@ -258,7 +308,14 @@ def users(prefix: str) -> tuple[User, ...]:
             "a device on a trusted network publishing straight to the stream, reading receipts "
             "and the run's task",
             Grant((*ping, "xadd", "wait"), write=(k.updates,)),
-            (*receipts, run_task),
+            (
+                *receipts,
+                run_task,
+                # a publisher with the claim-check store in Redis puts each payload before the
+                # XADD that names it (stores/claim_check.RedisClaimStore.put: SET NX), never
+                # reading or deleting one
+                Grant(("set",), write=(claims,)),
+            ),
         ),
         User(
             "admin",
@@ -300,9 +357,40 @@ def users(prefix: str) -> tuple[User, ...]:
                 # the run's recorded task, for a Zeno++ replay's validation gradient
                 run_task,
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
+                # `devices add --run R` checks that R exists (stores/runs.run_exists)
+                *run_known,
             ),
         ),
     )
+    if not all_runs:
+        return made
+    admin = made[-1]
+    every_key = k.run.removesuffix("run") + "*"  # `{*}:*`: any key of any run
+    retire = (
+        # `runs retire` (stores/runs.retire_run): where the run stands, and whether its policy
+        # stopped it, first; then SCAN for its keys (on its slot's primary on a cluster) and
+        # the claim payloads (on every primary), DEL them, and HDEL its directory entry. SCAN
+        # names no key (the ACL cannot limit its MATCH), so it may list every key's name
+        Grant(("scan",)),
+        Grant(("exists",), read=(k.done,)),
+        Grant(("get",), read=(k.policy,)),
+        Grant(("del",), write=(every_key, claims)),
+        Grant(("hdel",), write=(registry,)),
+    )
+    supervisor = User(
+        "supervisor",
+        "follows the directory of runs and where each run stands, to keep each active run's "
+        "processes running; reads, never writes",
+        Grant((*ping,)),
+        (
+            Grant(("hkeys",), read=(registry,)),
+            # each run's spec (stores/runs.read_spec) and status (run_status)
+            Grant(("hget",), read=(k.run,)),
+            Grant(("exists",), read=(k.done,)),
+            Grant(("get",), read=(k.version, k.policy)),
+        ),
+    )
+    return (*made[:-1], replace(admin, selectors=admin.selectors + retire), supervisor)
 
 
 #: the user a replica logs in to its primary as (`masteruser`); and Sentinel's, on every server
@@ -312,14 +400,23 @@ SENTINEL_USER = "sentinel"
 DISCOVERY_USER = "discovery"
 
 
-def server_users() -> tuple[User, ...]:
-    """The users of Redis's own processes on the data servers: replication and Sentinel."""
+#: the user `redis-cli --cluster create` (and an operator's other `--cluster` commands) runs as
+CLUSTER_ADMIN_USER = "cluster-admin"
+
+
+def server_users(*, cluster: bool = False) -> tuple[User, ...]:
+    """The users of Redis's own processes on the data servers: replication and Sentinel; with
+    `cluster`, the cluster's making (`cluster-admin`), and Sentinel's user is left out (a
+    cluster fails over by itself)."""
+    replica = User(
+        REPLICA_USER,
+        "a replica's link to its primary (masteruser/masterauth): the replication handshake",
+        Grant(("ping", "replconf", "psync")),
+    )
+    if cluster:
+        return (replica, _cluster_admin())
     return (
-        User(
-            REPLICA_USER,
-            "a replica's link to its primary (masteruser/masterauth): the replication handshake",
-            Grant(("ping", "replconf", "psync")),
-        ),
+        replica,
         User(
             SENTINEL_USER,
             "Sentinel watching and reconfiguring each server: INFO, ROLE and hello messages, "
@@ -342,6 +439,29 @@ def server_users() -> tuple[User, ...]:
                 )
             ),
             channels=(SENTINEL_HELLO,),
+        ),
+    )
+
+
+def _cluster_admin() -> User:
+    """What `redis-cli --cluster create` sends to every node, no more: read off the nodes'
+    command statistics around a create by redis-cli 7.0, and proven by making the cluster under
+    this file (tests/integration/test_cluster_acl.py). No key at all."""
+    return User(
+        CLUSTER_ADMIN_USER,
+        "makes the cluster (`redis-cli --cluster create`): asks each node about itself and "
+        "the cluster, assigns slots and epochs, introduces the nodes, names each replica's "
+        "primary",
+        Grant(
+            (
+                "info",
+                "cluster|info",
+                "cluster|nodes",
+                "cluster|addslots",
+                "cluster|set-config-epoch",
+                "cluster|meet",
+                "cluster|replicate",
+            )
         ),
     )
 
@@ -376,10 +496,10 @@ def sentinel_users() -> tuple[User, ...]:
     )
 
 
-def all_users(prefix: str) -> tuple[User, ...]:
-    """Every user of the data servers' ACL file: the services', then replication's and
-    Sentinel's."""
-    return users(prefix) + server_users()
+def all_users(prefix: str, *, all_runs: bool = False, cluster: bool = False) -> tuple[User, ...]:
+    """Every user of the data servers' ACL file: the services', then Redis's own (replication,
+    and Sentinel's or the cluster's making). `all_runs`, `cluster`: as `users` takes them."""
+    return users(prefix, all_runs=all_runs, cluster=cluster) + server_users(cluster=cluster)
 
 
 #: The default user is switched off (nobody can log in as it) but keeps every right. Redis replays
@@ -394,10 +514,18 @@ HEALTH_USER = "health"
 HEALTH_USER_LINE = f"user {HEALTH_USER} on nopass resetchannels -@all +ping"
 
 
-def acl_file(prefix: str, passwords: Mapping[str, str] | None = None) -> str:
-    """The ACL file: passwords from `passwords` (user → password), else placeholders."""
+def acl_file(
+    prefix: str,
+    passwords: Mapping[str, str] | None = None,
+    *,
+    all_runs: bool = False,
+    cluster: bool = False,
+) -> str:
+    """The ACL file: passwords from `passwords` (user → password), else placeholders; for every
+    run (`all_runs`) and a Redis Cluster's nodes (`cluster`) if asked (`users`)."""
     lines = [DEFAULT_USER_LINE, HEALTH_USER_LINE]
-    lines += [_user_line(user, passwords) for user in all_users(prefix)]
+    among = all_users(prefix, all_runs=all_runs, cluster=cluster)
+    lines += [_user_line(user, passwords) for user in among]
     return "\n".join(lines) + "\n"
 
 
@@ -430,9 +558,11 @@ def check_password(user: str, password: str | None) -> str:
     return password
 
 
-def passwords_from_env(prefix: str, environ: Mapping[str, str]) -> dict[str, str]:
+def passwords_from_env(
+    prefix: str, environ: Mapping[str, str], *, all_runs: bool = False, cluster: bool = False
+) -> dict[str, str]:
     """User → password from REDIS_PASSWORD_<USER>; every user's must be set and valid."""
-    return passwords_of(all_users(prefix), environ)
+    return passwords_of(all_users(prefix, all_runs=all_runs, cluster=cluster), environ)
 
 
 def passwords_of(among: tuple[User, ...], environ: Mapping[str, str]) -> dict[str, str]:
@@ -446,8 +576,10 @@ def passwords_of(among: tuple[User, ...], environ: Mapping[str, str]) -> dict[st
     return out
 
 
-def password_variables(prefix: str) -> list[str]:
+def password_variables(prefix: str, *, all_runs: bool = False, cluster: bool = False) -> list[str]:
     """Every `REDIS_PASSWORD_<USER>` a deployment needs (compose requires each): the data
-    servers' users and the Sentinels' (the `sentinel` user is the same on both sides)."""
-    names = {u.name: u for u in (*all_users(prefix), *sentinel_users())}
+    servers' users and the Sentinels' (the `sentinel` user is the same on both sides); on a
+    cluster, which has no Sentinels, the data servers' only."""
+    servers = all_users(prefix, all_runs=all_runs, cluster=cluster)
+    names = {u.name: u for u in (*servers, *(() if cluster else sentinel_users()))}
     return [user.password_variable for user in names.values()]

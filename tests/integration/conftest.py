@@ -11,11 +11,12 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from fedasync.services.commands.redis_launch.cluster import LocalCluster
+from fedasync.services.commands.redis_launch.cluster import ClusterAuth, LocalCluster
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import Settings, load_settings
-from tests.integration.helpers import acl_redis
+from fedasync.services.stores.acl import all_users
+from tests.integration.helpers import OBSERVER, acl_redis, password_of
 
 
 @pytest.fixture
@@ -76,6 +77,25 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     """A Redis Cluster of our own for the module: three primaries, a replica each (six
     processes, so once per module), never the shared Redis."""
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+#: every user of the ACL file for all runs on a cluster (`fedasync acl --all-runs --cluster`)
+CLUSTER_ACL_USERS = tuple(u.name for u in all_users("fedasync", all_runs=True, cluster=True))
+
+
+@pytest.fixture(scope="module")
+def acl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """`redis_cluster` under the ACL file for every run on a cluster, each user's password
+    `helpers.password_of(user)`: replicas log in as `replica`, the cluster is made as
+    `cluster-admin`, the harness asks as the test-only observer (every right)."""
+    passwords = {user: password_of(user) for user in CLUSTER_ACL_USERS}
+    auth = ClusterAuth.generated(passwords, (OBSERVER, password_of(OBSERVER)))
+    cluster = LocalCluster(tmp_path_factory.mktemp("acl-cluster"), auth=auth)
     try:
         cluster.start()
         yield cluster

@@ -6,6 +6,9 @@ tests/integration/test_acl.py; here, what the generator writes.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from fedasync.services.commands.cli import main
@@ -34,7 +37,8 @@ def acl_rules(prefix: str) -> dict[str, str]:
 
 
 def test_every_user_starts_from_nothing_and_names_only_keys_under_its_prefix() -> None:
-    """... and the directory of runs, which only control lists and adds to."""
+    """... its claim-check payloads (`claim:<prefix>:{*}`), and the directory of runs, which
+    control lists and adds to and the aggregator adds its run to (`register` at start)."""
     rules = acl_rules("p")
     assert list(rules) == USERS
     for name, rule in rules.items():
@@ -45,10 +49,76 @@ def test_every_user_starts_from_nothing_and_names_only_keys_under_its_prefix() -
         patterns = [w.split("~", 1)[1].rstrip(")") for w in words if "~" in w]
         assert patterns, name
         directory = [p for p in patterns if p == REGISTRY]
-        assert directory == ([REGISTRY] if name == "control" else []), name
-        assert all(p.startswith("{p}:") for p in patterns if p != REGISTRY), name
+        assert directory == ([REGISTRY] if name in ("control", "aggregator") else []), name
+        claims = [p for p in patterns if p.startswith("claim:")]
+        assert claims == (["claim:p:{*}"] if name in ("aggregator", "worker") else []), name
+        others = [p for p in patterns if p != REGISTRY and not p.startswith("claim:")]
+        assert all(p.startswith("{p}:") for p in others), name
         channels = [w[1:] for w in words if w.startswith("&")]
         assert channels in ([], ["{p}:versions"]), name
+
+
+def test_for_all_runs_every_pattern_matches_any_run_and_nothing_names_the_prefix() -> None:
+    """`{*}:...` in place of `{p}:...`, the same grants otherwise, plus the supervisor."""
+    one = {u.name: u.rules() for u in users("p")}
+    every = {u.name: u.rules() for u in users("p", all_runs=True)}
+    assert list(every) == [*USERS, "supervisor"]
+    for name, rule in every.items():
+        assert "{p}" not in rule and "claim:p:" not in rule, name
+        if name not in ("supervisor", "admin", "control", "snapshot", "ingest"):
+            # only the run checks, run creation and retirement are new for many runs
+            assert rule == one[name].replace("{p}", "{*}").replace("claim:p:", "claim:*:"), name
+    # a run id has no glob character and no braces, so `{*}` is exactly "a run's tag"
+    assert "~{*}:state" in every["aggregator"].split()
+    assert "&{*}:versions" in every["snapshot"].split()
+
+
+def test_the_supervisor_only_reads_the_directory_and_each_runs_spec_and_status() -> None:
+    supervisor = next(u for u in users("p", all_runs=True) if u.name == "supervisor")
+    assert supervisor.rules() == (
+        "resetchannels -@all +ping (-@all +hkeys %R~{fedasync:runs}:index) "
+        "(-@all +hget %R~{*}:run) (-@all +exists %R~{*}:done) "
+        "(-@all +get %R~{*}:version %R~{*}:policy)"
+    )
+
+
+def test_retiring_is_admin_only_and_only_with_every_run() -> None:
+    """DEL of any run key, SCAN, HDEL of the directory: `runs retire`, as admin."""
+    for all_runs in (False, True):
+        rules = {u.name: u.rules() for u in users("p", all_runs=all_runs)}
+        deleting = [n for n, r in rules.items() if "%W~{*}:*" in r.split()]
+        scanning = [n for n, r in rules.items() if "+scan)" in r.split()]
+        assert deleting == scanning == (["admin"] if all_runs else []), all_runs
+    admin = next(u for u in users("p", all_runs=True) if u.name == "admin").rules()
+    assert "(-@all +del %W~{*}:* %W~claim:*:{*})" in admin
+    assert "(-@all +hdel %W~{fedasync:runs}:index)" in admin
+
+
+def test_on_a_cluster_every_user_may_learn_the_slot_map_and_nothing_more() -> None:
+    plain = {u.name: u.rules() for u in users("p", all_runs=True)}
+    clustered = {u.name: u.rules() for u in users("p", all_runs=True, cluster=True)}
+    assert list(clustered) == list(plain)
+    extra = " +cluster|slots +command +asking"
+    for name, rule in clustered.items():
+        root = plain[name].split(" (", 1)
+        # the cluster client's commands join the root grant, whose keys stay as they were
+        words = root[0].split()
+        first_key = next((i for i, w in enumerate(words) if "~" in w), len(words))
+        expected = " ".join(words[:first_key]) + extra
+        if first_key < len(words):
+            expected += " " + " ".join(words[first_key:])
+        if len(root) > 1:
+            expected += " (" + root[1]
+        assert rule == expected, name
+
+
+def test_the_cluster_file_has_cluster_admin_and_no_sentinel_user() -> None:
+    names = [u.name for u in all_users("p", cluster=True)]
+    assert names[-2:] == ["replica", "cluster-admin"]
+    assert "sentinel" not in names
+    admin = next(u for u in server_users(cluster=True) if u.name == "cluster-admin")
+    assert not [w for w in admin.rules().split() if "~" in w]  # no key at all
+    assert admin.password_variable == "REDIS_PASSWORD_CLUSTER_ADMIN"  # a shell name
 
 
 def test_only_the_aggregator_may_publish_and_only_it_and_snapshot_have_a_channel() -> None:
@@ -86,6 +156,25 @@ def test_the_file_has_placeholders_or_the_passwords_given() -> None:
 def test_cli_prints_the_file_for_a_prefix(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["acl", "--prefix", "q"]) == 0
     assert capsys.readouterr().out == acl_file("q")
+    assert main(["acl", "--all-runs", "--cluster"]) == 0
+    assert capsys.readouterr().out == acl_file("fedasync", all_runs=True, cluster=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("users.acl", []), ("users-cluster.acl", ["--all-runs", "--cluster"])],
+)
+def test_each_committed_acl_file_is_what_the_command_prints(
+    name: str,
+    options: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in [v for v in os.environ if v.startswith("FEDASYNC_")]:
+        monkeypatch.delenv(variable)
+    assert main(["acl", *options]) == 0
+    committed = (Path(__file__).resolve().parents[2] / "docker" / "redis" / name).read_text()
+    assert committed == capsys.readouterr().out, f"run: fedasync acl {' '.join(options)} > {name}"
 
 
 def test_cli_takes_passwords_from_the_environment(

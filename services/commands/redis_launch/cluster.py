@@ -14,6 +14,12 @@ holds what stays predictable across kills. The cluster is made with `redis-cli -
 create`, and `start` returns once every node says `cluster_state:ok`, agrees on the slot map,
 and every replica is in sync with its primary.
 
+With `auth` (`ClusterAuth`) every node loads the ACL file for every run on a cluster
+(services/stores/acl.py, `acl_file(..., all_runs=True, cluster=True)`, with real passwords):
+each replica logs in to its primary as `replica` (masteruser/masterauth), `redis-cli --cluster
+create` runs as `cluster-admin`, and this harness's own queries as a test-only user with every
+right (`ClusterAuth.admin`), as redis_launch/sentinel.py does for Sentinel.
+
 The methods mirror redis_launch/sentinel.ReplicatedRedis, which services/commands/chaos/faults.py
 drives (kill, pause, resume, restart, read, wait_promoted, wait_settled), with `primary_of(key)`
 in place of `primary_port()`: a cluster has a primary per slot.
@@ -21,10 +27,13 @@ in place of `primary_port()`: a cluster has a primary per slot.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +41,8 @@ import redis
 from redis.crc import key_slot
 
 from fedasync.services.commands.redis_launch.server import RedisServer, find_redis_server, free_port
+from fedasync.services.stores.acl import CLUSTER_ADMIN_USER, REPLICA_USER, acl_file
+from fedasync.shared.runs import DEFAULT_RUN
 
 #: how often the cluster is polled while it settles or fails over, seconds
 POLL_S = 0.05
@@ -48,6 +59,31 @@ def find_redis_cli() -> str:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterAuth:
+    """The ACL file every node loads, and the passwords the cluster's own processes use."""
+
+    acl_file: str
+    replica_password: str
+    #: the user and password `redis-cli --cluster create` logs in with
+    cluster_admin: tuple[str, str]
+    #: a user with every right: the harness's own queries (slot map, roles, reads)
+    admin: tuple[str, str]
+
+    @classmethod
+    def generated(cls, passwords: Mapping[str, str], admin: tuple[str, str]) -> ClusterAuth:
+        """fedasync's users for every run on a cluster (services/stores/acl.py) with
+        `passwords` (user → password, each one's), and `admin` appended."""
+        name, secret = admin
+        text = acl_file(DEFAULT_RUN, passwords, all_runs=True, cluster=True)
+        return cls(
+            acl_file=text + f"user {name} on >{secret} ~* &* +@all\n",
+            replica_password=passwords[REPLICA_USER],
+            cluster_admin=(CLUSTER_ADMIN_USER, passwords[CLUSTER_ADMIN_USER]),
+            admin=admin,
+        )
+
+
 class LocalCluster:
     """`primaries` primaries with `replicas` replicas each, made into one Redis Cluster.
 
@@ -61,8 +97,10 @@ class LocalCluster:
         replicas: int = 1,
         node_timeout_ms: int = NODE_TIMEOUT_MS,
         extra_args: tuple[str, ...] = (),
+        auth: ClusterAuth | None = None,
     ) -> None:
         self.directory = directory
+        self.auth = auth
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
         self.binary = find_redis_server()
@@ -78,7 +116,16 @@ class LocalCluster:
         self.paused: set[int] = set()
 
     def _args(self, node: RedisServer, extra: tuple[str, ...]) -> tuple[str, ...]:
+        acl: tuple[str, ...] = ()
+        if self.auth is not None:
+            path = node.directory / "users.acl"
+            node.directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.auth.acl_file)
+            path.chmod(0o600)
+            acl = ("--aclfile", str(path))
+            acl += ("--masteruser", REPLICA_USER, "--masterauth", self.auth.replica_password)
         return (
+            *acl,
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -126,7 +173,12 @@ class LocalCluster:
             str(self.replicas),
             "--cluster-yes",
         ]
-        made = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        env = None
+        if self.auth is not None:
+            user, password = self.auth.cluster_admin
+            command += ["--user", user, "--no-auth-warning"]
+            env = {**os.environ, "REDISCLI_AUTH": password}  # not on the command line
+        made = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
         if made.returncode != 0 or "[OK] All 16384 slots covered" not in made.stdout:
             raise RuntimeError(f"redis-cli --cluster create failed: {made.stdout}{made.stderr}")
         self.wait_settled(timeout)
@@ -162,8 +214,16 @@ class LocalCluster:
         node.start(timeout=timeout)
 
     # ------------------------------------------------------------------------------ queries
-    def _client(self, port: int, timeout: float = 2.0) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=timeout, protocol=2)
+    def _client(self, port: int, timeout: float = 2.0, **more: Any) -> redis.Redis:
+        user, password = self.auth.admin if self.auth is not None else (None, None)
+        return redis.Redis(
+            port=port,
+            username=user,
+            password=password,
+            socket_timeout=timeout,
+            protocol=2,
+            **more,
+        )
 
     def _ask(self, port: int, *command: Any) -> Any:
         client = self._client(port)
@@ -231,15 +291,41 @@ class LocalCluster:
     def read(self, port: int, key: str) -> bytes | None:
         """GET on one node, a primary or a replica of the key's slot (READONLY first: a
         replica otherwise answers MOVED)."""
-        client = redis.Redis(
-            port=port, socket_timeout=2.0, protocol=2, single_connection_client=True
-        )
+        client = self._client(port, single_connection_client=True)
         try:
             client.execute_command("READONLY")  # type: ignore[no-untyped-call]
             value: bytes | None = client.execute_command("GET", key)  # type: ignore[no-untyped-call]
         finally:
             client.close()
         return value
+
+    def acl_refusals(self) -> list[str]:
+        """Commands the ACL refused on any running node (not failed logins), as
+        `port: user: command or key`."""
+        return [
+            f"{port}: {_text(e['username'])}: {_text(e['object'])}"
+            for port, e in self._acl_log()
+            if _text(e["reason"]) != "auth"
+        ]
+
+    def failed_logins(self) -> list[str]:
+        """Logins refused on any running node, as `port: user`."""
+        return [
+            f"{port}: {_text(e['username'])}"
+            for port, e in self._acl_log()
+            if _text(e["reason"]) == "auth"
+        ]
+
+    def _acl_log(self) -> list[tuple[int, Mapping[str, Any]]]:
+        out: list[tuple[int, Mapping[str, Any]]] = []
+        for node in self.running():
+            client = self._client(node.port)
+            try:
+                entries: Sequence[Mapping[str, Any]] = client.acl_log()
+            finally:
+                client.close()
+            out += [(node.port, entry) for entry in entries]
+        return out
 
     def wait_promoted(self, old: int, key: str, timeout: float = 60.0) -> tuple[int, float]:
         """Wait until a node other than `old` holds `key`'s slot as a primary, by every running
@@ -294,6 +380,10 @@ class LocalCluster:
         except (redis.RedisError, OSError, RuntimeError) as exc:
             return str(exc)
         return ""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def process_state(pid: int) -> str:
