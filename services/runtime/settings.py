@@ -764,6 +764,15 @@ class SupervisorSettings(Section):
         description="where each child's log goes (<run>.<role>.log); unset: a new temporary "
         "directory, named in the supervisor's log",
     )
+    aggregator_redis_url: str | None = Field(
+        None,
+        description="Redis URL each run's aggregator logs in with (its own user: the "
+        "supervisor's may only read); unset: FEDASYNC_REDIS__URL",
+    )
+    evaluator_redis_url: str | None = Field(
+        None,
+        description="Redis URL each run's evaluator logs in with; unset: FEDASYNC_REDIS__URL",
+    )
 
 
 class LogSettings(Section):

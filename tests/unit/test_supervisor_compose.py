@@ -1,4 +1,5 @@
-"""The supervisor's Prometheus file_sd list: each child at a host Prometheus can reach.
+"""What the compose supervisor needs: its file_sd list naming each child at a host Prometheus
+can reach, and each child logging in to Redis as its own role's user.
 
 In compose the children bind 0.0.0.0 inside the supervisor's container, and Prometheus runs in
 another one: the list must name them by the supervisor's service name (`targets_host`), not by
@@ -51,3 +52,24 @@ def test_without_a_targets_host_each_child_is_at_its_bind_address(tmp_path: Path
         {"targets": ["0.0.0.0:18101"], "labels": {"run": "runb", "role": "aggregator"}},
         {"targets": ["127.0.0.2:18102"], "labels": {"run": "runb", "role": "evaluator"}},
     ]
+
+
+def test_each_child_logs_in_as_its_roles_own_user_when_one_is_named() -> None:
+    """The compose supervisor's own Redis user may only read: each run's aggregator and
+    evaluator get the URL of their role's user."""
+    urls = {
+        "aggregator": "redis://aggregator:pw-aggregator-0123456789@redis:6379/0",
+        "evaluator": "redis://evaluator:pw-evaluator-0123456789@redis:6379/0",
+    }
+    base = load_settings(
+        redis={"url": "redis://supervisor:pw-supervisor-0123456789@redis:6379/0"},
+        supervisor={f"{role}_redis_url": url for role, url in urls.items()},
+    )
+    specs = {s.name: s for s in run_specs(base, "runb", None, PORTS)}
+    assert set(specs) == {"runb.aggregator", "runb.evaluator"}
+    for role, url in urls.items():
+        assert specs[f"runb.{role}"].env["FEDASYNC_REDIS__URL"] == url
+    # unset: each child logs in as the supervisor does (`fedasync up`, one user for all)
+    plain = load_settings(redis={"url": "redis://127.0.0.1:6379/0"})
+    for spec in run_specs(plain, "runb", None, PORTS):
+        assert spec.env["FEDASYNC_REDIS__URL"] == "redis://127.0.0.1:6379/0"
