@@ -1235,7 +1235,8 @@ def node_flags(name: str) -> dict[str, str]:
     command = [str(a) for a in SERVICES[name]["command"]]
     assert command[0] == "redis-server", name
     pairs = command[1:]
-    assert len(pairs) % 2 == 0 and all(f.startswith("--") for f in pairs[::2]), name
+    assert len(pairs) % 2 == 0, name
+    assert all(f.startswith("--") for f in pairs[::2]), name
     return dict(zip(pairs[::2], pairs[1::2], strict=True))
 
 
@@ -1328,7 +1329,7 @@ def test_the_runs_profile_is_the_supervisor_leaving_the_default_run_to_the_aggre
     supervisor, env = SERVICES["supervisor"], environment("supervisor")
     assert module_of(supervisor) == "fedasync.services.supervisor"
     assert env["FEDASYNC_SUPERVISOR__SKIP_DEFAULT"] == "true"  # the `aggregator` has it
-    assert "aggregator" in SERVICES and "profiles" not in SERVICES["aggregator"]
+    assert "profiles" not in SERVICES["aggregator"]
     for key in ("restart", "stop_grace_period"):
         assert supervisor[key] == SERVICES["aggregator"][key], key
     # each run's processes bind every interface, for Prometheus in its own container, and the
@@ -1392,8 +1393,8 @@ while [ $# -gt 0 ]; do
         --cluster) for f in "$STATE"/redis-node-*; do echo "6 16384 ok" >"$f"; done; exit 0 ;;
         cluster) [ -f "$STATE/$host" ] || exit 1
                  read -r known slots state <"$STATE/$host"
-                 printf 'cluster_state:%s\r\ncluster_slots_assigned:%s\r\ncluster_known_nodes:%s\r\n' \
-                     "$state" "$slots" "$known"
+                 printf 'cluster_state:%s\r\n' "$state"
+                 printf 'cluster_slots_assigned:%s\r\ncluster_known_nodes:%s\r\n' "$slots" "$known"
                  exit 0 ;;
         *) shift ;;
     esac
