@@ -43,6 +43,7 @@ from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
+from fedasync.services.runtime.redis_cluster import is_cluster
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.run_clients import RunClients
 from fedasync.services.runtime.run_routes import RUN, KnownRuns, runs_middleware
@@ -414,6 +415,10 @@ async def follow(app: web.Application) -> None:
     loop = asyncio.get_running_loop()
     while not runs.closing:
         try:
+            if is_cluster(app[REDIS]):
+                # a cluster's pub/sub finds the channel's node in the client's slot map, which
+                # only a command fills, and this may be the first this service sends
+                await app[REDIS].initialize()
             pubsub = app[REDIS].pubsub()
             async with pubsub:
                 channels: dict[str, ServedRun] = {}
