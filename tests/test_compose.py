@@ -353,7 +353,7 @@ def redis_user_urls(name: str) -> list[tuple[str, str, str]]:
             continue
         match = re.fullmatch(r"redis://(\w+):\$\{(REDIS_PASSWORD_\w+)(?::-)?\}@redis:6379/0", url)
         assert match is not None, f"{name}: {variable}={url}"
-        out.append((variable, *match.groups()))
+        out.append((variable, match.group(1), match.group(2)))
     return out
 
 
@@ -1335,9 +1335,10 @@ def test_the_runs_profile_is_the_supervisor_leaving_the_default_run_to_the_aggre
     # each run's processes bind every interface, for Prometheus in its own container, and the
     # evaluators follow the snapshot service
     assert env["FEDASYNC_AGGREGATOR__HOST"] == env["FEDASYNC_EVALUATOR__HOST"] == "0.0.0.0"
-    assert env["FEDASYNC_EVALUATOR__SNAPSHOT_URL"] == environment("evaluator")[
-        "FEDASYNC_EVALUATOR__SNAPSHOT_URL"
-    ]
+    assert (
+        env["FEDASYNC_EVALUATOR__SNAPSHOT_URL"]
+        == environment("evaluator")["FEDASYNC_EVALUATOR__SNAPSHOT_URL"]
+    )
     assert supervisor["depends_on"]["snapshot"]["condition"] == "service_healthy"
     # it logs in as `supervisor`, which only reads; its children as their roles' users
     users = {variable: user for variable, user, _ in redis_user_urls("supervisor")}

@@ -14,6 +14,7 @@ import asyncio
 import time
 
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import ClientSession
 
 from fedasync.services.aggregator.service import run as run_aggregator
@@ -46,6 +47,7 @@ async def test_the_snapshot_follows_versions_on_a_cluster_client_that_sent_nothi
         while not await watcher.exists(keys.version):  # the initial model, committed
             assert time.monotonic() < deadline, "the aggregator committed no initial model"
             await asyncio.sleep(0.1)
+        assert isinstance(fresh, aioredis.RedisCluster)
         assert not fresh.nodes_manager.slots_cache  # it has learnt nothing yet
         snapshot, url = await start_snapshot(settings, fresh, stopping)
         async with ClientSession() as http:
