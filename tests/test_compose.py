@@ -35,10 +35,12 @@ from fedasync.services.ingest.metrics import IngestMetrics
 from fedasync.services.runtime.settings import RedisSettings, Settings, setting_names
 from fedasync.services.snapshot.metrics import SnapshotMetrics
 from fedasync.services.stores.acl import (
+    CLUSTER_ADMIN_USER,
     DEFAULT_USER_LINE,
     HEALTH_USER,
     acl_file,
     all_users,
+    password_variables,
     sentinel_acl,
 )
 
@@ -51,6 +53,8 @@ EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
 PROMETHEUS_FILE = ROOT / "docker" / "prometheus" / "prometheus.yml"
 GRAFANA = ROOT / "docker" / "grafana"
 ACL_TEMPLATE = ROOT / "docker" / "redis" / "users.acl"
+#: the cluster nodes' users (`fedasync acl --all-runs --cluster`: every run's keys)
+CLUSTER_ACL_TEMPLATE = ROOT / "docker" / "redis" / "users-cluster.acl"
 REDIS_ENTRYPOINT = ROOT / "docker" / "redis" / "entrypoint.sh"
 #: what the compose Redis reads; the entrypoint renders the template into it
 ACL_TARGET = "/usr/local/etc/redis/users.acl"
@@ -327,10 +331,10 @@ def test_every_fedasync_name_in_the_compose_file_is_a_setting() -> None:
     assert named <= setting_names(), sorted(named - setting_names())
 
 
-def acl_users() -> dict[str, str]:
-    """User → its password token, as the ACL template in the repository declares them."""
+def acl_users(template: Path = ACL_TEMPLATE) -> dict[str, str]:
+    """User → its password token, as an ACL template in the repository declares them."""
     out = {}
-    for line in ACL_TEMPLATE.read_text().splitlines():
+    for line in template.read_text().splitlines():
         words = line.split()
         assert words[:1] == ["user"], line
         if words[1] == "default":  # off: nobody logs in as it (services/stores/acl.py)
@@ -341,26 +345,56 @@ def acl_users() -> dict[str, str]:
     return out
 
 
+def redis_user_urls(name: str) -> list[tuple[str, str, str]]:
+    """(variable, user, password variable) of each Redis URL a service is given."""
+    out = []
+    for variable, url in environment(name).items():
+        if not url.startswith("redis://"):
+            continue
+        match = re.fullmatch(r"redis://(\w+):\$\{(REDIS_PASSWORD_\w+)(?::-)?\}@redis:6379/0", url)
+        assert match is not None, f"{name}: {variable}={url}"
+        out.append((variable, match.group(1), match.group(2)))
+    return out
+
+
 def test_every_fedasync_service_talks_to_the_compose_redis_as_a_user_of_the_acl_file() -> None:
-    declared = acl_users()
-    redis_env = environment("redis")
+    """Each user of the ACL file its Redis loads: the one `redis`'s (users.acl), or, under the
+    profile `runs` (which runs on the cluster), the cluster nodes' (users-cluster.acl)."""
     seen = set()
     for name in SERVICES:
         if not ours(name):
             continue
-        url = environment(name)["FEDASYNC_REDIS__URL"]
-        match = re.fullmatch(r"redis://(\w+):\$\{(REDIS_PASSWORD_\w+)\}@redis:6379/0", url)
-        assert match is not None, f"{name}: {url}"
-        user, variable = match.groups()
-        assert user in declared, f"{name}: no user {user} in users.acl"
-        assert user != "default", name
-        assert declared[user] == "${" + variable + "}", f"{name}: {variable} is not {user}'s"
-        # the Redis container gets the same variable, required, to render the ACL file
-        assert redis_env[variable].startswith("${" + variable + ":?"), variable
+        runs = "runs" in SERVICES[name].get("profiles", [])
+        declared = acl_users(CLUSTER_ACL_TEMPLATE if runs else ACL_TEMPLATE)
+        server_env = environment("redis-node-1" if runs else "redis")
+        urls = redis_user_urls(name)
+        assert "FEDASYNC_REDIS__URL" in [variable for variable, _, _ in urls], name
+        for _, user, variable in urls:
+            assert user in declared, f"{name}: no user {user} in its ACL file"
+            assert user != "default", name
+            assert declared[user] == "${" + variable + "}", f"{name}: {variable} is not {user}'s"
+            # the Redis container gets the same variable to render the ACL file
+            assert server_env[variable].startswith("${" + variable + ":"), variable
+            seen.add(user)
         assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
-        seen.add(user)
-    assert seen == {"aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"}
+    expected = {"aggregator", "snapshot", "control", "evaluator", "ingest", "worker", "admin"}
+    assert seen == expected | {"supervisor"}
     assert "FEDASYNC_REDIS__URL" not in COMPOSE["x-fedasync-env"]  # no user by default
+
+
+def test_the_default_stack_needs_only_the_passwords_fedasync_acl_makes() -> None:
+    """Compose interpolates every service, in a profile or not: a variable it requires (`:?`)
+    must be one `fedasync acl --new-passwords` prints (or the control token), so the
+    documented .env starts the default stack; the two users of the profiles `runs` and
+    `cluster` alone are not required there (their entrypoint and login refuse them missing)."""
+    required = set(re.findall(r"\$\{(\w+):\?", COMPOSE_TEXT))
+    made = set(password_variables(RedisSettings().key_prefix))
+    assert required == made | {"FEDASYNC_CONTROL__TOKEN"}, sorted(required ^ made)
+    extra = set(password_variables(RedisSettings().key_prefix, all_runs=True, cluster=True))
+    assert extra - made == {"REDIS_PASSWORD_SUPERVISOR", "REDIS_PASSWORD_CLUSTER_ADMIN"}
+    for variable in sorted(extra - made):
+        assert "${" + variable + ":?" not in COMPOSE_TEXT
+        assert environment("redis-node-1")[variable] == "${" + variable + ":-}"
 
 
 def test_the_acl_file_in_the_repository_is_what_the_generator_makes() -> None:
@@ -459,7 +493,14 @@ def test_control_token_comes_from_the_shell_and_is_required() -> None:
 
 
 def test_http_services_bind_all_interfaces_and_publish_their_configured_port() -> None:
-    assert set(http_services()) == {"aggregator", "snapshot", "control", "evaluator", "ingest"}
+    assert set(http_services()) == {
+        "aggregator",
+        "snapshot",
+        "control",
+        "evaluator",
+        "ingest",
+        "supervisor",
+    }
     for name in http_services():
         section = section_of(name)
         assert section is not None
@@ -682,17 +723,20 @@ def test_prometheus_reads_the_repository_config() -> None:
 
 
 def test_prometheus_scrapes_every_http_service_at_its_configured_port() -> None:
+    """By name: a static target for each service outside a profile; the supervisor (profile
+    `runs`) through DNS, so that without the profile there is no target rather than one down."""
     config = yaml.safe_load(PROMETHEUS_FILE.read_text())
     scraped = set()
     for job in config["scrape_configs"]:
         assert job.get("metrics_path", "/metrics") == "/metrics"
-        for static in job["static_configs"]:
-            for target in static["targets"]:
-                host, port = target.split(":")
-                assert host in SERVICES, f"{job['job_name']}: {host} is no compose service"
-                assert int(port) == configured_port(host), target
-                assert job["job_name"] == host
-                scraped.add(host)
+        named = [t.split(":") for s in job.get("static_configs", []) for t in s["targets"]]
+        named += [[n, d["port"]] for d in job.get("dns_sd_configs", []) for n in d["names"]]
+        for host, port in named:
+            assert host in SERVICES, f"{job['job_name']}: {host} is no compose service"
+            assert int(port) == configured_port(host), (host, port)
+            assert job["job_name"] == host
+            assert ("profiles" in SERVICES[host]) == ("dns_sd_configs" in job), host
+            scraped.add(host)
     assert scraped == set(http_services())
 
 
@@ -1166,3 +1210,273 @@ def test_the_edge_redirects_plain_http_and_reads_the_documented_certificate() ->
     assert "docker/edge/certs/*" in gitignore
     assert "!docker/edge/certs/README.md" in gitignore
     assert "docker/edge/certs" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+# --------------------------------------------- many runs on a Redis Cluster (`cluster`, `runs`)
+NODES = [f"redis-node-{i}" for i in range(1, 7)]
+CLUSTER = {*NODES, "redis-cluster-create"}
+CLUSTER_CREATE = ROOT / "docker" / "redis" / "cluster-create.sh"
+#: where the supervisor writes its targets, and where Prometheus reads them
+TARGETS_VOLUME = "supervisor-targets"
+
+
+def named_volumes(name: str) -> dict[str, str]:
+    """Named volume → container path (and `:ro` if read-only) of a service's volume mounts."""
+    out = {}
+    for spec in SERVICES[name].get("volumes", []):
+        source, _, rest = str(spec).partition(":")
+        if not source.startswith((".", "$", "/")):
+            out[source] = rest
+    return out
+
+
+def node_flags(name: str) -> dict[str, str]:
+    """A node's `--flag value` pairs after `redis-server`."""
+    command = [str(a) for a in SERVICES[name]["command"]]
+    assert command[0] == "redis-server", name
+    pairs = command[1:]
+    assert len(pairs) % 2 == 0, name
+    assert all(f.startswith("--") for f in pairs[::2]), name
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
+
+
+def test_the_cluster_profile_adds_six_nodes_and_their_maker_that_nothing_else_needs() -> None:
+    assert {name for name, s in SERVICES.items() if "cluster" in s.get("profiles", [])} == CLUSTER
+    for name in CLUSTER:
+        assert SERVICES[name]["image"] == SERVICES["redis"]["image"], name
+        assert not published(name), f"{name}: nothing of Redis faces the host"
+    for name in NODES:
+        assert "healthcheck" in SERVICES[name], name
+        assert SERVICES[name]["healthcheck"]["test"] == SERVICES["redis"]["healthcheck"]["test"]
+        assert SERVICES[name]["restart"] == SERVICES["redis"]["restart"], name
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_each_node_is_the_compose_redis_in_cluster_mode_announcing_its_name(name: str) -> None:
+    flags, redis = node_flags(name), node_flags("redis")
+    # the one Redis's durability, limits and replication user (ACL file: the cluster's own)
+    for flag in ("--appendonly", "--appendfsync", "--maxmemory-policy", "--masteruser"):
+        assert flags[flag] == redis[flag], (name, flag)
+    assert flags["--masterauth"] == "${REDIS_PASSWORD_REPLICA}"
+    assert flags["--aclfile"] == ACL_TARGET
+    assert flags["--cluster-enabled"] == "yes"
+    assert flags["--cluster-config-file"] == "nodes.conf"  # in /data, its own volume
+    assert flags["--cluster-announce-hostname"] == name
+    assert flags["--cluster-preferred-endpoint-type"] == "hostname"
+    assert flags["--cluster-require-full-coverage"] == "no"
+    # every node alike but for its name
+    first = node_flags(NODES[0]) | {"--cluster-announce-hostname": name}
+    assert flags == first
+    assert argv(SERVICES[name])[:2] == ["sh", "/usr/local/etc/redis/entrypoint.sh"]
+    mounts = bind_mounts(name)
+    assert mounts[ACL_TARGET + ".template"] == CLUSTER_ACL_TEMPLATE
+    assert mounts["/usr/local/etc/redis/entrypoint.sh"] == REDIS_ENTRYPOINT
+    assert named_volumes(name) == {f"{name}-data": "/data"}
+
+
+def test_every_password_the_cluster_acl_file_names_reaches_every_node() -> None:
+    named = set(re.findall(r"\$\{(REDIS_PASSWORD_\w+)\}", CLUSTER_ACL_TEMPLATE.read_text()))
+    assert {"REDIS_PASSWORD_SUPERVISOR", "REDIS_PASSWORD_CLUSTER_ADMIN"} <= named
+    for name in NODES:
+        env = environment(name)
+        for variable in named:
+            assert env[variable].startswith("${" + variable + ":"), (name, variable)
+    assert acl_users(CLUSTER_ACL_TEMPLATE)[CLUSTER_ADMIN_USER] == "${REDIS_PASSWORD_CLUSTER_ADMIN}"
+
+
+def test_the_cluster_is_made_once_by_a_one_shot_as_cluster_admin() -> None:
+    maker = SERVICES["redis-cluster-create"]
+    assert argv(maker) == ["sh", "/usr/local/etc/redis/cluster-create.sh"]
+    assert bind_mounts("redis-cluster-create") == {
+        "/usr/local/etc/redis/cluster-create.sh": CLUSTER_CREATE
+    }
+    env = environment("redis-cluster-create")
+    assert env["CLUSTER_NODES"].split() == [f"{n}:6379" for n in NODES]
+    assert env["REDIS_PASSWORD_CLUSTER_ADMIN"] == "${REDIS_PASSWORD_CLUSTER_ADMIN:-}"
+    assert "CLUSTER_ADMIN_USER" not in env  # the script's default, the ACL file's user
+    assert f"user=${{CLUSTER_ADMIN_USER:-{CLUSTER_ADMIN_USER}}}" in CLUSTER_CREATE.read_text()
+    assert {n: c["condition"] for n, c in maker["depends_on"].items()} == dict.fromkeys(
+        NODES, "service_healthy"
+    )
+    assert maker["restart"] == "no"  # a one-shot: its exit is what the services wait for
+    assert "healthcheck" not in maker
+
+
+def test_every_fedasync_service_waits_for_the_cluster_only_under_its_profile() -> None:
+    for name in SERVICES:
+        if not ours(name):
+            continue
+        made = SERVICES[name]["depends_on"]["redis-cluster-create"]
+        assert made == {"condition": "service_completed_successfully", "required": False}, name
+
+
+def test_the_services_use_the_cluster_only_when_the_shell_names_its_nodes() -> None:
+    shared = {str(k): str(v) for k, v in COMPOSE["x-fedasync-env"].items()}
+    assert shared["FEDASYNC_REDIS__CLUSTER"] == "${FEDASYNC_REDIS__CLUSTER:-}"
+    assert RedisSettings(cluster="").cluster is None  # unset in the shell: the one Redis
+    # the value the file's header tells to export names the six nodes
+    [documented] = re.findall(r"FEDASYNC_REDIS__CLUSTER=(\S+)", COMPOSE_TEXT)
+    settings = RedisSettings(cluster=documented, url="redis://aggregator:pw@redis:6379/0")
+    assert documented.split(",") == [f"{n}:6379" for n in NODES]
+    assert settings.durability.replicas == 1  # durable mode on with the cluster by default
+    assert "docker compose --profile cluster --profile runs up -d" in COMPOSE_TEXT
+
+
+def test_the_runs_profile_is_the_supervisor_leaving_the_default_run_to_the_aggregator() -> None:
+    assert {name for name, s in SERVICES.items() if "runs" in s.get("profiles", [])} == {
+        "supervisor"
+    }
+    supervisor, env = SERVICES["supervisor"], environment("supervisor")
+    assert module_of(supervisor) == "fedasync.services.supervisor"
+    assert env["FEDASYNC_SUPERVISOR__SKIP_DEFAULT"] == "true"  # the `aggregator` has it
+    assert "profiles" not in SERVICES["aggregator"]
+    for key in ("restart", "stop_grace_period"):
+        assert supervisor[key] == SERVICES["aggregator"][key], key
+    # each run's processes bind every interface, for Prometheus in its own container, and the
+    # evaluators follow the snapshot service
+    assert env["FEDASYNC_AGGREGATOR__HOST"] == env["FEDASYNC_EVALUATOR__HOST"] == "0.0.0.0"
+    assert (
+        env["FEDASYNC_EVALUATOR__SNAPSHOT_URL"]
+        == environment("evaluator")["FEDASYNC_EVALUATOR__SNAPSHOT_URL"]
+    )
+    assert supervisor["depends_on"]["snapshot"]["condition"] == "service_healthy"
+    # it logs in as `supervisor`, which only reads; its children as their roles' users
+    users = {variable: user for variable, user, _ in redis_user_urls("supervisor")}
+    assert users == {
+        "FEDASYNC_REDIS__URL": "supervisor",
+        "FEDASYNC_SUPERVISOR__AGGREGATOR_REDIS_URL": "aggregator",
+        "FEDASYNC_SUPERVISOR__EVALUATOR_REDIS_URL": "evaluator",
+    }
+    log_dir = Path(env["FEDASYNC_SUPERVISOR__LOG_DIR"])
+    assert log_dir.is_relative_to("/home/fedasync")  # the image's user's, writable
+
+
+def test_prometheus_reads_the_targets_the_supervisor_writes() -> None:
+    """One named volume: the supervisor writes its file_sd list into it, naming its children by
+    its service name; Prometheus reads it, read-only, where its `runs` job looks."""
+    env = environment("supervisor")
+    targets = Path(env["FEDASYNC_SUPERVISOR__TARGETS_FILE"])
+    assert named_volumes("supervisor")[TARGETS_VOLUME] == str(targets.parent)
+    assert env["FEDASYNC_SUPERVISOR__TARGETS_HOST"] == "supervisor"
+    assert TARGETS_VOLUME in COMPOSE["volumes"]
+    seen_at = named_volumes("prometheus")[TARGETS_VOLUME]
+    assert seen_at.endswith(":ro")
+    config = yaml.safe_load(PROMETHEUS_FILE.read_text())
+    (runs,) = [job for job in config["scrape_configs"] if job["job_name"] == "runs"]
+    (listed,) = [f for sd in runs["file_sd_configs"] for f in sd["files"]]
+    assert fnmatch.fnmatch(f"{seen_at.removesuffix(':ro')}/{targets.name}", listed)
+    assert runs["honor_labels"] is True  # the children's own `run` label, not exported_run
+    # the image makes the folder the volume is mounted on, owned by its user (a fresh named
+    # volume takes that owner), so that the supervisor, not root, may write there
+    assert f"install -d -o fedasync -g fedasync {targets.parent}" in " ".join(
+        dockerfile_lines(dockerfile_of("supervisor"))
+    )
+
+
+def test_the_operations_guide_shows_the_command_of_the_two_profiles() -> None:
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    heading = "### Compose: many runs and a Redis Cluster\n"
+    assert heading in guide
+    text = guide.split(heading, 1)[1].split("\n## ", 1)[0]
+    [documented] = re.findall(r"FEDASYNC_REDIS__CLUSTER=(\S+)", text)
+    assert documented == re.findall(r"FEDASYNC_REDIS__CLUSTER=(\S+)", COMPOSE_TEXT)[0]
+    assert "docker compose --profile cluster --profile runs up -d" in text
+
+
+# The one-shot's script, run with stand-ins for redis-cli and getent: a cluster is made only of
+# nodes that are all empty, a made one is left as it is, and a half-made one is refused.
+FAKE_REDIS_CLI = r"""#!/bin/sh
+# stand-in redis-cli: logs its arguments; CLUSTER INFO from $STATE/<host> ("known slots state")
+echo "$* auth=$REDISCLI_AUTH" >>"$STATE/calls"
+host=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        -h) host=$2; shift 2 ;;
+        -p | --user) shift 2 ;;
+        --cluster) for f in "$STATE"/redis-node-*; do echo "6 16384 ok" >"$f"; done; exit 0 ;;
+        cluster) [ -f "$STATE/$host" ] || exit 1
+                 read -r known slots state <"$STATE/$host"
+                 printf 'cluster_state:%s\r\n' "$state"
+                 printf 'cluster_slots_assigned:%s\r\ncluster_known_nodes:%s\r\n' "$slots" "$known"
+                 exit 0 ;;
+        *) shift ;;
+    esac
+done
+"""
+FAKE_GETENT = r"""#!/bin/sh
+# stand-in getent: redis-node-N is 10.0.0.N
+echo "10.0.0.${2##*-} $2"
+"""
+
+
+def run_cluster_create(
+    tmp_path: Path, states: dict[str, str], **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir(exist_ok=True)
+    state.mkdir(exist_ok=True)
+    for name, text in (("redis-cli", FAKE_REDIS_CLI), ("getent", FAKE_GETENT)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    for node, value in states.items():
+        (state / node).write_text(value + "\n")
+    base = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "STATE": str(state),
+        "CLUSTER_NODES": environment("redis-cluster-create")["CLUSTER_NODES"],
+        "CLUSTER_SETTLE_S": "2",
+        "REDIS_PASSWORD_CLUSTER_ADMIN": "admin-Pw-0123456789",
+    }
+    result = subprocess.run(
+        ["sh", str(CLUSTER_CREATE)], env=base | env, capture_output=True, text=True, check=False
+    )
+    calls = (state / "calls").read_text().splitlines() if (state / "calls").exists() else []
+    return result, calls
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_the_cluster_maker_makes_a_cluster_of_empty_nodes_by_their_addresses(
+    tmp_path: Path,
+) -> None:
+    result, calls = run_cluster_create(tmp_path, dict.fromkeys(NODES, "1 0 fail"))
+    assert result.returncode == 0, result.stderr
+    (create,) = [c for c in calls if "--cluster create" in c]
+    addresses = " ".join(f"10.0.0.{i}:6379" for i in range(1, 7))
+    assert create == (
+        f"--user {CLUSTER_ADMIN_USER} --no-auth-warning --cluster create {addresses} "
+        "--cluster-replicas 1 --cluster-yes auth=admin-Pw-0123456789"
+    )
+    assert all(f"--user {CLUSTER_ADMIN_USER}" in c for c in calls)
+    assert "the cluster is made" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_the_cluster_maker_leaves_a_made_cluster_as_it_is(tmp_path: Path) -> None:
+    result, calls = run_cluster_create(tmp_path, dict.fromkeys(NODES, "6 16384 ok"))
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in calls if "--cluster" in c.split()]
+    assert "the cluster exists" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+@pytest.mark.parametrize(
+    ("states", "env", "complaint"),
+    [
+        # one node lost its volume: adding it back is an operator's decision
+        (
+            {**dict.fromkeys(NODES, "6 16384 ok"), "redis-node-4": "1 0 fail"},
+            {},
+            "nodes outside it: redis-node-4:6379",
+        ),
+        ({n: "1 0 fail" for n in NODES if n != "redis-node-6"}, {}, "redis-node-6:6379 does not"),
+        (dict.fromkeys(NODES, "1 0 fail"), {"REDIS_PASSWORD_CLUSTER_ADMIN": ""}, "is not set"),
+        (dict.fromkeys(NODES, "6 16384 fail"), {}, "cluster_state is fail after 2 s"),
+    ],
+)
+def test_the_cluster_maker_refuses_what_it_cannot_make_sense_of(
+    tmp_path: Path, states: dict[str, str], env: dict[str, str], complaint: str
+) -> None:
+    result, calls = run_cluster_create(tmp_path, states, **env)
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+    assert not [c for c in calls if "--cluster" in c.split()]  # nothing made

@@ -754,10 +754,24 @@ class SupervisorSettings(Section):
     targets_file: Path | None = Field(
         None, description="Prometheus file_sd JSON of the children's /metrics, rewritten on change"
     )
+    targets_host: str | None = Field(
+        None,
+        description="host the targets file names the children at (Prometheus elsewhere, e.g. "
+        "the supervisor's compose service name); unset: each child's bind address",
+    )
     log_dir: Path | None = Field(
         None,
         description="where each child's log goes (<run>.<role>.log); unset: a new temporary "
         "directory, named in the supervisor's log",
+    )
+    aggregator_redis_url: str | None = Field(
+        None,
+        description="Redis URL each run's aggregator logs in with (its own user: the "
+        "supervisor's may only read); unset: FEDASYNC_REDIS__URL",
+    )
+    evaluator_redis_url: str | None = Field(
+        None,
+        description="Redis URL each run's evaluator logs in with; unset: FEDASYNC_REDIS__URL",
     )
 
 

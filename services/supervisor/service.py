@@ -147,9 +147,17 @@ class RunSupervisor:
         path = self.cfg.targets_file
         if path is None:
             return
-        host = self.settings.aggregator.host
+        # the children listen on the supervisor's host: Prometheus in another container or
+        # machine reaches them by a name of that host (targets_host), not by their bind address
+        binds = {
+            "aggregator": self.settings.aggregator.host,
+            "evaluator": self.settings.evaluator.host,
+        }
         targets = [
-            {"targets": [f"{host}:{kept.port}"], "labels": {"run": kept.run, "role": kept.role}}
+            {
+                "targets": [f"{self.cfg.targets_host or binds[kept.role]}:{kept.port}"],
+                "labels": {"run": kept.run, "role": kept.role},
+            }
             for kept in self.children.kept.values()
         ]
         text = json.dumps(targets, indent=1, sort_keys=True)

@@ -4,6 +4,7 @@ each with the run's complete settings as environment variables and a port of its
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedasync.services.runtime.run_settings import settings_for_run
 from fedasync.services.runtime.settings import Settings, settings_env
@@ -34,17 +35,22 @@ def run_specs(
     it): its aggregator, and its evaluator if `evaluator`.
 
     Each listens on 127.0.0.1-or-the-base-host at its own port, and is ready once its /readyz
-    answers 200 (the supervisor does not wait for it: one slow start holds up no other run)."""
-    settings = settings_for_run(
-        base,
-        spec,
-        aggregator={"port": ports.aggregator},
-        evaluator={"port": ports.evaluator},
-    )
-    env = settings_env(settings)
-    out = [_spec(run, "aggregator", settings.aggregator.host, ports.aggregator, env)]
-    if evaluator:
-        out.append(_spec(run, "evaluator", settings.evaluator.host, ports.evaluator, env))
+    answers 200 (the supervisor does not wait for it: one slow start holds up no other run).
+    Each logs in to Redis as its role's own user when the supervisor settings name one
+    (`aggregator_redis_url`, `evaluator_redis_url`: the supervisor's own user may only read)."""
+    out = []
+    for role in ROLES if evaluator else ROLES[:1]:
+        own: dict[str, dict[str, Any]] = {
+            "aggregator": {"port": ports.aggregator},
+            "evaluator": {"port": ports.evaluator},
+        }
+        url = getattr(base.supervisor, f"{role}_redis_url")
+        if url is not None:
+            own["redis"] = {"url": url}
+        settings = settings_for_run(base, spec, **own)
+        host = settings.aggregator.host if role == "aggregator" else settings.evaluator.host
+        port = ports.aggregator if role == "aggregator" else ports.evaluator
+        out.append(_spec(run, role, host, port, settings_env(settings)))
     return out
 
 
