@@ -49,7 +49,8 @@ def add_arguments(acl: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--new-passwords",
         action="store_true",
-        help="print new random passwords as REDIS_PASSWORD_<USER>=... lines (for .env)",
+        help="print new random passwords as REDIS_PASSWORD_<USER>=... lines (for .env): "
+        "every user of every profile (Sentinels, cluster, supervisor)",
     )
     acl.set_defaults(handler=_acl)
 
@@ -69,7 +70,12 @@ def _acl(args: argparse.Namespace) -> int:
     scope = {"all_runs": args.all_runs, "cluster": args.cluster}
     try:
         if args.new_passwords:
-            for variable in password_variables(prefix, **scope):
+            # every user any of the deployment's files names (the profiles' too): one .env
+            # starts every profile of the compose file, whatever --all-runs/--cluster say
+            every = password_variables(prefix) + password_variables(
+                prefix, all_runs=True, cluster=True
+            )
+            for variable in dict.fromkeys(every):
                 print(f"{variable}={secrets.token_hex(24)}")
             return 0
         if args.sentinel:

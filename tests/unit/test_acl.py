@@ -196,8 +196,10 @@ def test_cli_makes_new_passwords_for_an_env_file(capsys: pytest.CaptureFixture[s
     lines = capsys.readouterr().out.splitlines()
     names = [line.split("=", 1)[0] for line in lines]
     values = [line.split("=", 1)[1] for line in lines]
-    # the Sentinels' discovery user too; `sentinel` is one user on servers and Sentinels alike
-    assert names == ["REDIS_PASSWORD_" + name.upper() for name in [*FILE_USERS, "discovery"]]
+    # the Sentinels' discovery user too; `sentinel` is one user on servers and Sentinels alike;
+    # and the users of the cluster and runs profiles: one .env for every profile
+    every = [*FILE_USERS, "discovery", "supervisor", "cluster_admin"]
+    assert names == ["REDIS_PASSWORD_" + name.upper() for name in every]
     assert all(PASSWORD_RE.fullmatch(v) for v in values)
     assert len(set(values)) == len(values)
 
