@@ -34,9 +34,9 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterPubSub
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from redis.asyncio.cluster import ClusterPubSub
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_errors import json_errors

@@ -19,6 +19,7 @@ here too. Settings come from a clean environment, as in chaos/system.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from fedasync.services.commands.redis_launch.cluster import (
     prefixes_on_distinct_primaries,
 )
 from fedasync.services.runtime.ports import free_port
+from fedasync.services.runtime.settings import env_name
 from fedasync.services.runtime.supervisor import ServiceSpec, StopsOnExit, Supervisor
 from fedasync.shared.keys import Keys
 from fedasync.shared.snapshot_protocol import latest_path
@@ -82,11 +84,15 @@ class ClusterRun:
 class ClusterSystem(StopsOnExit):
     """The cluster, the shared snapshot service, and each run's aggregator and workers."""
 
-    def __init__(self, out: Path, profile: Profile) -> None:
+    def __init__(
+        self, out: Path, profile: Profile, policy: Mapping[str, str] | None = None
+    ) -> None:
         if profile.cluster_runs < 1:
             raise ValueError(f"profile {profile.name} holds no cluster runs")
         self.out = out
         self.profile = profile
+        #: policy fields every aggregator starts with (FEDASYNC_POLICY__*), e.g. {"mode": "memory"}
+        self.policy = dict(policy or {})
         self.cluster = LocalCluster(out / "cluster")
         self.snapshot_port = free_port()
         self.runs: list[ClusterRun] = []
@@ -126,7 +132,7 @@ class ClusterSystem(StopsOnExit):
         }
         if self.profile.durable_replicas is not None:  # None: the cluster's default (1)
             env["FEDASYNC_REDIS__DURABLE_REPLICAS"] = str(self.profile.durable_replicas)
-        return env
+        return env | {env_name("policy", name): value for name, value in self.policy.items()}
 
     def aggregator_spec(self, run: ClusterRun) -> ServiceSpec:
         return ServiceSpec(
@@ -199,11 +205,11 @@ class ClusterSystem(StopsOnExit):
         ids = prefixes_on_distinct_primaries(
             self.cluster, list(RUN_CANDIDATES), self.profile.cluster_runs
         )
-        for i, run in enumerate(ids):
-            journal = self.out / "journal" / run
+        for i, run_id in enumerate(ids):
+            journal = self.out / "journal" / run_id
             journal.mkdir(parents=True, exist_ok=True)
-            workers = [f"{run}.{worker_name(w)}" for w in range(self.profile.workers)]
-            self.runs.append(ClusterRun(run, i == 0, free_port(), workers, journal))
+            workers = [f"{run_id}.{worker_name(w)}" for w in range(self.profile.workers)]
+            self.runs.append(ClusterRun(run_id, i == 0, free_port(), workers, journal))
         for run in self.runs:
             self.supervisor.start(self.aggregator_spec(run))
         for run in self.runs:
@@ -220,4 +226,3 @@ class ClusterSystem(StopsOnExit):
             groups=[self.workers, [SNAPSHOT], [r.aggregator for r in self.runs]]
         )
         self.cluster.stop()
-
