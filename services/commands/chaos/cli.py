@@ -148,12 +148,17 @@ def handle(args: argparse.Namespace) -> int:
 
 def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | None) -> int:
     """A cluster profile: its runs, each kill read per run, and the table of kills × runs."""
-    from fedasync.services.commands.chaos.cluster_failover import run_cluster_failover
+    from fedasync.services.commands.chaos.cluster_harness import (
+        CLUSTER_VARIANTS,
+        run_cluster_failover,
+    )
     from fedasync.services.commands.chaos.cluster_report import cluster_failover_table, describe
     from fedasync.services.commands.redis_launch.server import RedisNotFound
 
     try:
-        summaries = run_cluster_failover(profile, seed, out, policy=policy)
+        summaries = run_cluster_failover(
+            profile, seed, out, variants=CLUSTER_VARIANTS, policy=policy
+        )
     except RedisNotFound as exc:
         print(f"fedasync chaos: {exc}", file=sys.stderr)
         return 2
@@ -161,7 +166,8 @@ def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | No
         print(describe(summary))
     print(
         f"\ncluster failover, seed {seed}: {profile.cluster_runs} runs, each on a primary of "
-        f"its own, {profile.workers} workers each; a row per kill -9 and run\n"
+        f"its own, {profile.workers} workers each; durable mode off, then on; a row per kill -9 "
+        "and run\n"
     )
     print(cluster_failover_table(summaries))
     return 0 if all(summary["ok"] for summary in summaries) else 1

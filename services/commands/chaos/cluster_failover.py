@@ -13,62 +13,51 @@ Each kill is read once per run, as the Sentinel audit reads its one run (chaos/f
 `Failover`): the version the run's primary announced just before, the version and commit
 sequence on its primary just after the promotion. The run whose slot was on the killed primary
 is the kill's victim; the others are bystanders, read on their own primaries, which the kill did
-not touch. After the faults, every run is drained and checked as the other profiles check their
-one (chaos/harness.py): the exactly-once verdict over its workers' journals, `ledger verify`,
-the model served equal to the one committed, the lag at rest, the waits; chaos/cluster_report.py
-builds the per-kill, per-run table from them.
+not touch. After the faults, every run is drained and checked (chaos/cluster_harness.py) as the
+other profiles check their one (chaos/harness.py): the exactly-once verdict over its workers'
+journals, `ledger verify`, the model served equal to the one committed, the lag at rest, the
+waits; chaos/cluster_report.py builds the per-kill, per-run table from them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from fedasync.services.commands.chaos.audit import Audit, audit
+from fedasync.services.commands.chaos.audit import Audit
 from fedasync.services.commands.chaos.cluster_system import ClusterRun, ClusterSystem
 from fedasync.services.commands.chaos.faults import (
     PROMOTED_WITHIN_S,
     RECOVERY_POLL_S,
     SETTLED_WITHIN_S,
+    SNAPSHOT_WATCH_S,
     Event,
     Failover,
     due_restarts,
-    wait_until,
 )
 from fedasync.services.commands.chaos.probe import (
     Backlog,
     LagAtRest,
     Served,
-    wait_drained,
-    wait_lag_at_rest,
-    wait_served,
+    metric_samples,
 )
-from fedasync.services.commands.chaos.schedule import Fault, FaultKind, Profile, build_schedule
-from fedasync.services.commands.chaos.system import AGGREGATOR_SETTINGS, SNAPSHOT
-from fedasync.services.commands.chaos.waits import Interruption, Waits, measure
+from fedasync.services.commands.chaos.schedule import Fault
+from fedasync.services.commands.chaos.system import SNAPSHOT
+from fedasync.services.commands.chaos.waits import Interruption, Waits
 from fedasync.services.runtime.entry import EXIT_REFUSED
-from fedasync.services.stores.exactly_once import Decided, Verdict, check
-from fedasync.services.worker.journal import JournalContents, read_journals
-from fedasync.shared.snapshot_protocol import latest_path
+from fedasync.services.stores.exactly_once import Verdict
+from fedasync.services.worker.journal import JournalContents
 
-#: as chaos/harness.py waits for its one run, for each run
-DRAIN_TIMEOUT_S = 120.0
-SERVED_TIMEOUT_S = 30.0
-LAG_TIMEOUT_S = 30.0
 #: how often the fault loop looks for exited children, seconds
 TICK_S = 0.1
-#: how long the workers have to finish a publish in flight when told to stop, seconds
-WORKER_STOP_S = 15.0
+#: the snapshot service's gauge of a run frozen on its version going back (snapshot/metrics.py)
+REGRESSED_METRIC = "fedasync_snapshot_version_regressed"
 
 
 @dataclass(slots=True)
@@ -139,7 +128,10 @@ class ClusterInjector:
     events: list[Event] = field(default_factory=list)
     #: by run: the kills that may delay its decisions (its own primary's only)
     interruptions: dict[str, list[Interruption]] = field(default_factory=dict)
+    #: snapshot service restarts because it froze on a run's version going back
+    unfrozen: int = 0
     _exited_at: dict[str, float] = field(default_factory=dict)
+    _snapshot_checked: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     def now(self) -> float:
@@ -160,6 +152,31 @@ class ClusterInjector:
                 self.crashes[name] += 1
                 self.events.append(Event(now, "crashed", f"{name} exited with {code}; restarted"))
             supervisor.start(self.system.spec(name))
+        self.watch_snapshot()
+
+    def watch_snapshot(self) -> None:
+        """A snapshot service that froze on a run's version going back (a failover that lost
+        commits, durable mode off) is restarted, as docs/operations.md tells an operator to,
+        at most once a second: as chaos/faults.py's `watch_snapshot`, the run found by the
+        service's per-run gauge (its /readyz speaks for the default run only)."""
+        if self.now() - self._snapshot_checked < SNAPSHOT_WATCH_S:
+            return
+        self._snapshot_checked = self.now()
+        child = self.system.supervisor.children.get(SNAPSHOT)
+        if child is None or not child.running():
+            return
+        samples = metric_samples(self.system.snapshot_url + "/metrics", REGRESSED_METRIC) or []
+        frozen = sorted(labels.get("run", "?") for labels, value in samples if value)
+        if not frozen:
+            return
+        if self.system.supervisor.kill(SNAPSHOT, signal.SIGTERM) is None:
+            self.events.append(Event(self.now(), "hung_on_stop", SNAPSHOT))
+            self.system.supervisor.kill(SNAPSHOT)
+        self.system.supervisor.start(self.system.spec(SNAPSHOT))
+        self.unfrozen += 1
+        self.events.append(
+            Event(self.now(), "restarted", f"{SNAPSHOT}: it froze on {', '.join(frozen)}")
+        )
 
     def _wait(self, seconds: float) -> None:
         """Sleep `seconds`, supervising meanwhile."""
@@ -286,116 +303,3 @@ class ClusterInjector:
             self.events.append(Event(self.now(), "restarted", f"127.0.0.1:{old}"))
         except (RuntimeError, OSError) as exc:
             kill.problems.append(f"not restarted: {exc}")
-
-
-def run_cluster_failover(
-    profile: Profile,
-    seed: int,
-    out: Path,
-    say: Callable[[str], None] = print,
-    variants: Sequence[int | None] | None = None,
-    policy: Mapping[str, str] | None = None,
-) -> list[dict[str, Any]]:
-    """The profile once per durable mode of `variants` (default: the profile's own), each in a
-    folder of its own; their summaries (chaos/cluster_report.py)."""
-    summaries = []
-    for replicas in variants if variants is not None else (profile.durable_replicas,):
-        variant = dataclasses.replace(profile, durable_replicas=replicas)
-        name = "durable-off" if replicas == 0 else "durable-on"
-        say(f"chaos: profile {variant.label}")
-        summaries.append(run_once(variant, seed, out / name, say, policy))
-    return summaries
-
-
-def run_once(
-    profile: Profile,
-    seed: int,
-    out: Path,
-    say: Callable[[str], None] = print,
-    policy: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Start the cluster and the runs, kill the scheduled primaries, drain and check each run;
-    the summary, also in `out`/summary.json."""
-    from fedasync.services.commands.chaos.cluster_report import build_summary
-    from fedasync.services.commands.chaos.report import write_summary
-
-    out.mkdir(parents=True, exist_ok=True)
-    schedule = [f for f in build_schedule(profile, seed) if f.kind is FaultKind.FAILOVER]
-    started = time.monotonic()
-    with ClusterSystem(out, profile, policy) as system:
-        say(f"chaos: starting a Redis Cluster and {profile.cluster_runs} runs (logs in {out})")
-        system.start()
-        placed = ", ".join(
-            f"{r.id} on 127.0.0.1:{system.cluster.primary_of(r.tag)}" for r in system.runs
-        )
-        say(f"chaos: runs {placed}; {len(schedule)} kills of a primary")
-        injector = ClusterInjector(system)
-        for index, fault in enumerate(schedule):
-            while injector.now() < fault.at:
-                injector.supervise()
-                wait_until(injector.started + min(fault.at, injector.now() + TICK_S))
-            injector.kill(fault, index)
-            for event in injector.events[-3:]:
-                say(f"chaos: t={event.at:6.2f} s {event.what}: {event.detail}")
-        try:
-            system.cluster.wait_settled(SETTLED_WITHIN_S)
-            injector.wait_recovered()
-        except TimeoutError as exc:
-            say(f"chaos: {exc}")  # the report shows no commit after that kill
-        say("chaos: kills over; stopping the workers and draining each run")
-        for name in system.workers:
-            if system.supervisor.kill(name, signal.SIGTERM, wait=WORKER_STOP_S) is None:
-                system.supervisor.kill(name)
-        rested = [_drain(system, injector, run) for run in system.runs]
-        system.supervisor.stop_all(groups=[[SNAPSHOT], [run.aggregator for run in system.runs]])
-        say("chaos: services stopped; auditing each run's ledger")
-        results = [
-            _judge(run, at_rest, injector) for run, at_rest in zip(system.runs, rested, strict=True)
-        ]
-    summary = build_summary(
-        profile=profile,
-        seed=seed,
-        out=out,
-        duration_s=time.monotonic() - started,
-        injector=injector,
-        results=results,
-    )
-    write_summary(out, summary)
-    return summary
-
-
-def _drain(system: ClusterSystem, injector: ClusterInjector, run: ClusterRun) -> AtRest:
-    """Wait until the run's stream is drained, its model served and its lag at rest 0, reading
-    its primary (no kill is due any more: the run's slot stays there)."""
-    client = redis.Redis(port=system.cluster.primary_of(run.tag), socket_timeout=10.0)
-    tick = injector.supervise
-    try:
-        drained, backlog = wait_drained(client, run.keys, DRAIN_TIMEOUT_S, tick)
-        path = latest_path(None if run.default else run.id)
-        served = wait_served(client, run.keys, system.snapshot_url, SERVED_TIMEOUT_S, tick, path)
-        logs = sorted(system.supervisor.log_dir.glob(f"{run.aggregator}*.log"))
-        lag = wait_lag_at_rest(client, run.keys, run.metrics_url, logs, LAG_TIMEOUT_S, tick)
-    finally:
-        client.close()
-    return AtRest(drained, backlog, served, lag)
-
-
-def _judge(run: ClusterRun, at_rest: AtRest, injector: ClusterInjector) -> RunResult:
-    """The run's ledger read and replayed (`ledger verify`), its exactly-once verdict over its
-    workers' journals, and its waits."""
-    system = injector.system
-    audited = asyncio.run(audit(system.cluster.url, run.keys, system.cluster.addresses))
-    journals = read_journals(run.journals())
-    verdict = check(
-        set(journals.acknowledged),
-        journals.attempted,
-        [Decided.from_record(record) for record in audited.records],
-        audited.entry_ids,
-        audited.dead_lettered,
-    )
-    waits = measure(
-        audited.records,
-        AGGREGATOR_SETTINGS.decision_bound_s,
-        injector.interruptions.get(run.id, []),
-    )
-    return RunResult(run, at_rest, audited, journals, verdict, waits)

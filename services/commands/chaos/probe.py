@@ -160,18 +160,26 @@ class LagAtRest:
     corrected: tuple[int, ...]
 
 
-def aggregator_lag(metrics_url: str) -> float | None:
-    """The aggregator's lag gauge from its /metrics; None if it does not answer."""
+def metric_samples(metrics_url: str, name: str) -> list[tuple[dict[str, str], float]] | None:
+    """Each sample of `name` on a service's /metrics: (its labels, its value); None if the
+    service does not answer."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=5.0) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
         return None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == LAG_METRIC:
-                return float(sample.value)
-    return None
+    return [
+        (dict(sample.labels), float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def aggregator_lag(metrics_url: str) -> float | None:
+    """The aggregator's lag gauge from its /metrics; None if it does not answer."""
+    samples = metric_samples(metrics_url, LAG_METRIC)
+    return samples[0][1] if samples else None
 
 
 def wait_lag_at_rest(
