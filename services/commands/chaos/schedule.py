@@ -35,7 +35,8 @@ class FaultKind(StrEnum):
     PAUSE_PRIMARY = "pause_primary"
 
 
-#: the losses of a replicated Redis's primary: only a replicated profile has a replica to promote
+#: the losses of a primary: only a replicated profile (Sentinel) or a cluster profile has a
+#: replica to promote
 REPLICATED_ONLY = frozenset({FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY})
 
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
