@@ -154,6 +154,7 @@ def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | No
     )
     from fedasync.services.commands.chaos.cluster_report import cluster_failover_table, describe
     from fedasync.services.commands.redis_launch.server import RedisNotFound
+    from fedasync.services.runtime.supervisor import ChildFailed
 
     try:
         summaries = run_cluster_failover(
@@ -162,6 +163,9 @@ def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | No
     except RedisNotFound as exc:
         print(f"fedasync chaos: {exc}", file=sys.stderr)
         return 2
+    except (ChildFailed, TimeoutError) as exc:  # never trained: nothing to audit
+        print(f"fedasync chaos: the system did not start training: {exc}", file=sys.stderr)
+        return 1
     for summary in summaries:
         print(describe(summary))
     print(

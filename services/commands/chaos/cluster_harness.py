@@ -12,6 +12,7 @@ services; read and replay each run's ledger (`ledger verify`) and count its upda
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import signal
 import time
@@ -47,6 +48,8 @@ CLUSTER_VARIANTS: tuple[int | None, ...] = (0, 1)
 DRAIN_TIMEOUT_S = 120.0
 SERVED_TIMEOUT_S = 30.0
 LAG_TIMEOUT_S = 30.0
+#: how long after the start every run must be training (its first update applied), seconds
+FLOWING_WITHIN_S = 120.0
 #: how long the workers have to finish a publish in flight when told to stop, seconds
 WORKER_STOP_S = 15.0
 
@@ -90,7 +93,8 @@ def run_once(
             f"{r.id} on 127.0.0.1:{system.cluster.primary_of(r.tag)}" for r in system.runs
         )
         say(f"chaos: runs {placed}; {len(schedule)} kills of a primary")
-        injector = ClusterInjector(system)
+        _wait_flowing(system, FLOWING_WITHIN_S)
+        injector = ClusterInjector(system)  # the schedule's clock starts under load
         for index, fault in enumerate(schedule):
             while injector.now() < fault.at:
                 injector.supervise()
@@ -123,6 +127,24 @@ def run_once(
     )
     write_summary(out, summary)
     return summary
+
+
+def _wait_flowing(system: ClusterSystem, timeout: float) -> None:
+    """Until every run has applied an update (a version above genesis): its workers are
+    publishing, so no kill lands before the load does (their start takes a while on a busy
+    machine). TimeoutError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    waiting = list(system.runs)
+    while waiting:
+        for run in list(waiting):
+            with contextlib.suppress(redis.RedisError, OSError, RuntimeError):
+                port = system.cluster.primary_of(run.tag)
+                if int(system.cluster.read(port, run.keys.version) or 0) > 0:
+                    waiting.remove(run)
+        if time.monotonic() > deadline:
+            names = ", ".join(r.id for r in waiting)
+            raise TimeoutError(f"no update applied in {names} within {timeout} s of the start")
+        time.sleep(TICK_S)
 
 
 def _drain(system: ClusterSystem, injector: ClusterInjector, run: ClusterRun) -> AtRest:
