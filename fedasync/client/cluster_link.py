@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
@@ -116,12 +117,54 @@ def _without_keys(callback: Callable[..., Any]) -> Callable[..., Any]:
     return parse
 
 
+#: the stream reads whose keys redis-py would ask a node for (COMMAND GETKEYS: "movablekeys"),
+#: and the first argument from which their options (COUNT, BLOCK, NOACK, STREAMS) may come
+_STREAM_READS = {"XREAD": 1, "XREADGROUP": 4}
+
+
+def _text(arg: Any) -> str:
+    return arg.decode() if isinstance(arg, bytes) else str(arg)
+
+
+def stream_read_keys(*args: Any) -> tuple[Any, ...] | None:
+    """The keys of an XREAD or XREADGROUP (the first half of what follows STREAMS); None for
+    any other command. Pure: no node is asked."""
+    start = _STREAM_READS.get(_text(args[0]).upper()) if args else None
+    if start is None:
+        return None
+    for i in range(start, len(args)):
+        if _text(args[i]).upper() == "STREAMS":
+            rest = args[i + 1 :]
+            return tuple(rest[: len(rest) // 2])
+    return None
+
+
+class StreamKeysParser(AsyncCommandsParser):
+    """redis-py's command parser, which finds the keys of a stream read itself.
+
+    redis-py routes a command whose keys it cannot place by the COMMAND table (XREAD and
+    XREADGROUP among them) by asking one node, the parser's (the default node of the first
+    slot-map reading), with COMMAND GETKEYS before each call. While that node is down, every
+    run's group read fails whatever its own slot's primary (seen in the cluster failover
+    audit: the bystanders' aggregators stopped deciding until the killed node came back). Their
+    keys are where the syntax puts them."""
+
+    async def get_keys(self, *args: Any) -> tuple[Any, ...] | None:
+        keys = stream_read_keys(*args)
+        if keys:
+            return keys
+        found: tuple[Any, ...] | None = await super().get_keys(*args)
+        return found
+
+
 class LinkedCluster(RedisCluster):
     """redis-py's cluster client, with a plain client per primary for durable writes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.links = NodeLinks(self.connection_kwargs)
+        # a group read's keys found without a round trip to one node (StreamKeysParser)
+        self.commands_parser = StreamKeysParser()
         # redis-py 8.1's cluster transactions (MULTI/EXEC after WATCH) hand each reply's
         # callback the command's `keys=` option, which the plain client drops first (it is
         # for client-side caching only), and the callbacks of HGETALL, XREVRANGE and others

@@ -36,6 +36,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from redis.asyncio.cluster import ClusterPubSub
 from redis.exceptions import RedisError
 
 from fedasync.services.runtime.http_errors import json_errors
@@ -470,6 +471,10 @@ async def _subscribe(
     """Subscribe to the channel of every held run not yet subscribed; those runs."""
     new = [run for run in runs if run.keys.versions_channel not in channels]
     if new:
+        if isinstance(pubsub, ClusterPubSub):
+            # its SUBSCRIBE picks a node from the client's slot map, which a client that has
+            # sent nothing yet (the shared one, beside the runs' own) has not learnt: KeyError
+            await pubsub.cluster.initialize()
         await pubsub.subscribe(*(run.keys.versions_channel for run in new))
         channels.update((run.keys.versions_channel, run) for run in new)
     return new

@@ -32,8 +32,10 @@ class Audit:
     refused: list[str] = field(default_factory=list)
 
 
-async def audit(url: str, keys: Keys) -> Audit:
-    client = connect(RedisSettings(url=url, socket_timeout_s=30.0))
+async def audit(url: str, keys: Keys, cluster: str | None = None) -> Audit:
+    """`cluster`: the seed nodes of a Redis Cluster (`url` then gives only user and password;
+    ACL LOG is the one node's the client asks)."""
+    client = connect(RedisSettings(url=url, cluster=cluster, socket_timeout_s=30.0))
     try:
         ledger = [record async for record in records(client, keys)]
         entries = await entry_ids(client, keys.updates)

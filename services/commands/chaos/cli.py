@@ -4,7 +4,9 @@
 
 A replicated profile (`failover`) runs three times, durable mode off, on and as shipped (the
 default), and ends with a table of the three, kills and pauses of the primary on rows of their
-own."""
+own. The cluster profile (`cluster-failover`) runs several runs on a Redis Cluster, kills -9
+their primaries in turn, and ends with a table of each kill as each run saw it: the victim (its
+slot's primary killed) and the bystanders."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedasync.services.commands.chaos.schedule import PROFILES
+from fedasync.services.commands.chaos.schedule import PROFILES, Profile
 from fedasync.shared.policy import Mode
 
 
@@ -121,8 +123,10 @@ def handle(args: argparse.Namespace) -> int:
             )
             return 2
         profile = dataclasses.replace(profile, replica_lag_ms=args.replica_lag_ms)
+    policy = {"mode": args.mode} if args.mode else None
+    if profile.cluster_runs:
+        return _cluster(profile, args.seed, out, policy)
     try:
-        policy = {"mode": args.mode} if args.mode else None
         summaries = (
             run_failover(profile, args.seed, out, policy=policy)
             if profile.replicated
@@ -139,6 +143,37 @@ def handle(args: argparse.Namespace) -> int:
             "primary: durable mode off, on, and as shipped\n"
         )
         print(failover_table(summaries))
+    return 0 if all(summary["ok"] for summary in summaries) else 1
+
+
+def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | None) -> int:
+    """A cluster profile: its runs, each kill read per run, and the table of kills × runs."""
+    from fedasync.services.commands.chaos.cluster_harness import (
+        CLUSTER_VARIANTS,
+        run_cluster_failover,
+    )
+    from fedasync.services.commands.chaos.cluster_report import cluster_failover_table, describe
+    from fedasync.services.commands.redis_launch.server import RedisNotFound
+    from fedasync.services.runtime.supervisor import ChildFailed
+
+    try:
+        summaries = run_cluster_failover(
+            profile, seed, out, variants=CLUSTER_VARIANTS, policy=policy
+        )
+    except RedisNotFound as exc:
+        print(f"fedasync chaos: {exc}", file=sys.stderr)
+        return 2
+    except (ChildFailed, TimeoutError) as exc:  # never trained: nothing to audit
+        print(f"fedasync chaos: the system did not start training: {exc}", file=sys.stderr)
+        return 1
+    for summary in summaries:
+        print(describe(summary))
+    print(
+        f"\ncluster failover, seed {seed}: {profile.cluster_runs} runs, each on a primary of "
+        f"its own, {profile.workers} workers each; durable mode off, then on; a row per kill -9 "
+        "and run\n"
+    )
+    print(cluster_failover_table(summaries))
     return 0 if all(summary["ok"] for summary in summaries) else 1
 
 

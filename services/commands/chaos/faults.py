@@ -41,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ from fedasync.services.commands.chaos.system import (
 from fedasync.services.commands.chaos.waits import Interruption
 from fedasync.services.commands.redis_launch.server import free_port
 from fedasync.services.runtime.entry import EXIT_REFUSED
+from fedasync.services.runtime.supervisor import Supervisor
 
 #: least time between a child's unexpected exit and its restart, seconds (a supervisor's back-off)
 RESTART_BACKOFF_S = 0.5
@@ -114,6 +116,11 @@ class Failover:
     frozen_s: float | None = None
     version_resumed: int | None = None
     problems: list[str] = field(default_factory=list)
+    #: a cluster's failover, read per run (chaos/cluster_failover.py): the run, and "victim"
+    #: if the primary lost held its slot, else "bystander" (its primary was not touched; the
+    #: ports and versions are then its own primary's); None: the one run of a Sentinel group
+    run: str | None = None
+    role: str | None = None
 
     @property
     def moved_back(self) -> int:
@@ -138,7 +145,7 @@ class Failover:
             "version_after": self.version_after,
             "moved_back": self.moved_back,
             "problems": self.problems,
-        }
+        } | ({} if self.run is None else {"run": self.run, "role": self.role})
 
 
 @dataclass(slots=True)
@@ -533,17 +540,10 @@ class Injector:
         """Children of `names` that exited unasked: count them and start them after a back-off."""
         now = self.now()
         down_on_purpose = {name for _, name in self.pending}
-        for name in names:
-            child = self.system.supervisor.children.get(name)
-            if child is None or child.running() or child.expected_exit:
-                continue
-            if name in down_on_purpose:
-                continue
-            first_seen = self._exited_at.setdefault(name, now)
-            if now - first_seen < RESTART_BACKOFF_S:
-                continue
-            del self._exited_at[name]
-            code = child.process.returncode
+        for name in due_restarts(
+            self.system.supervisor, names, self._exited_at, now, down_on_purpose
+        ):
+            code = self.system.supervisor.children[name].process.returncode
             if code == EXIT_REFUSED and name == AGGREGATOR and self.system.group is not None:
                 # after a failover that lost commits: its refusal is the documented behaviour,
                 # and a restart resumes from what the new primary holds
@@ -571,6 +571,29 @@ class Injector:
     def recovering(self) -> bool:
         """Something is down or stopped on purpose, due to come back."""
         return bool(self.pending or self.stopped)
+
+
+def due_restarts(
+    supervisor: Supervisor,
+    names: list[str],
+    exited_at: dict[str, float],
+    now: float,
+    down: Collection[str] = (),
+) -> list[str]:
+    """Which of `names` exited unasked (not `down` on purpose) and have waited out the back-off
+    (RESTART_BACKOFF_S since their exit was first seen, in `exited_at`, which this keeps): due
+    to start again, as a supervisor would."""
+    due = []
+    for name in names:
+        child = supervisor.children.get(name)
+        if child is None or child.running() or child.expected_exit or name in down:
+            continue
+        first_seen = exited_at.setdefault(name, now)
+        if now - first_seen < RESTART_BACKOFF_S:
+            continue
+        del exited_at[name]
+        due.append(name)
+    return due
 
 
 def _listening(host: str, port: int, within_s: float) -> bool:

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fedasync.shared.keys import AGGREGATOR_GROUP, Keys
 from fedasync.shared.model_format import decode_model
+from fedasync.shared.snapshot_protocol import LATEST_PATH
 
 POLL_S = 0.1
 
@@ -104,9 +105,11 @@ def committed(client: redis.Redis, keys: Keys) -> tuple[int, bytes]:
     return version, bytes(raw or b"")
 
 
-def served_model(base_url: str) -> tuple[int, bytes] | None:
+def served_model(base_url: str, path: str = LATEST_PATH) -> tuple[int, bytes] | None:
+    """The newest model the snapshot service at `base_url` serves at `path` (a named run's:
+    snapshot_protocol.latest_path(run)); None if it does not answer."""
     try:
-        with urllib.request.urlopen(base_url + "/v1/models/latest", timeout=5.0) as response:
+        with urllib.request.urlopen(base_url + path, timeout=5.0) as response:
             body = bytes(response.read())
     except (urllib.error.URLError, OSError):
         return None
@@ -114,7 +117,12 @@ def served_model(base_url: str) -> tuple[int, bytes] | None:
 
 
 def wait_served(
-    client: redis.Redis, keys: Keys, base_url: str, timeout: float, tick: Callable[[], None]
+    client: redis.Redis,
+    keys: Keys,
+    base_url: str,
+    timeout: float,
+    tick: Callable[[], None],
+    path: str = LATEST_PATH,
 ) -> Served:
     """Poll until the snapshot service serves the committed model, the same version and bytes
     (or `timeout`); `tick` runs each round (restarts).
@@ -126,7 +134,7 @@ def wait_served(
     while True:
         tick()
         version, raw = committed(client, keys)
-        served = served_model(base_url)
+        served = served_model(base_url, path)
         got = served or (-1, b"")
         result = Served(got[0], _sha(got[1]), version, _sha(raw))
         if result.equal or time.monotonic() > deadline:
@@ -152,18 +160,26 @@ class LagAtRest:
     corrected: tuple[int, ...]
 
 
-def aggregator_lag(metrics_url: str) -> float | None:
-    """The aggregator's lag gauge from its /metrics; None if it does not answer."""
+def metric_samples(metrics_url: str, name: str) -> list[tuple[dict[str, str], float]] | None:
+    """Each sample of `name` on a service's /metrics: (its labels, its value); None if the
+    service does not answer."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=5.0) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
         return None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == LAG_METRIC:
-                return float(sample.value)
-    return None
+    return [
+        (dict(sample.labels), float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def aggregator_lag(metrics_url: str) -> float | None:
+    """The aggregator's lag gauge from its /metrics; None if it does not answer."""
+    samples = metric_samples(metrics_url, LAG_METRIC)
+    return samples[0][1] if samples else None
 
 
 def wait_lag_at_rest(

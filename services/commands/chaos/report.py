@@ -54,16 +54,26 @@ LOSS_LEAD_S = 2.0
 def attribute_lost(failovers: list[dict[str, Any]], lost_added: Sequence[float]) -> int:
     """Set each failover's `lost`: the lost updates (by their XADD times) it explains, the last
     one that began no later than LOSS_LEAD_S after each; returns those none explains."""
+    return attribute(failovers, lost_added, "lost")
+
+
+def attribute(failovers: list[dict[str, Any]], added: Sequence[float], name: str) -> int:
+    """Count each update (by its XADD time) into `name` of the failover it belongs to, the last
+    one that began no later than LOSS_LEAD_S after it; returns those that belong to none.
+
+    One rule for every figure of a failover's row: the updates a loss is blamed on
+    (`attribute_lost`), and those it put at risk, which a cluster's row counts beside them
+    (chaos/cluster_report.py), so that a row's lost updates are always among its own."""
     for failover in failovers:
-        failover["lost"] = 0
-    unexplained = 0
-    for added in lost_added:
-        before = [f for f in failovers if f["wall"] <= added + LOSS_LEAD_S]
+        failover[name] = 0
+    outside = 0
+    for at in added:
+        before = [f for f in failovers if f["wall"] <= at + LOSS_LEAD_S]
         if before:
-            max(before, key=lambda f: f["wall"])["lost"] += 1
+            max(before, key=lambda f: f["wall"])[name] += 1
         else:
-            unexplained += 1
-    return unexplained
+            outside += 1
+    return outside
 
 
 def build_summary(
@@ -114,16 +124,16 @@ def build_summary(
     return {
         **_run_figures(profile, seed, out, duration_s, policy),
         **_fault_figures(injector),
-        "updates": _updates(verdict, audit),
+        "updates": updates_figures(verdict, audit),
         **verdict_report.verdict_counts(verdict, lost_outside_failovers=lost_unexplained),
-        **_waits_and_verify(waits, audit),
+        **waits_and_verify(waits, audit),
         "served": verdict_report.served_figures(
             served.served_version,
             served.served_sha256,
             served.committed_version,
             served.committed_sha256,
         ),
-        **_at_rest(backlog, lag),
+        **at_rest(backlog, lag),
         "redis_restarts": [check.to_dict() for check in injector.restarts],
         "failovers": failovers,
         "versions_moved_back": moved_back,
@@ -141,7 +151,7 @@ def build_summary(
     }
 
 
-def _updates(verdict: Verdict, audit: Audit) -> dict[str, int]:
+def updates_figures(verdict: Verdict, audit: Audit) -> dict[str, int]:
     """The `updates` figures, with the server steps the ledger records."""
     return verdict_report.update_counts(
         verdict,
@@ -154,7 +164,7 @@ def _updates(verdict: Verdict, audit: Audit) -> dict[str, int]:
     )
 
 
-def _waits_and_verify(waits: Waits, audit: Audit) -> dict[str, Any]:
+def waits_and_verify(waits: Waits, audit: Audit) -> dict[str, Any]:
     """The longest XADD→decision wait against its bound, and `ledger verify`'s answer."""
     return {
         "waits": {
@@ -266,7 +276,7 @@ def _fault_figures(injector: Injector) -> dict[str, Any]:
     }
 
 
-def _at_rest(backlog: Backlog, lag: LagAtRest) -> dict[str, Any]:
+def at_rest(backlog: Backlog, lag: LagAtRest) -> dict[str, Any]:
     """The stream and the lag once the run is over."""
     return {
         "backlog_at_end": {
@@ -358,19 +368,20 @@ def _failovers(summary: Mapping[str, Any]) -> list[str]:
     ]
     for f in summary["failovers"]:
         paused = f.get("how") == "pause"
-        lost = f"paused {_seconds(f.get('frozen_s'))}" if paused else "killed"
+        lost = f"paused {seconds_text(f.get('frozen_s'))}" if paused else "killed"
         resumed = f", {f.get('version_resumed')} after its resume" if paused else ""
         lines.append(
             f"  t={f['at']:7.2f} s: primary 127.0.0.1:{f['old_port']} {lost}, "
-            f"127.0.0.1:{f['new_port']} promoted after {_seconds(f['promoted_s'])}, first "
-            f"commit there after {_seconds(f.get('first_commit_s'))}; version announced "
+            f"127.0.0.1:{f['new_port']} promoted after {seconds_text(f['promoted_s'])}, first "
+            f"commit there after {seconds_text(f.get('first_commit_s'))}; version announced "
             f"{f['version_before']}{resumed} → committed {f['version_after']}"
             + ("; " + "; ".join(f["problems"]) if f["problems"] else "")
         )
     return lines
 
 
-def _seconds(value: float | None) -> str:
+def seconds_text(value: float | None) -> str:
+    """Seconds to two places, `?` when unknown (a failover with no reading)."""
     return "?" if value is None else f"{value:.2f} s"
 
 
@@ -396,7 +407,7 @@ def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             if not rows:
                 continue
             cells = [
-                _mode(s),
+                durable_mode(s),
                 name,
                 len(rows),
                 s["updates"]["published"],
@@ -411,7 +422,7 @@ def failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _mode(summary: Mapping[str, Any]) -> str:
+def durable_mode(summary: Mapping[str, Any]) -> str:
     label = summary.get("durable_label")
     if label:
         return str(label)

@@ -35,7 +35,8 @@ class FaultKind(StrEnum):
     PAUSE_PRIMARY = "pause_primary"
 
 
-#: the losses of a replicated Redis's primary: only a replicated profile has a replica to promote
+#: the losses of a primary: only a replicated profile (Sentinel) or a cluster profile has a
+#: replica to promote
 REPLICATED_ONLY = frozenset({FaultKind.FAILOVER, FaultKind.PAUSE_PRIMARY})
 
 #: commands the aggregator sends on every batch, commit or claim: a stall armed on one of them
@@ -82,10 +83,15 @@ class Profile:
     #: how far behind its primary a replica receives the replication stream, ms (chaos/links.py):
     #: replicas on other hosts; 0: all on this one, replication as fast as loopback
     replica_lag_ms: int = 0
+    #: a Redis Cluster (3 primaries, a replica each) holding this many runs, each on a primary
+    #: of its own, `workers` workers per run (chaos/cluster_system.py); 0: no cluster
+    cluster_runs: int = 0
 
     @property
     def label(self) -> str:
-        """The name, with the durable mode of a replicated profile."""
+        """The name, with the durable mode of a replicated or cluster profile."""
+        if self.cluster_runs:
+            return f"{self.name}, {self.cluster_runs} runs on 3 primaries, {durable_label(self)}"
         if not self.replicated:
             return self.name
         return f"{self.name}, replicas {self.replica_lag_ms} ms behind, {durable_label(self)}"
@@ -171,6 +177,24 @@ PROFILES: dict[str, Profile] = {
         outage_s=(0.5, 1.5),
         replicated=True,
         replica_lag_ms=100,
+    ),
+    # kill -9 of a Redis Cluster primary under load, round-robin over the primaries that hold
+    # a run (`fedasync chaos --profile cluster-failover`, chaos/cluster_failover.py): three
+    # runs, one on each primary, durable mode on (the cluster default, WAIT 1), and each kill
+    # read per run, the victim (its slot's primary lost) and the bystanders. Each kill waits
+    # for the cluster to be settled again (the killed node back as a replica, in sync) and the
+    # victim to have committed since the last one; the gap is a floor, not a pace
+    "cluster-failover": Profile(
+        name="cluster-failover",
+        workers=2,
+        warmup_s=4.0,
+        window_s=30.0,
+        min_gap_s=12.0,
+        faults=((FaultKind.FAILOVER, 3),),
+        outage_s=(0.5, 1.5),
+        acl=False,  # the cluster's ACL file is stores/acl.py's `cluster` users (issue 28, H6)
+        durable_replicas=1,
+        cluster_runs=3,
     ),
 }
 
