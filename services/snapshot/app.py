@@ -44,7 +44,6 @@ from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
-from fedasync.services.runtime.redis_cluster import is_cluster
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.run_clients import RunClients
 from fedasync.services.runtime.run_routes import RUN, KnownRuns, runs_middleware
@@ -416,11 +415,6 @@ async def follow(app: web.Application) -> None:
     loop = asyncio.get_running_loop()
     while not runs.closing:
         try:
-            if is_cluster(app[REDIS]):
-                # redis-py 8.1's cluster pub/sub looks the channel's slot up in the client's
-                # slot map without learning it first: a client that has sent nothing yet (the
-                # shared one, when every run has its own) fails with a KeyError
-                await app[REDIS].initialize()
             pubsub = app[REDIS].pubsub()
             async with pubsub:
                 channels: dict[str, ServedRun] = {}
