@@ -8,7 +8,13 @@ replica, the killed node comes back as its replica. `fedasync chaos --profile cl
 runs the same with two workers per run, durable mode off and on, and prints the table
 docs/operations.md describes.
 
-What must hold: each kill really killed the primary of a run's slot and a replica took it over;
+Everything runs under the ACL file for every run on a cluster, as the profile does: each node
+loads it with fresh passwords, every process logs in as its role's user (`aggregator`,
+`worker`, `snapshot`), the harness as its observer.
+
+What must hold: the ACL was on (no node answered a client that never logged in, before the load
+or after the kills and restarts) and refused nothing, on any node, the killed ones read just
+before their kill; each kill really killed the primary of a run's slot and a replica took it over;
 every run commits after each kill (the victim on the promoted replica, the bystanders on their
 untouched primaries); nothing acknowledged is lost and nothing decided twice, in any row; each
 run's exactly-once verdict and `ledger verify` pass.
@@ -57,6 +63,29 @@ def summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def rows_of(summary: dict[str, Any], kill: dict[str, Any]) -> list[dict[str, Any]]:
     return [row for row in summary["failovers"] if row["wall"] == kill["wall"]]
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_the_acl_was_on_and_refused_nothing_on_any_node(
+    runs: dict[str, dict[str, Any]], mode: str
+) -> None:
+    """The file was loaded: every node turned away a client that did not log in (at the start,
+    and at the end, the restarted nodes too); and every process had the rights it used and its
+    own password: no command and no login refused, in any node's ACL LOG."""
+    summary = runs[mode]
+    assert PROFILE.acl
+    assert summary["acl"]
+    assert summary["open_to_default"] == []
+    assert summary["acl_log_unread"] == []
+    assert summary["acl_refusals"] == []
+    assert summary["failed_logins"] == []
+    for check in (
+        "every node turns away a client that does not log in",
+        "no command refused by Redis's ACL",
+        "no login refused by Redis's ACL",
+        "every node's ACL LOG read",
+    ):
+        assert summary["checks"][check], check
 
 
 @pytest.mark.parametrize("mode", ["off", "on"])

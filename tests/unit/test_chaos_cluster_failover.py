@@ -23,6 +23,7 @@ def test_the_cluster_profile_kills_a_primary_at_least_three_times_durable_on() -
     assert len(kills) >= 3
     assert profile.cluster_runs == 3
     assert profile.durable_replicas == 1
+    assert profile.acl  # as the Sentinel profile: every process as its own user
     assert "3 runs on 3 primaries, durable on (WAIT 1)" in profile.label
 
 

@@ -153,6 +153,7 @@ def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | No
         run_cluster_failover,
     )
     from fedasync.services.commands.chaos.cluster_report import cluster_failover_table, describe
+    from fedasync.services.commands.chaos.system import AclNeedsRedis7
     from fedasync.services.commands.redis_launch.server import RedisNotFound
     from fedasync.services.runtime.supervisor import ChildFailed
 
@@ -160,7 +161,7 @@ def _cluster(profile: Profile, seed: int, out: Path, policy: dict[str, str] | No
         summaries = run_cluster_failover(
             profile, seed, out, variants=CLUSTER_VARIANTS, policy=policy
         )
-    except RedisNotFound as exc:
+    except (RedisNotFound, AclNeedsRedis7) as exc:
         print(f"fedasync chaos: {exc}", file=sys.stderr)
         return 2
     except (ChildFailed, TimeoutError) as exc:  # never trained: nothing to audit

@@ -50,6 +50,7 @@ from fedasync.services.commands.chaos.probe import (
 from fedasync.services.commands.chaos.schedule import Fault
 from fedasync.services.commands.chaos.system import SNAPSHOT
 from fedasync.services.commands.chaos.waits import Interruption, Waits
+from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.entry import EXIT_REFUSED
 from fedasync.services.stores.exactly_once import Verdict
 from fedasync.services.worker.journal import JournalContents
@@ -130,6 +131,11 @@ class ClusterInjector:
     interruptions: dict[str, list[Interruption]] = field(default_factory=dict)
     #: snapshot service restarts because it froze on a run's version going back
     unfrozen: int = 0
+    #: what the nodes' ACL LOGs hold (`read_acl_log`): commands refused, logins refused, and
+    #: the reads that failed; each killed node's read just before its kill (its log dies with it)
+    acl_refused: list[str] = field(default_factory=list)
+    failed_logins: list[str] = field(default_factory=list)
+    acl_log_unread: list[str] = field(default_factory=list)
     _exited_at: dict[str, float] = field(default_factory=dict)
     _snapshot_checked: float = 0.0
     started: float = field(default_factory=time.monotonic)
@@ -185,6 +191,16 @@ class ClusterInjector:
             self.supervise()
             time.sleep(min(TICK_S, max(0.0, deadline - time.monotonic())))
 
+    def read_acl_log(self, nodes: list[RedisServer] | None = None) -> None:
+        """Add what the ACL LOG of `nodes` (by default every running node) holds."""
+        cluster = self.system.cluster
+        try:
+            self.acl_refused += cluster.acl_refusals(nodes)
+            self.failed_logins += cluster.failed_logins(nodes)
+        except (redis.RedisError, OSError) as exc:
+            self.acl_log_unread.append(str(exc))
+            self.events.append(Event(self.now(), "acl_log_unread", str(exc)))
+
     def _primary(self, run: ClusterRun) -> int:
         return self.system.cluster.primary_of(run.tag)
 
@@ -229,6 +245,9 @@ class ClusterInjector:
             self.skipped[fault.kind.value] += 1
             self.events.append(Event(self.now(), f"skipped {fault.kind.value}", str(exc)))
             return
+        node = cluster.node_on(old)
+        if self.system.acl:
+            self.read_acl_log([node])
         now = self.now()
         victims = [run for run in runs if primaries[run.id] == old]
         records = {
@@ -248,7 +267,6 @@ class ClusterInjector:
                 ) or self._read(run, record.old_port, run.keys.version)
             except (redis.RedisError, OSError) as exc:
                 record.problems.append(f"no reading before the kill: {exc}")
-        node = cluster.node_on(old)
         process = node.process
         cluster.kill(node)
         wall = time.time()

@@ -93,6 +93,7 @@ def run_once(
             f"{r.id} on 127.0.0.1:{system.cluster.primary_of(r.tag)}" for r in system.runs
         )
         say(f"chaos: runs {placed}; {len(schedule)} kills of a primary")
+        open_at_start = system.cluster.open_to_default()
         _wait_flowing(system, FLOWING_WITHIN_S)
         injector = ClusterInjector(system)  # the schedule's clock starts under load
         for index, fault in enumerate(schedule):
@@ -117,6 +118,11 @@ def run_once(
         results = [
             _judge(run, at_rest, injector) for run, at_rest in zip(system.runs, rested, strict=True)
         ]
+        # every node's ACL LOG (the killed ones' were read before each kill), and whether the
+        # nodes, the restarted ones too, still turn away a client that does not log in
+        if system.acl:
+            injector.read_acl_log()
+        open_to_default = sorted({*open_at_start, *system.cluster.open_to_default()})
     summary = build_summary(
         profile=profile,
         seed=seed,
@@ -124,6 +130,7 @@ def run_once(
         duration_s=time.monotonic() - started,
         injector=injector,
         results=results,
+        open_to_default=open_to_default,
     )
     write_summary(out, summary)
     return summary
@@ -150,7 +157,7 @@ def _wait_flowing(system: ClusterSystem, timeout: float) -> None:
 def _drain(system: ClusterSystem, injector: ClusterInjector, run: ClusterRun) -> AtRest:
     """Wait until the run's stream is drained, its model served and its lag at rest 0, reading
     its primary (no kill is due any more: the run's slot stays there)."""
-    client = redis.Redis(port=system.cluster.primary_of(run.tag), socket_timeout=10.0)
+    client = system.observer(system.cluster.primary_of(run.tag))
     tick = injector.supervise
     try:
         drained, backlog = wait_drained(client, run.keys, DRAIN_TIMEOUT_S, tick)
@@ -167,7 +174,7 @@ def _judge(run: ClusterRun, at_rest: AtRest, injector: ClusterInjector) -> RunRe
     """The run's ledger read and replayed (`ledger verify`), its exactly-once verdict over its
     workers' journals, and its waits."""
     system = injector.system
-    audited = asyncio.run(audit(system.cluster.url, run.keys, system.cluster.addresses))
+    audited = asyncio.run(audit(system.observer_url, run.keys, system.cluster.addresses))
     journals = read_journals(run.journals())
     verdict = check(
         set(journals.acknowledged),

@@ -19,11 +19,13 @@ from typing import Any
 from fedasync.services.commands.chaos import verdict_report
 from fedasync.services.commands.chaos.cluster_failover import ClusterInjector, RunResult
 from fedasync.services.commands.chaos.report import (
+    acl_line,
     at_rest,
     attribute,
     attribute_lost,
     durable_mode,
     first_commits,
+    refusals_line,
     seconds_text,
     updates_figures,
     waits_and_verify,
@@ -118,8 +120,11 @@ def build_summary(
     duration_s: float,
     injector: ClusterInjector,
     results: list[RunResult],
+    open_to_default: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The run's summary: the kills, one row per kill and run, each run's verdict, the checks."""
+    """The run's summary: the kills, one row per kill and run, each run's verdict, the checks.
+    `open_to_default`: the nodes that answered a client that never logged in, at the start or
+    the end."""
     kills = [kill.to_dict() for kill in injector.kills]
     failovers = [f.to_dict() for f in injector.failovers]
     runs = []
@@ -141,6 +146,7 @@ def build_summary(
             if len(kills) >= len(runs)
             else {}
         ),
+        **_acl_checks(profile, injector, open_to_default),
         **{f"{r['run']}: {name}": passed for r in runs for name, passed in r["checks"].items()},
     }
     return {
@@ -151,6 +157,10 @@ def build_summary(
         "durable_label": durable_label(profile),
         "seed": seed,
         "acl": profile.acl,
+        "acl_refusals": injector.acl_refused[: verdict_report.EXAMPLES],
+        "failed_logins": injector.failed_logins[: verdict_report.EXAMPLES],
+        "acl_log_unread": injector.acl_log_unread,
+        "open_to_default": list(open_to_default),
         "out": str(out),
         "duration_s": round(duration_s, 1),
         "workers_per_run": profile.workers,
@@ -164,6 +174,22 @@ def build_summary(
         "ok": all(checks.values()),
         "events": [event.to_dict() for event in injector.events],
     }
+
+
+def _acl_checks(
+    profile: Profile, injector: ClusterInjector, open_to_default: Sequence[int]
+) -> dict[str, bool]:
+    """Nothing refused on any node (the killed ones read before their kill); under the ACL,
+    also no login refused, every log read, and the ACL really on: no node let in a client that
+    did not log in."""
+    checks = {"no command refused by Redis's ACL": not injector.acl_refused}
+    if profile.acl:
+        checks |= {
+            "no login refused by Redis's ACL": not injector.failed_logins,
+            "every node's ACL LOG read": not injector.acl_log_unread,
+            "every node turns away a client that does not log in": not open_to_default,
+        }
+    return checks
 
 
 def cluster_failover_table(summaries: Sequence[Mapping[str, Any]]) -> str:
@@ -204,6 +230,7 @@ def describe(summary: Mapping[str, Any]) -> str:
         "faults injected: " + verdict_report.counts_text(summary["faults"]),
         "faults skipped: " + verdict_report.counts_text(summary["faults_skipped"]),
         "unexpected exits (restarted): " + verdict_report.counts_text(summary["unexpected_exits"]),
+        acl_line(summary),
     ]
     for k in summary["kills"]:
         lines.append(
@@ -222,5 +249,9 @@ def describe(summary: Mapping[str, Any]) -> str:
             "  " + verdict_report.served_line(r["served"]),
             "  " + r["verify"]["text"],
         ]
+    lines += [
+        refusals_line(summary["acl_refusals"]),
+        "logins refused by the ACL: " + ("; ".join(summary["failed_logins"]) or "none"),
+    ]
     lines += verdict_report.check_lines(summary, "chaos")
     return "\n".join(lines)

@@ -15,6 +15,14 @@ Every child talks to the cluster (FEDASYNC_REDIS__CLUSTER), in durable mode as t
 (FEDASYNC_REDIS__DURABLE_REPLICAS: 1 is the cluster's default), with the socket timeout, retry
 budget and refusal linger of the Sentinel failover profile (chaos/system.py), whose reasons hold
 here too. Settings come from a clean environment, as in chaos/system.py.
+
+Under the ACL (the profile's default, as the Sentinel profile's), every node loads the file for
+every run on a cluster (`fedasync acl --all-runs --cluster`, services/stores/acl.py) with fresh
+passwords (`LocalCluster(auth=...)`: replicas log in as `replica`, the cluster is made as
+`cluster-admin`), and every process logs in as its role's user: each run's aggregator as
+`aggregator`, the workers as `worker`, the snapshot service as `snapshot`. The harness reads,
+audits and asks the cluster as chaos/system.py's `observer` (every right, no service's). With
+`--no-acl`, everyone is Redis's default user.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from fedasync.services.commands.chaos.schedule import Profile
 from fedasync.services.commands.chaos.system import (
     AGGREGATOR,
@@ -30,19 +40,26 @@ from fedasync.services.commands.chaos.system import (
     DURABLE_TIMEOUT_MS,
     FAILOVER_RECONNECT_ATTEMPTS,
     KEEP_VERSIONS,
+    OBSERVER,
     REFUSAL_LINGER_S,
     REPLICATED_SOCKET_TIMEOUT_S,
     SNAPSHOT,
+    acl_passwords,
+    redis_url,
     worker_name,
 )
 from fedasync.services.commands.redis_launch.cluster import (
+    ClusterAuth,
     LocalCluster,
     prefixes_on_distinct_primaries,
 )
+from fedasync.services.commands.redis_launch.server import find_redis_server
 from fedasync.services.runtime.ports import free_port
 from fedasync.services.runtime.settings import env_name
 from fedasync.services.runtime.supervisor import ServiceSpec, StopsOnExit, Supervisor
+from fedasync.services.stores.acl import all_users
 from fedasync.shared.keys import Keys
+from fedasync.shared.runs import DEFAULT_RUN
 from fedasync.shared.snapshot_protocol import latest_path
 
 #: the run ids tried, in order, until `cluster_runs` of them fall on distinct primaries
@@ -93,7 +110,15 @@ class ClusterSystem(StopsOnExit):
         self.profile = profile
         #: policy fields every aggregator starts with (FEDASYNC_POLICY__*), e.g. {"mode": "memory"}
         self.policy = dict(policy or {})
-        self.cluster = LocalCluster(out / "cluster")
+        self.acl = profile.acl
+        #: user → password under the ACL (fresh for each run); empty without it
+        self.passwords: dict[str, str] = {}
+        auth = None
+        if self.acl:
+            among = all_users(DEFAULT_RUN, all_runs=True, cluster=True)
+            self.passwords = acl_passwords(find_redis_server(), among)
+            auth = ClusterAuth.generated(self.passwords, (OBSERVER, self.passwords[OBSERVER]))
+        self.cluster = LocalCluster(out / "cluster", auth=auth)
         self.snapshot_port = free_port()
         self.runs: list[ClusterRun] = []
         self.supervisor = Supervisor(out / "logs")
@@ -101,6 +126,20 @@ class ClusterSystem(StopsOnExit):
     @property
     def snapshot_url(self) -> str:
         return f"http://127.0.0.1:{self.snapshot_port}"
+
+    def url_of(self, user: str, port: int | None = None) -> str:
+        """The Redis URL `user` logs in with (without the ACL: the default user's), to one node
+        (`port`, else the first): beside FEDASYNC_REDIS__CLUSTER it gives user and password."""
+        return redis_url(f"127.0.0.1:{port or self.cluster.nodes[0].port}", user, self.passwords)
+
+    @property
+    def observer_url(self) -> str:
+        """The harness's own: it may read every key of every run."""
+        return self.url_of(OBSERVER)
+
+    def observer(self, port: int, socket_timeout: float = 10.0) -> redis.Redis:
+        """A client of one node (a run's primary), as the observer."""
+        return redis.Redis.from_url(self.url_of(OBSERVER, port), socket_timeout=socket_timeout)
 
     def run_of(self, name: str) -> ClusterRun | None:
         """The run a child belongs to (by its name's `<run>.` prefix); None: the shared ones."""
@@ -111,9 +150,10 @@ class ClusterSystem(StopsOnExit):
         return self.snapshot_url + latest_path(None if run.default else run.id)
 
     # ---------------------------------------------------------------------------- the children
-    def _env(self, run: str) -> dict[str, str]:
+    def _env(self, run: str, user: str) -> dict[str, str]:
+        """The settings of a child of `run` that logs in as `user`."""
         env = {
-            "FEDASYNC_REDIS__URL": self.cluster.url,
+            "FEDASYNC_REDIS__URL": self.url_of(user),
             "FEDASYNC_REDIS__CLUSTER": self.cluster.addresses,
             "FEDASYNC_REDIS__KEY_PREFIX": run,
             "FEDASYNC_REDIS__SOCKET_TIMEOUT_S": REPLICATED_SOCKET_TIMEOUT_S,
@@ -138,7 +178,7 @@ class ClusterSystem(StopsOnExit):
         return ServiceSpec(
             run.aggregator,
             "fedasync.services.aggregator",
-            self._env(run.id)
+            self._env(run.id, "aggregator")
             | {
                 "FEDASYNC_AGGREGATOR__PORT": str(run.aggregator_port),
                 "FEDASYNC_AGGREGATOR__BATCH_MS": str(AGGREGATOR_SETTINGS.batch_ms),
@@ -150,7 +190,8 @@ class ClusterSystem(StopsOnExit):
         return ServiceSpec(
             SNAPSHOT,
             "fedasync.services.snapshot",
-            self._env(self.runs[0].id) | {"FEDASYNC_SNAPSHOT__PORT": str(self.snapshot_port)},
+            self._env(self.runs[0].id, "snapshot")
+            | {"FEDASYNC_SNAPSHOT__PORT": str(self.snapshot_port)},
             ready_url=f"{self.snapshot_url}/readyz",
         )
 
@@ -160,7 +201,7 @@ class ClusterSystem(StopsOnExit):
         return ServiceSpec(
             name,
             "fedasync.services.worker",
-            self._env(run.id)
+            self._env(run.id, "worker")
             | {
                 "FEDASYNC_WORKER__DEVICE_INDEX": str(index),
                 "FEDASYNC_WORKER__SNAPSHOT_URL": self.snapshot_url,

@@ -308,12 +308,7 @@ def describe(summary: Mapping[str, Any]) -> str:
         f"chaos run: profile {summary.get('label', summary['profile'])}, seed {summary['seed']}, "
         f"{summary['duration_s']} s, logs and summary.json in {summary['out']}",
         "policy: " + (", ".join(f"{k} {v}" for k, v in summary["policy"].items()) or "the default"),
-        "Redis "
-        + (
-            "under the ACL file, each service as its own user"
-            if summary["acl"]
-            else "without an ACL (every service as the default user)"
-        ),
+        acl_line(summary),
         "faults injected: " + verdict_report.counts_text(summary["faults"]),
         "faults skipped: " + verdict_report.counts_text(summary["faults_skipped"]),
         "unexpected exits (restarted): " + verdict_report.counts_text(summary["unexpected_exits"]),
@@ -339,11 +334,23 @@ def describe(summary: Mapping[str, Any]) -> str:
             or "none"
         ),
         "alerts: " + verdict_report.counts_text(summary["alerts"]),
-        "commands refused by the ACL: "
-        + ("; ".join(summary["acl_refusals"]) if summary["acl_refusals"] else "none"),
+        refusals_line(summary["acl_refusals"]),
         *verdict_report.check_lines(summary, "chaos"),
     ]
     return "\n".join(lines)
+
+
+def acl_line(summary: Mapping[str, Any]) -> str:
+    """Whether the run's Redis was under the ACL file."""
+    return "Redis " + (
+        "under the ACL file, each service as its own user"
+        if summary["acl"]
+        else "without an ACL (every service as the default user)"
+    )
+
+
+def refusals_line(refused: Sequence[str]) -> str:
+    return "commands refused by the ACL: " + ("; ".join(refused) if refused else "none")
 
 
 def _lag_line(lag: Mapping[str, Any]) -> str:

@@ -181,7 +181,8 @@ PROFILES: dict[str, Profile] = {
     # kill -9 of a Redis Cluster primary under load, round-robin over the primaries that hold
     # a run (`fedasync chaos --profile cluster-failover`, chaos/cluster_failover.py): three
     # runs, one on each primary, durable mode on (the cluster default, WAIT 1), and each kill
-    # read per run, the victim (its slot's primary lost) and the bystanders. Each kill waits
+    # read per run, the victim (its slot's primary lost) and the bystanders, under the ACL as
+    # the other profiles (chaos/cluster_system.py). Each kill waits
     # for the cluster to be settled again (the killed node back as a replica, in sync) and the
     # victim to have committed since the last one; the gap is a floor, not a pace
     "cluster-failover": Profile(
@@ -192,7 +193,6 @@ PROFILES: dict[str, Profile] = {
         min_gap_s=12.0,
         faults=((FaultKind.FAILOVER, 3),),
         outage_s=(0.5, 1.5),
-        acl=False,  # the cluster's ACL file is stores/acl.py's `cluster` users (issue 28, H6)
         durable_replicas=1,
         cluster_runs=3,
     ),

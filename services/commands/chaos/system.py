@@ -29,7 +29,7 @@ Without it (`--no-acl`), everyone is Redis's default user.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import redis
@@ -54,6 +54,7 @@ from fedasync.services.runtime.settings import AggregatorSettings, RedisSettings
 from fedasync.services.runtime.supervisor import ServiceSpec, StopsOnExit, Supervisor
 from fedasync.services.stores.acl import (
     DISCOVERY_USER,
+    User,
     acl_file,
     all_users,
     sentinel_users,
@@ -103,6 +104,29 @@ def _topology(profile: Profile) -> Topology:
     return Topology(master_name=KEY_PREFIX, min_replicas_to_write=profile.durable_replicas)
 
 
+def acl_passwords(binary: str, among: Iterable[User]) -> dict[str, str]:
+    """Fresh passwords (user → password) for `among` and the harness's `observer`, for one
+    run under the ACL: nothing of a run outlives it, so none is kept or reused. AclNeedsRedis7
+    when the `binary` the run starts cannot load the file."""
+    if server_version(binary) < (7,):
+        raise AclNeedsRedis7(
+            f"the ACL file needs Redis 7 or later (selectors), {binary} is "
+            f"{'.'.join(map(str, server_version(binary)))}: install Redis 7, or "
+            "run `fedasync chaos --no-acl`"
+        )
+    passwords = {u.name: secrets.token_urlsafe(24) for u in among}
+    passwords[OBSERVER] = secrets.token_urlsafe(24)
+    return passwords
+
+
+def redis_url(where: str, user: str, passwords: Mapping[str, str]) -> str:
+    """The Redis URL `user` logs in to `where` (host:port, or a Sentinel group's name) with;
+    without passwords (no ACL), the default user's."""
+    if not passwords:
+        return f"redis://{where}/0"
+    return f"redis://{user}:{passwords[user]}@{where}/0"
+
+
 def worker_name(index: int) -> str:
     return f"worker-{index}"
 
@@ -123,16 +147,8 @@ class System(StopsOnExit):
         self.passwords: dict[str, str] = {}
         extra: tuple[str, ...] = ()
         binary = find_redis_server()
-        if self.acl and server_version(binary) < (7,):
-            raise AclNeedsRedis7(
-                f"the ACL file needs Redis 7 or later (selectors), {binary} is "
-                f"{'.'.join(map(str, server_version(binary)))}: install Redis 7, or "
-                "run `fedasync chaos --no-acl`"
-            )
         if self.acl:
-            named = (*all_users(KEY_PREFIX), *sentinel_users())
-            self.passwords = {u.name: secrets.token_urlsafe(24) for u in named}
-            self.passwords[OBSERVER] = secrets.token_urlsafe(24)
+            self.passwords = acl_passwords(binary, (*all_users(KEY_PREFIX), *sentinel_users()))
         #: one server (with the aggregator's proxy to it), or replicated under Sentinel
         self.redis: RedisServer | None = None
         self.proxy: ProxyThread | None = None
@@ -199,9 +215,7 @@ class System(StopsOnExit):
             where = "primary"
         else:
             where = f"127.0.0.1:{port or self.primary_port}"
-        if not self.acl:
-            return f"redis://{where}/0"
-        return f"redis://{user}:{self.passwords[user]}@{where}/0"
+        return redis_url(where, user, self.passwords)
 
     @property
     def observer_url(self) -> str:

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from fedasync.services.commands.redis_launch.server import RedisServer, find_redis_server, free_port
 from fedasync.services.stores.acl import CLUSTER_ADMIN_USER, REPLICA_USER, acl_file
@@ -299,26 +301,29 @@ class LocalCluster:
             client.close()
         return value
 
-    def acl_refusals(self) -> list[str]:
-        """Commands the ACL refused on any running node (not failed logins), as
-        `port: user: command or key`."""
+    def acl_refusals(self, nodes: Sequence[RedisServer] | None = None) -> list[str]:
+        """Commands the ACL refused on `nodes` (by default every running node), not failed
+        logins, as `port: user: command or key`. A node's log lives as long as its process:
+        read a node before killing it to keep what it holds."""
         return [
             f"{port}: {_text(e['username'])}: {_text(e['object'])}"
-            for port, e in self._acl_log()
+            for port, e in self._acl_log(nodes)
             if _text(e["reason"]) != "auth"
         ]
 
-    def failed_logins(self) -> list[str]:
-        """Logins refused on any running node, as `port: user`."""
+    def failed_logins(self, nodes: Sequence[RedisServer] | None = None) -> list[str]:
+        """Logins refused on `nodes` (by default every running node), as `port: user`."""
         return [
             f"{port}: {_text(e['username'])}"
-            for port, e in self._acl_log()
+            for port, e in self._acl_log(nodes)
             if _text(e["reason"]) == "auth"
         ]
 
-    def _acl_log(self) -> list[tuple[int, Mapping[str, Any]]]:
+    def _acl_log(
+        self, nodes: Sequence[RedisServer] | None = None
+    ) -> list[tuple[int, Mapping[str, Any]]]:
         out: list[tuple[int, Mapping[str, Any]]] = []
-        for node in self.running():
+        for node in self.running() if nodes is None else nodes:
             client = self._client(node.port)
             try:
                 entries: Sequence[Mapping[str, Any]] = client.acl_log()
@@ -326,6 +331,25 @@ class LocalCluster:
                 client.close()
             out += [(node.port, entry) for entry in entries]
         return out
+
+    def open_to_default(self) -> list[int]:
+        """The ports of the running nodes that answer a client that never logs in (Redis's
+        default user): every one without `auth`, none with it. No AUTH is sent, so the probe
+        leaves no failed login in any node's ACL LOG."""
+        open_ports = []
+        for node in self.running():
+            # no retry: redis-py takes a refusal at connect for a connection lost, and retries
+            client = redis.Redis(
+                port=node.port, socket_timeout=2.0, protocol=2, retry=Retry(NoBackoff(), 0)
+            )
+            try:
+                client.ping()
+                open_ports.append(node.port)
+            except redis.AuthenticationError:
+                pass
+            finally:
+                client.close()
+        return open_ports
 
     def wait_promoted(self, old: int, key: str, timeout: float = 60.0) -> tuple[int, float]:
         """Wait until a node other than `old` holds `key`'s slot as a primary, by every running
