@@ -75,6 +75,13 @@ def test_the_acl_was_on_and_refused_nothing_on_any_node(
     summary = runs[mode]
     assert PROFILE.acl
     assert summary["acl"]
+    users = summary["users"]
+    assert users.pop("snapshot") == "snapshot"
+    assert {name: user for name, user in users.items() if name.endswith(".aggregator")} == {
+        f"{run['run']}.aggregator": "aggregator" for run in summary["runs"]
+    }
+    workers = [user for name, user in users.items() if not name.endswith(".aggregator")]
+    assert workers == ["worker"] * PROFILE.workers * len(summary["runs"])
     assert summary["open_to_default"] == []
     assert summary["acl_log_unread"] == []
     assert summary["acl_refusals"] == []

@@ -161,6 +161,8 @@ def build_summary(
         "failed_logins": injector.failed_logins[: verdict_report.EXAMPLES],
         "acl_log_unread": injector.acl_log_unread,
         "open_to_default": list(open_to_default),
+        #: child → the Redis user it logs in as
+        "users": {name: injector.system.user_of(name) for name in injector.system.children},
         "out": str(out),
         "duration_s": round(duration_s, 1),
         "workers_per_run": profile.workers,

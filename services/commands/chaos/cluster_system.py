@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 
@@ -223,6 +224,10 @@ class ClusterSystem(StopsOnExit):
         if name == run.aggregator:
             return self.aggregator_spec(run)
         return self.worker_spec(run, run.workers.index(name))
+
+    def user_of(self, name: str) -> str | None:
+        """The Redis user the child `name` logs in as (None: the default user, no ACL)."""
+        return urlsplit(self.spec(name).env["FEDASYNC_REDIS__URL"]).username
 
     @property
     def children(self) -> list[str]:
