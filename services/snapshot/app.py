@@ -43,6 +43,7 @@ from fedasync.services.runtime.http_query import documented
 from fedasync.services.runtime.http_service import FAST_PATH, livez, redis_readiness
 from fedasync.services.runtime.lifecycle import cancel_tasks
 from fedasync.services.runtime.prometheus import REGISTRY, metrics_response
+from fedasync.services.runtime.redis_cluster import is_cluster
 from fedasync.services.runtime.redis_conn import TRANSIENT, get_bytes
 from fedasync.services.runtime.run_clients import RunClients
 from fedasync.services.runtime.run_routes import RUN, KnownRuns, runs_middleware
@@ -414,6 +415,11 @@ async def follow(app: web.Application) -> None:
     loop = asyncio.get_running_loop()
     while not runs.closing:
         try:
+            if is_cluster(app[REDIS]):
+                # a cluster's pub/sub connects to the node of its first channel's slot, from
+                # the slot map its client holds: learn it first (nothing else in this service
+                # uses the shared client, each run having its own)
+                await app[REDIS].initialize()
             pubsub = app[REDIS].pubsub()
             async with pubsub:
                 channels: dict[str, ServedRun] = {}
