@@ -69,7 +69,7 @@ from fedasync.services.commands.redis_launch.cluster import LocalCluster, proces
 from fedasync.services.commands.up.many import OneRun, plan_runs, provision_devices
 from fedasync.services.commands.up.plan import HOST, Ports, configure, worker_specs
 from fedasync.services.runtime.ports import free_port
-from fedasync.services.runtime.redis_cluster import on_node_of
+from fedasync.services.runtime.redis_cluster import node_of
 from fedasync.services.runtime.redis_conn import connect, get_bytes
 from fedasync.services.runtime.run_settings import settings_for_run
 from fedasync.services.runtime.settings import Settings, load_settings, settings_env
@@ -568,15 +568,14 @@ async def after_drain(settings: Settings) -> tuple[int, int, int]:
     keys = Keys(settings.redis.key_prefix)
     try:
         outcomes = [r["outcome"] async for r in ledger.records(client, keys)]
-        cursor, names = 0, []
-        while True:
-            cursor_raw, batch = await on_node_of(
-                client, keys.state, "SCAN", cursor, "MATCH", f"{{{keys.prefix}}}:*", "COUNT", 1000
+        await client.initialize()  # the slot map, for node_of
+        pattern = f"{{{keys.prefix}}}:*"  # a run's keys, all on its slot's primary
+        names = [
+            name
+            async for name in client.scan_iter(
+                match=pattern, count=1000, target_nodes=node_of(client, keys.state)
             )
-            names += batch
-            cursor = int(cursor_raw)
-            if cursor == 0:
-                break
+        ]
         total = 0
         for name in names:
             total += int(await client.memory_usage(name, samples=0) or 0)
