@@ -24,15 +24,16 @@ genesis, then its updates stream is prefilled with `--updates` updates of `--siz
 parameters (bench/aggregator.py's payloads and prefill), then one aggregator process per run
 starts in burst mode, all at once, and each drains its stream and exits. The figure is all
 runs' applied updates per second, from the start signal to the last aggregator done; median of
-`--repeat` repeats (flushed between, AOF rewritten outside the timed part as bench/aggregator.py
-does), with the spread. Also Redis bytes per run: MEMORY USAGE (SAMPLES 0) summed over the run's
-keys once drained. On a machine with few cores the aggregators are CPU-bound, so the ratio of
-primaries shows what spreading the runs over Redis primaries adds there, not a ceiling.
+`--repeat` repeats, alternating between the clusters (each flushed between its repeats, its AOFs
+rewritten outside the timed part as bench/aggregator.py does), with the spread. Also Redis bytes
+per run: MEMORY USAGE (SAMPLES 0) summed over the run's keys once drained. On a machine with few
+cores the aggregators are CPU-bound, so the ratio of primaries shows what spreading the runs over
+Redis primaries adds there, not a ceiling.
 
 Run: python bench/runs.py train [--primaries 3] [--runs 8] [--task digits] [--budget 300]
        [--devices 2] [--kill-aggregator 3] [--window 10] [--seed 1] [--alone N] [--json PATH]
      python bench/runs.py throughput [--primaries 1 3] [--runs 6] [--size 100000]
-       [--updates 200] [--repeat 3] [--json PATH]
+       [--updates 400] [--repeat 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -655,19 +656,28 @@ def throughput(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "repeat": args.repeat,
         "rows": [],
     }
-    for primaries in args.primaries:
-        cluster = LocalCluster(work / f"cluster-{primaries}", primaries=primaries)
-        cluster.start()
-        try:
+    clusters = [LocalCluster(work / f"cluster-{p}", primaries=p) for p in args.primaries]
+    repeats: list[list[dict[str, Any]]] = [[] for _ in clusters]
+    try:
+        for cluster in clusters:
+            cluster.start()
             with nodes_of(cluster) as clients:  # rewrites only between repeats (settle_aofs)
                 for client in clients:
                     client.config_set("auto-aof-rewrite-percentage", 0)
-            ids = spread_ids(cluster, args.runs, f"t{primaries}-")
-            durability = run_settings(cluster, ids[0], args.size).redis.durability
-            repeats = [one_repeat(cluster, ids, args.size, raw) for _ in range(args.repeat)]
-        finally:
+        ids = [spread_ids(c, args.runs, f"t{c.primary_count}-") for c in clusters]
+        # the repeats alternate between the clusters, so a load that comes and goes on a shared
+        # machine touches each alike
+        for i in range(args.repeat):
+            for k, cluster in enumerate(clusters):
+                repeats[k].append(one_repeat(cluster, ids[k], args.size, raw))
+                rate = repeats[k][-1]["updates_per_s"]
+                print(f"  repeat {i + 1}, {cluster.primary_count} primaries: {rate:.1f} updates/s")
+        durability = run_settings(clusters[0], ids[0][0], args.size).redis.durability
+    finally:
+        for cluster in clusters:
             cluster.stop()
-        rate = statistics.median(r["updates_per_s"] for r in repeats)
+    for primaries, done in zip(args.primaries, repeats, strict=True):
+        rate = statistics.median(r["updates_per_s"] for r in done)
         out["rows"].append(
             {
                 "primaries": primaries,
@@ -676,13 +686,12 @@ def throughput(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "updates_per_s": rate,
                 "per_run": rate / args.runs,
                 "per_primary": rate / primaries,
-                "rates": sorted(r["updates_per_s"] for r in repeats),
-                "applied": [r["applied"] for r in repeats],
-                "decided": [r["decided"] for r in repeats],
-                "bytes_per_run": statistics.median(r["bytes_per_run"] for r in repeats),
+                "rates": sorted(r["updates_per_s"] for r in done),
+                "applied": [r["applied"] for r in done],
+                "decided": [r["decided"] for r in done],
+                "bytes_per_run": statistics.median(r["bytes_per_run"] for r in done),
             }
         )
-        print(f"  {primaries} primaries: {rate:.1f} updates/s", flush=True)
     return out
 
 
@@ -754,7 +763,7 @@ def main() -> int:
     through.add_argument("--primaries", type=int, nargs="+", default=[1, 3])
     through.add_argument("--runs", type=int, default=6)
     through.add_argument("--size", type=int, default=100_000, help="float32 parameters")
-    through.add_argument("--updates", type=int, default=200, help="prefilled updates per run")
+    through.add_argument("--updates", type=int, default=400, help="prefilled updates per run")
     through.add_argument("--repeat", type=int, default=3)
     through.add_argument("--json", type=Path, help="also write the figures here")
     through.add_argument("--keep", action="store_true", help="keep the Redis data and logs")
