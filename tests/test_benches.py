@@ -10,10 +10,12 @@ The figures are not checked: at these sizes they mean nothing (speed belongs to 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,41 @@ class Smoke:
     prints: str
     #: tools the bench needs that CI may lack (the test skips, naming them, without them)
     needs: tuple[str, ...] = ()
+    #: called with the test's folder once every run is done: checks what the bench wrote there
+    check: Callable[[Path], None] | None = None
+
+
+def _runs_figures(tmp: Path) -> None:
+    """bench/runs.py's JSON: every field there and sane (no figure judged: they are timings)."""
+    train = json.loads((tmp / "train.json").read_text())
+    rows = train["results"]
+    assert len(rows) == train["runs"] == 2
+    for row in rows:
+        assert row["updates"] == train["budget"], row  # each run trained to its budget
+        assert row["version"] >= 1, row
+        assert row["verify"].startswith("OK"), row
+        assert 0.0 <= row["accuracy"] <= 1.0, row
+        assert 0 <= row["slot"] < 16384, row
+        assert row["rate_before"] >= 0, row
+        assert row["rate_after"] >= 0, row
+    assert rows[0]["alone_accuracy"] is not None  # --alone 1: the first run again, by itself
+    assert rows[0]["alone_updates"] == train["budget"]
+    assert rows[1]["alone_accuracy"] is None
+    kill = train["kill"]
+    assert kill["run"] == rows[1]["run"]  # --kill-aggregator 2
+    assert kill["last_exit"] == -9, kill  # the kill -9 happened, and was restarted once
+    assert kill["restarts"] == 1, kill
+    assert kill["pid_after"] != kill["pid"], kill
+    assert kill["next_commit_s"] > 0, kill
+    assert train["nproc"] >= 1
+    assert len(train["load_average_end"]) == 3
+    through = json.loads((tmp / "throughput.json").read_text())
+    assert [row["primaries"] for row in through["rows"]] == [1, 2]
+    for row in through["rows"]:
+        assert row["updates_per_s"] > 0, row
+        assert row["durable_replicas"] == 1, row  # durable mode, a cluster's default
+        assert row["decided"] == [through["runs"] * through["updates_per_run"]], row
+        assert row["bytes_per_run"] > 0, row
 
 
 SMOKE: dict[str, Smoke] = {
@@ -87,6 +124,23 @@ SMOKE: dict[str, Smoke] = {
         "updates/s  fetches/s",
     ),
     "robust.py": Smoke((("--ks", "10", "--sizes", "1000", "--repeat", "1"),), "old/new same"),
+    # both figures of many runs on a cluster, each at its smallest: two runs (a kill -9 of the
+    # second's aggregator, the first trained alone again), then one and two primaries
+    "runs.py": Smoke(
+        (
+            (
+                *("train", "--primaries", "1", "--runs", "2", "--task", "linear"),
+                *("--budget", "20", "--devices", "1", "--kill-aggregator", "2", "--window", "1"),
+                *("--alone", "1", "--json", "{tmp}/train.json"),
+            ),
+            (
+                *("throughput", "--primaries", "1", "2", "--runs", "2", "--size", "1000"),
+                *("--updates", "10", "--repeat", "1", "--json", "{tmp}/throughput.json"),
+            ),
+        ),
+        "| primaries | total updates/s | per run |",
+        check=_runs_figures,
+    ),
     "simulator.py": Smoke((("--updates", "10", "--devices", "3"),), "sim s/wall s"),
     "slow_clients.py": Smoke(
         (("--slow", "3", "--requests", "12", "--rounds", "1", "--header-timeout", "2"),),
@@ -147,6 +201,8 @@ def test_bench_runs_at_its_smallest_settings(bench: str, tmp_path: Path) -> None
         assert done.returncode == 0, f"{bench} {arguments}: exit {done.returncode}\n{done.stderr}"
     assert smoke.prints in done.stdout, done.stdout
     assert "Traceback" not in done.stderr, done.stderr
+    if smoke.check is not None:
+        smoke.check(tmp_path)
 
 
 def test_flsim_side_runs_on_flsim(tmp_path: Path) -> None:

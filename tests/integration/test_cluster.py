@@ -495,3 +495,62 @@ async def test_each_run_gets_a_cluster_client_of_its_own(
         assert await client.get(Keys(default + "-b").version) == b"1"
     finally:
         await clients.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_snapshot_service_follows_through_a_client_it_alone_uses(
+    cluster_settings: Settings, client: aioredis.Redis
+) -> None:
+    """The snapshot service's follower subscribes first thing, through the shared client, which
+    nothing has used yet: a cluster's pub/sub needs the slot map, so the follower learns it
+    (before, it failed at each try and the service never held a model, so never got ready)."""
+    settings = cluster_settings
+    keys = keys_of(settings)
+    await run_aggregator(
+        settings, redis=client, initial=initial_state(settings), handle_signals=False, burst=True
+    )
+    fresh = connect(settings.redis)  # the service's own client, used by nothing else
+    stopping = asyncio.Event()
+    snapshot, url = await start_snapshot(settings, fresh, stopping)
+    try:
+        async with ClientSession() as http:
+            deadline = time.monotonic() + PROMOTED_WITHIN_S
+            while True:
+                async with http.get(f"{url}/readyz") as response:
+                    if response.status == 200:
+                        break
+                assert time.monotonic() < deadline, "the snapshot service never got ready"
+                await asyncio.sleep(0.1)
+            await publish(client, keys, make_update("u0", base=0))
+            await run_aggregator(settings, redis=client, handle_signals=False, burst=True)
+            query = f"{url}/v1/models/latest/meta?newer_than=0&wait=30"
+            async with http.get(query) as response:
+                assert response.status == 200
+                assert (await response.json())["version"] == 1
+            async with http.get(f"{url}/metrics") as response:
+                text = await response.text()
+        failures = [
+            line
+            for line in text.splitlines()
+            if line.startswith("fedasync_snapshot_follow_failures_total{")
+        ]
+        assert all(line.endswith(" 0.0") for line in failures), failures
+    finally:
+        stopping.set()
+        await snapshot
+        await fresh.aclose()
+
+
+def test_a_cluster_of_one_primary_and_its_replica(tmp_path: Any) -> None:
+    """LocalCluster makes a cluster of fewer than three primaries itself (`redis-cli --cluster
+    create` wants three): one primary holding every slot, its replica in sync."""
+    cluster = LocalCluster(tmp_path / "small", primaries=1)
+    try:
+        cluster.start()
+        primary, replica = (node.port for node in cluster.nodes)
+        assert cluster.primaries() == [primary]
+        assert cluster.replica_of(primary) == replica
+        assert cluster.slot_owners() == {0: primary}
+        assert cluster.primary_of("{any-run}:state") == primary
+    finally:
+        cluster.stop()

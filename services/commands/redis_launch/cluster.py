@@ -11,8 +11,9 @@ high ports `free_port` hands out. `cluster-require-full-coverage no` keeps the s
 primaries served while another primary is down (one run's failover must not stop the others),
 and `cluster-allow-replica-migration no` keeps each replica with its primary, so which node
 holds what stays predictable across kills. The cluster is made with `redis-cli --cluster
-create`, and `start` returns once every node says `cluster_state:ok`, agrees on the slot map,
-and every replica is in sync with its primary.
+create` (by hand below three primaries, which it refuses: the throughput bench compares one
+primary with three), and `start` returns once every node says `cluster_state:ok`, agrees on the
+slot map, and every replica is in sync with its primary.
 
 With `auth` (`ClusterAuth`) every node loads the ACL file for every run on a cluster
 (services/stores/acl.py, `acl_file(..., all_runs=True, cluster=True)`, with real passwords):
@@ -103,6 +104,7 @@ class LocalCluster:
     ) -> None:
         self.directory = directory
         self.auth = auth
+        self.primary_count = primaries
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
         self.binary = find_redis_server()
@@ -166,6 +168,10 @@ class LocalCluster:
         """Every node, then the cluster made of them; returns once it is settled."""
         for node in self.nodes:
             node.start()
+        if self.primary_count < 3:
+            self._make_small()
+            self.wait_settled(timeout)
+            return
         command = [
             find_redis_cli(),
             "--cluster",
@@ -184,6 +190,41 @@ class LocalCluster:
         if made.returncode != 0 or "[OK] All 16384 slots covered" not in made.stdout:
             raise RuntimeError(f"redis-cli --cluster create failed: {made.stdout}{made.stderr}")
         self.wait_settled(timeout)
+
+    def _make_small(self, timeout: float = 60.0) -> None:
+        """A cluster of one or two primaries, which `redis-cli --cluster create` refuses to make
+        (it wants three): each primary its share of the slots, every node met, then each replica
+        told whose it is (the nodes after the primaries, `replicas` per primary in order)."""
+        count = self.primary_count
+        primaries, replicas = self.nodes[:count], self.nodes[count:]
+        for i, node in enumerate(primaries):
+            first, last = i * 16384 // count, (i + 1) * 16384 // count - 1
+            self._ask(node.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
+            self._ask(node.port, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        for node in self.nodes[1:]:
+            self._ask(
+                self.nodes[0].port,
+                "CLUSTER",
+                "MEET",
+                "127.0.0.1",
+                node.port,
+                self.bus_ports[node.port],
+            )
+        ids = {n.port: self._ask(n.port, "CLUSTER", "MYID").decode() for n in self.nodes}
+        deadline = time.monotonic() + timeout
+        while not all(self._knows_all(n.port, ids.values()) for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the nodes did not meet in {timeout} s")
+            time.sleep(POLL_S)
+        for i, node in enumerate(replicas):
+            primary = primaries[i // self.replicas]
+            self._ask(node.port, "CLUSTER", "REPLICATE", ids[primary.port])
+
+    def _knows_all(self, port: int, ids: Any) -> bool:
+        """The node at `port` knows every node of `ids` (past the handshake)."""
+        lines = self._ask(port, "CLUSTER", "NODES").decode().splitlines()
+        known = {line.split()[0] for line in lines if "handshake" not in line}
+        return set(ids) <= known
 
     def stop(self) -> None:
         for node in self.nodes:

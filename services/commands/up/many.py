@@ -168,7 +168,7 @@ def run_many(
                     supervisor.wait_ready(f"{run.id}.{role}", 60, interrupts.check)
             _header(console, base, ports, runs, out)
             for run in runs:
-                keys = asyncio.run(_provision(run.settings)) if args.secure else {}
+                keys = asyncio.run(provision_devices(run.settings)) if args.secure else {}
                 for spec in worker_specs(run.settings, ports, keys):
                     supervisor.start(dataclasses.replace(spec, name=f"{run.id}.{spec.name}"))
             _watch(console, base, ports, runs, supervisor, interrupts, started, problems)
@@ -245,7 +245,7 @@ async def _create(runs: list[OneRun]) -> None:
         await redis.aclose()
 
 
-async def _provision(settings: Settings) -> dict[str, str]:
+async def provision_devices(settings: Settings) -> dict[str, str]:
     """A key of the run's own for each of its devices (a device of one run is unknown in the
     others)."""
     redis = connect(settings.redis)
