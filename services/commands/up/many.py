@@ -246,8 +246,9 @@ async def _create(runs: list[OneRun]) -> None:
 
 
 async def provision_devices(settings: Settings) -> dict[str, str]:
-    """A key of the run's own for each of its devices (a device of one run is unknown in the
-    others)."""
+    """A key of its own for every device of the run (`fedasync devices add`, done for the fleet):
+    Ed25519, so Redis holds only the public keys and the private ones live in the workers'
+    environment; a device of one run is unknown in the others."""
     redis = connect(settings.redis)
     keys = Keys(settings.redis.key_prefix)
     try:

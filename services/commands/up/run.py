@@ -29,7 +29,7 @@ from fedasync.services.commands.redis_launch.server import RedisNotFound, RedisS
 from fedasync.services.commands.redis_target import redis_where
 from fedasync.services.commands.up import view
 from fedasync.services.commands.up.interrupts import Interrupts
-from fedasync.services.commands.up.many import RunsFileError, run_many
+from fedasync.services.commands.up.many import RunsFileError, provision_devices, run_many
 from fedasync.services.commands.up.options import run_settings
 from fedasync.services.commands.up.plan import (
     BUDGETS,
@@ -41,12 +41,8 @@ from fedasync.services.commands.up.plan import (
 )
 from fedasync.services.commands.up.report import print_summary, write_run_folder
 from fedasync.services.runtime.entry import EXIT_SETTINGS
-from fedasync.services.runtime.redis_conn import connect
 from fedasync.services.runtime.settings import ENV_PREFIX, Settings
 from fedasync.services.runtime.supervisor import ChildFailed, Supervisor
-from fedasync.services.stores.device_keys import ED25519, add_device
-from fedasync.services.worker.device import default_client_id
-from fedasync.shared.keys import Keys
 
 #: how long after the end of training the evaluator may take to score the final version
 FINAL_EVALUATION_S = 30.0
@@ -360,7 +356,7 @@ def _supervised(
                 supervisor.wait_ready(spec.name, timeout=60, between=interrupts.check)
             private_url = None if redis.server is None else redis.server.url
             _header(console, settings, ports, out, redis.where, private_url)
-            device_keys = asyncio.run(_provision(settings)) if args.secure else {}
+            device_keys = asyncio.run(provision_devices(settings)) if args.secure else {}
             for spec in worker_specs(settings, ports, device_keys):
                 interrupts.check()
                 supervisor.start(spec)
@@ -419,20 +415,6 @@ def _record(
             console.print(f"[red]problem: {escape(problem)}[/red]")
         console.print(f"[red]run folder not written: Redis: {escape(str(exc))}[/red]")
         return None
-
-
-async def _provision(settings: Settings) -> dict[str, str]:
-    """A key of its own for every device (`fedasync devices add`, done for the fleet): Ed25519,
-    so Redis holds only the public keys and the private ones live in the workers' environment."""
-    redis = connect(settings.redis)
-    keys = Keys(settings.redis.key_prefix)
-    try:
-        return {
-            default_client_id(i): await add_device(redis, keys, default_client_id(i), ED25519)
-            for i in range(settings.task.num_devices)
-        }
-    finally:
-        await redis.aclose()
 
 
 def _shown(settings: Settings) -> dict[str, Any]:
