@@ -1,4 +1,4 @@
-"""Many runs on one Redis Cluster: issue 28's acceptance figures 1 and 3 (docs/plans/issue-28.md).
+"""Many runs on one Redis Cluster: the figures of docs/operations.md, "Capacity".
 
 `train`: a LocalCluster (services/commands/redis_launch/cluster.py: `--primaries` primaries, a
 replica each, no ACL), one snapshot and one ingest service for every run, and the supervisor

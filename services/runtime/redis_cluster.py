@@ -4,7 +4,7 @@ With `FEDASYNC_REDIS__CLUSTER` set every service talks to a Redis Cluster throug
 cluster client. Each run's keys share one hash tag, so a run lives on one slot and every script
 and transaction of a run runs on one node. Commands without keys (PING, INFO, WAIT, SCRIPT LOAD)
 would go to a default node or to every primary; run code aims them at the node of one of its
-keys with `node_of`. (Built by the cluster-plumbing step of issue 28; see docs/plans/issue-28.md.)
+keys with `node_of` (docs/architecture.md, "Many runs, and Redis Cluster").
 """
 
 from __future__ import annotations
