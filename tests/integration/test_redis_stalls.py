@@ -77,6 +77,8 @@ START = (
     "HSET run",
     "HSETNX policies",
     "HSETNX run",
+    # the run listed in the directory of runs at every start (stores/runs.register)
+    "HSETNX {fedasync:runs}:index",
     "INCRBY aggregator-epoch",
     "PING",
     "SCRIPT LOAD",
@@ -131,6 +133,8 @@ RESTART = (
     "HSET run",
     "HSETNX policies",
     "HSETNX run",
+    # the run listed in the directory of runs at every start (stores/runs.register)
+    "HSETNX {fedasync:runs}:index",
     "INCRBY aggregator-epoch",
     "PING",
     "SCRIPT LOAD",
