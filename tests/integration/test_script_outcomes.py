@@ -28,6 +28,7 @@ from fedasync.services.ingest.store import (
     IngestOutcome,
     IngestStore,
     KeyChanged,
+    RunDone,
     SignedOutsideWindow,
     UpdateIdReused,
 )
@@ -262,6 +263,23 @@ async def test_an_update_checked_with_a_key_since_rotated_is_not_added(
         await store.add("c0", "u1", b"body", Proof("c0", now_ms, b"\x01" * 32), key)
     assert await redis.xlen(keys.updates) == 0
     assert await redis.keys(keys.ingested("*")) == []
+
+
+@covers(IngestOutcome.RUN_DONE)
+async def test_a_new_update_for_a_run_that_finished_is_not_added_and_a_retry_is_answered(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    store, now_ms, key = await ingest_store(redis, settings)
+    keys = Keys(settings.redis.key_prefix)
+    proof = Proof("c0", now_ms, b"\x01" * 32)
+    first = await store.add("c0", "u1", b"body", proof, key)
+    await redis.hset(keys.done, mapping={"reason": "max_updates", "version": 3, "at": 1.0})
+    with pytest.raises(RunDone) as refused:
+        await store.add("c0", "u2", b"body", proof, key)
+    assert refused.value.reason == "max_updates"
+    again = await store.add("c0", "u1", b"body", proof, key)
+    assert (again.entry_id, again.new) == (first.entry_id, False)
+    assert await redis.xlen(keys.updates) == 1
 
 
 # -- the policy change -------------------------------------------------------------------------
