@@ -7,13 +7,18 @@ from files: the model at `/v1/models/latest`, and the JSON our service answers a
 duration, on three paths: 200 (full download), 304 (If-None-Match with the server's current ETag)
 and meta. Each side runs with 1 and with 2 processes (`--workers`: FEDASYNC_SNAPSHOT__WORKERS for
 ours, worker_processes for nginx). All servers run side by side and the runs alternate (per
-round, per path, every server in turn, `--rounds` times), so a load that comes and goes on a
-shared machine touches all alike; each figure is the median of its rounds. A ratio is ours ÷
-nginx with as many processes; above 1 the snapshot service is faster. nginx and wrk come from
-Debian's packages; the script installs them with apt-get if they are missing.
+round, per path, every server in turn, `--rounds` times; ours and nginx with as many processes
+next to each other, which goes first alternating from round to round), so a load that comes and
+goes on a shared machine touches all alike. A ratio is ours ÷ nginx with as many processes, above
+1 the snapshot service is faster: each round gives one, of two runs seconds apart, and a cell is
+the median of its rounds' ratios with their range (min-max) in brackets, the req/s figures
+likewise. On a 2-core machine shared with other work the rounds' ratios spread widely (wrk, both
+servers and the other work share the cores): many short rounds keep the median stable, hence the
+defaults. The commit, nproc and the load average are printed first, and each model's load after.
+nginx and wrk come from Debian's packages; the script installs them with apt-get if missing.
 
-Run: python bench/snapshot.py [--parameters 10000 100000 1000000] [--connections 16] [--seconds 5]
-     [--rounds 3] [--workers 1 2] [--paths 200 304 meta]
+Run: python bench/snapshot.py [--parameters 10000 100000 1000000] [--connections 16] [--seconds 2]
+     [--rounds 9] [--workers 1 2] [--paths 200 304 meta]
 """
 
 from __future__ import annotations
@@ -160,9 +165,9 @@ def bench(
             conf.write_text(NGINX_CONF.format(workers=n, dir=tmp, port=ports[name]))
             processes.append(subprocess.Popen(["nginx", "-c", str(conf)]))
             wait_up(base[name])
-        for _ in range(rounds):
+        for round_ in range(rounds):
             for path in paths:
-                for name in servers:
+                for name in servers if round_ % 2 == 0 else servers[::-1]:
                     url = base[name] + ("/meta" if path == "meta" else "")
                     etag = etag_of(url) if path == "304" else None
                     results[name][path].append(wrk(url, connections, seconds, etag))
@@ -173,15 +178,20 @@ def bench(
             process.wait()
     print(
         f"model of {parameters} parameters ({len(body)} bytes), {connections} connections, "
-        f"median of {rounds} alternating rounds of {seconds} s, load average "
-        f"{os.getloadavg()[0]:.2f}"
+        f"{rounds} alternating rounds of {seconds} s, load average {os.getloadavg()[0]:.2f}"
     )
-    median = {n: {p: statistics.median(v) for p, v in by.items()} for n, by in results.items()}
     for path in paths:
         line = f"  {path:>4}:"
         for n in workers:
-            ours, nginx = median[f"ours x{n}"][path], median[f"nginx x{n}"][path]
-            line += f" | x{n}: ours {ours:>7.0f}, nginx {nginx:>7.0f} req/s, {ours / nginx:.2f}"
+            ours, nginx = results[f"ours x{n}"][path], results[f"nginx x{n}"][path]
+            # each round's ratio is of two runs next to each other in time: the spread of those
+            # says how stable the comparison is, whatever the load did between rounds
+            ratios = [o / g for o, g in zip(ours, nginx, strict=True)]
+            line += (
+                f" | x{n}: ours {statistics.median(ours):>7.0f} ({min(ours):.0f}-{max(ours):.0f}),"
+                f" nginx {statistics.median(nginx):>7.0f} ({min(nginx):.0f}-{max(nginx):.0f})"
+                f" req/s, {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            )
         print(line, flush=True)
 
 
@@ -189,12 +199,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--parameters", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--seconds", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     args = parser.parse_args()
     ensure_tools()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"commit {commit or '?'}, nproc {os.cpu_count()}, load average "
+        + " ".join(f"{load:.2f}" for load in os.getloadavg()),
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp).chmod(0o755)  # nginx workers run unprivileged and must read the file
         server = RedisServer(Path(tmp) / "redis")
