@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
+from machine import machine
 
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import run as run_aggregator
@@ -261,6 +262,7 @@ async def main_async(
                     return
             finally:
                 await admin.aclose()
+            print(machine(), flush=True)
             print(f"median of {repeat} alternating runs; raw always consumes float32 in-stream")
             print(
                 f"{'parameters':>11} {'ours':>12} {'updates':>8} {'raw/s':>9} {'ours/s':>9} "
@@ -304,7 +306,8 @@ async def main_async(
                 spread = ", ".join(f"{x:.2f}" for x in ratios)
                 print(
                     f"{size:>11} {mode:>12} {count:>8} {raw_rate:>9.1f} {our_rate:>9.1f} "
-                    f"{statistics.median(ratios):>9.2f}   (ratios {spread})",
+                    f"{statistics.median(ratios):>9.2f}   ({ratios[0]:.2f}–{ratios[-1]:.2f}; "
+                    f"ratios {spread}; load {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
             settings = load_settings(redis={"url": server.url, "key_prefix": "bench-recovery"})
@@ -312,6 +315,7 @@ async def main_async(
             try:
                 seconds = await recovery(settings, redis, server)
                 print(f"recovery: restart after kill -9 → next commit in {seconds:.2f} s")
+                print(machine(), flush=True)
             finally:
                 await redis.aclose()
         finally:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import redis.asyncio as aioredis
+from machine import machine
 
 import fedasync
 from fedasync.services.commands.redis_launch.server import RedisServer, free_port
@@ -64,23 +64,6 @@ GENUINE_EVERY_S = 0.25
 WARMUP_UPDATES = 5
 #: bytes a forger writes at once
 WRITE_BYTES = MIB
-
-
-def code_commit() -> str:
-    """The commit of the fedasync code this process imports (and its children, from there)."""
-    root = Path(fedasync.__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-        done.check_returncode()
-        return done.stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return f"unknown ({root})"
-    return f"{head}{' + uncommitted changes' if dirty else ''} ({root})"
 
 
 class Memory:
@@ -238,7 +221,7 @@ async def measure(
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for _ in range(WARMUP_UPDATES):
             await genuine.publish(session, None)
-        print(f"commit: {code_commit()}")
+        print(machine(), flush=True)
         print(
             f"model: linear, {args.parameters:,} float32 parameters; an update is "
             f"{update_bytes:,} bytes ({update_bytes / MIB:.2f} MiB)"

@@ -62,7 +62,7 @@ import redis
 # bench/ is this script's directory, first on sys.path: the same updates and the same prefill as
 # the aggregator bench, and the commit line of the ingest bench
 from aggregator import fill, payloads
-from ingest_forged import code_commit
+from machine import machine
 
 from fedasync.learning.tasks import task_data
 from fedasync.services.aggregator.service import run as run_aggregator
@@ -91,11 +91,6 @@ POLL_S = 0.25
 PATIENCE_S = 300.0
 #: the killed run's applied updates (a share of its budget) before the kill -9
 KILL_AT = 0.35
-
-
-def machine() -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"commit {code_commit()}; nproc {os.cpu_count()}; load average {load}"
 
 
 # ------------------------------------------------------------------------------ run ids

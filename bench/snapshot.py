@@ -37,6 +37,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from machine import machine
 
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.redis_launch.server import RedisServer, free_port
@@ -205,14 +206,7 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     args = parser.parse_args()
     ensure_tools()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    print(
-        f"commit {commit or '?'}, nproc {os.cpu_count()}, load average "
-        + " ".join(f"{load:.2f}" for load in os.getloadavg()),
-        flush=True,
-    )
+    print(machine(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp).chmod(0o755)  # nginx workers run unprivileged and must read the file
         server = RedisServer(Path(tmp) / "redis")
