@@ -20,6 +20,13 @@ float16 updates (`--fp16`, FEDASYNC_WIRE__DTYPE=float16: half the bytes) and cla
 (`--claim-check`: the stream carries content addresses, the payloads sit in a directory store,
 services/stores/claim_check.py, fetched and checked ahead of deciding).
 
+Every run prints the commit, the cores and the load average first and last (bench/machine.py),
+each row's spread (the lowest and highest ratio of its runs) and the load when the row ended, and
+under each row the CPU per update of each side, median of its runs: the raw client's, Redis's
+while the raw client consumed, our process's, and Redis's while we consumed. Rates move with the
+machine's load and the disk's fsync time; CPU per update moves far less, so a change in it is
+a change in the work done per update (code), not a busier machine.
+
 `--floor` prints, instead, the highest ratio any one-process Python aggregator could reach at
 each size. One process has one thread holding the GIL, and at least two pieces of work per
 update need it: reading the entry through the same client as the raw consumer (its own CPU per
@@ -165,10 +172,13 @@ async def floor(redis: aioredis.Redis, sizes: list[int], batch: int, repeat: int
         del raw
 
 
-async def raw_consume(redis: aioredis.Redis, stream: str, count: int, batch: int) -> float:
-    """The raw consumer's updates/s."""
-    wall, _ = await raw_cost(redis, stream, count, batch)
-    return 1 / wall
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) process `pid` has used: /proc/PID/stat's utime and stime.
+
+    CPU per update moves far less with the machine's load than updates per second do, so it
+    tells a change of code (more work per update) from a busier or slower machine (issue 29)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def entries_per_read(batch: int, size: int) -> int:
@@ -182,17 +192,22 @@ async def ours(
     size: int,
     raw: list[bytes],
     store: ClaimStore | None = None,
-) -> float:
+    redis_pid: int | None = None,
+) -> tuple[float, float, float]:
+    """The aggregator in burst mode over `raw`: (updates/s, this process's CPU per update,
+    Redis's CPU per update, if its pid is given), the timed run only (not the fill)."""
     keys = Keys(settings.redis.key_prefix)
     initial = AggregationState(np.zeros(size, np.float32), Layout.flat(size))
     await run_aggregator(settings, redis=redis, initial=initial, handle_signals=False, burst=True)
     await fill(redis, keys.updates, raw, store)
-    start = time.perf_counter()
+    redis_before = process_cpu(redis_pid) if redis_pid is not None else 0.0
+    start, cpu = time.perf_counter(), time.process_time()
     await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    redis_cpu = process_cpu(redis_pid) - redis_before if redis_pid is not None else 0.0
     pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
     assert pending["pending"] == 0
-    return len(raw) / elapsed
+    return len(raw) / elapsed, cpu / len(raw), redis_cpu / len(raw)
 
 
 async def next_decision(redis: aioredis.Redis, ledger: str, after: str) -> str:
@@ -287,14 +302,27 @@ async def main_async(
                 )
                 redis = connect(settings.redis)
                 raw_rates, our_rates = [], []
+                assert server.process is not None
+                redis_pid = server.process.pid
+                #: CPU µs per update: the raw client, Redis for raw, our process, Redis for ours
+                cpu: dict[str, list[float]] = {"raw": [], "redis-raw": [], "ours": [], "redis": []}
                 try:
                     for _ in range(repeat):
                         await fill(redis, f"raw-{size}", raw)
-                        raw_rates.append(await raw_consume(redis, f"raw-{size}", count, per_read))
+                        before = process_cpu(redis_pid)
+                        wall, client_cpu = await raw_cost(redis, f"raw-{size}", count, per_read)
+                        cpu["redis-raw"].append((process_cpu(redis_pid) - before) / count)
+                        cpu["raw"].append(client_cpu)
+                        raw_rates.append(1 / wall)
                         await redis.flushall()
                         await settle_aof(redis)
                         store = ClaimStore(claim_dir) if mode == "claim-check" else None
-                        our_rates.append(await ours(settings, redis, size, mine, store))
+                        rate, mine_cpu, redis_cpu = await ours(
+                            settings, redis, size, mine, store, redis_pid
+                        )
+                        our_rates.append(rate)
+                        cpu["ours"].append(mine_cpu)
+                        cpu["redis"].append(redis_cpu)
                         await redis.flushall()
                         await settle_aof(redis)
                         shutil.rmtree(claim_dir, ignore_errors=True)
@@ -308,6 +336,14 @@ async def main_async(
                     f"{size:>11} {mode:>12} {count:>8} {raw_rate:>9.1f} {our_rate:>9.1f} "
                     f"{statistics.median(ratios):>9.2f}   ({ratios[0]:.2f}–{ratios[-1]:.2f}; "
                     f"ratios {spread}; load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+                print(
+                    f"{'':>11} CPU µs per update, median: "
+                    + ", ".join(
+                        f"{name} {statistics.median(values) * 1e6:.0f}"
+                        for name, values in cpu.items()
+                    ),
                     flush=True,
                 )
             settings = load_settings(redis={"url": server.url, "key_prefix": "bench-recovery"})
