@@ -287,6 +287,9 @@ class AsyncRun:
     def _ready(self, now: float, index: int) -> None:
         availability = self.devices.availability[index]
         if availability.online_at(now):
+            if not self.waiting and self.training < self.capacity:
+                self._start(now, index)  # what queueing it and starting the queue would do
+                return
             self.waiting.append(index)
             self._start_waiting(now)
             return
@@ -300,14 +303,18 @@ class AsyncRun:
             if not self.devices.availability[index].online_at(now):
                 self._ready(now, index)
                 continue
-            device = self.devices[index]
-            plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
-            self.training += 1
-            if plan.lost_at is not None:
-                self.queue.push(plan.lost_at, Lost(index))
-            else:
-                version, weights = self.state.version, self.state.weights_view()
-                self.queue.push(plan.end, Finish(index, plan, version, weights))
+            self._start(now, index)
+
+    def _start(self, now: float, index: int) -> None:
+        """Device `index`, online at `now` and given a free slot, starts a run."""
+        device = self.devices[index]
+        plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
+        self.training += 1
+        if plan.lost_at is not None:
+            self.queue.push(plan.lost_at, Lost(index))
+        else:
+            version, weights = self.state.version, self.state.weights_view()
+            self.queue.push(plan.end, Finish(index, plan, version, weights))
 
     def _finish(self, now: float, event: Finish) -> int | None:
         """The update arrives and the device is ready again at once; returns the device if
