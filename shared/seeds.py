@@ -129,8 +129,9 @@ class PCG64Starts:
         ]
 
         def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-            result = (_MIX_L * x - _MIX_R * y) & 0xFFFFFFFF
-            return result ^ (result >> 16)
+            result: np.ndarray = (_MIX_L * x - _MIX_R * y) & 0xFFFFFFFF
+            mixed: np.ndarray = result ^ (result >> 16)
+            return mixed
 
         for src in range(_POOL):
             for dst in range(_POOL):

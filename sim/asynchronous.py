@@ -170,7 +170,7 @@ class AsyncRun:
         self.queue: EventQueue[Event] = EventQueue()
         self.waiting: deque[int] = deque()
         self.training = 0
-        fleet = world.config.fleet
+        fleet = self.fleet = world.config.fleet
         self.capacity = fleet.max_concurrency or world.num_devices
         self.dropout = fleet.dropout
         #: events that reschedule themselves for ever (evaluations, rule ticks)
@@ -308,7 +308,8 @@ class AsyncRun:
     def _start(self, now: float, index: int) -> None:
         """Device `index`, online at `now` and given a free slot, starts a run."""
         device = self.devices[index]
-        plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
+        factor = self.fleet.latency_factor(now) if self.fleet.phases else 1.0
+        plan = device.plan_run(now, self.dropout, factor)
         self.training += 1
         if plan.lost_at is not None:
             self.queue.push(plan.lost_at, Lost(index))
