@@ -278,6 +278,12 @@ class FlsimServer:
         staleness without reading its weights (so the simulator need not train it)."""
         return bool(self.aggregator.model_staleness(model_seqnum=base_version) > self.max_staleness)
 
+    def decide_unread(
+        self, update_id: str, client_id: str, base_version: int, num_samples: int, policy: Any
+    ) -> None:
+        """As `AggregationState.decide_unread` leaving the update to `apply`: FLSim drops a
+        stale update there, from the same base model the simulator submits in its place."""
+
     def apply(self, update: Any, policy: Any) -> Any:
         """One client's result through FLSim, as AsyncTrainer.train_and_update_global_model."""
         from fedasync.shared.decision import Decision, DropReason, Outcome

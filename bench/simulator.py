@@ -12,11 +12,20 @@ the advised τ_max, run to `--updates` applied updates (default 20,000); wall ti
 resident memory of the child (`getrusage`), local trainings run, updates decided and applied.
 `--preset million-devices` adds that preset's run as a last row.
 Run: python bench/simulator.py --devices 1000 10000 100000 1000000 [--preset million-devices]
+
+With `--config FILE` (issue 29), the growth of any configuration instead: the file as
+`fedasync simulate --config FILE` reads it, with only `fleet.devices` set to each of
+`--devices` and `budget.max_updates` to `--updates` (when given), each row in a fresh child
+process; wall time and peak memory, each also as a ratio to the first row's. Repeat `--config`
+for one table per file, in one run. `--profile DIR` keeps each row's cProfile there.
+Run: python bench/simulator.py --config bench/configs/fedasync-longtail.toml \
+        --devices 1000 10000 100000 --updates 20000
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import multiprocessing
 import resource
 import time
@@ -24,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import machine
 
 from fedasync.learning.dataset import Dataset
 from fedasync.learning.evaluation import Evaluation
 from fedasync.learning.task import Task
 from fedasync.sim.config import SimConfig, build, load_config
+from fedasync.sim.config import label as cfg_label
 from fedasync.sim.runner import simulate
 from fedasync.sim.world import build_world
 
@@ -110,11 +121,17 @@ def growth_config(devices: int, updates: int) -> SimConfig:
     )
 
 
-def one_run(config: SimConfig, queue: Any) -> None:
+def one_run(config: SimConfig, queue: Any, profile: Path | None = None) -> None:
     """In a child process: simulate, then report figures and this process's peak RSS."""
+    profiler = cProfile.Profile() if profile is not None else None
     start = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     result = simulate(config).results[0]
     wall = time.perf_counter() - start
+    if profiler is not None and profile is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     queue.put(
         {
@@ -129,11 +146,11 @@ def one_run(config: SimConfig, queue: Any) -> None:
     )
 
 
-def in_child(config: SimConfig) -> dict[str, Any]:
+def in_child(config: SimConfig, profile: Path | None = None) -> dict[str, Any]:
     """Run in a fresh process, so each row's peak memory is its own."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    child = context.Process(target=one_run, args=(config, queue))
+    child = context.Process(target=one_run, args=(config, queue, profile))
     child.start()
     child.join()  # the row is a few numbers: the queue's pipe holds it until read
     if child.exitcode != 0:
@@ -169,12 +186,57 @@ def growth(sizes: list[int], updates: int, presets: list[str]) -> None:
     print(f"load average after: {load_average()}")
 
 
+def sized(base: SimConfig, devices: int, updates: int | None) -> SimConfig:
+    """`base` with `devices` devices and, if given, `updates` applied updates; nothing else."""
+    data = base.model_dump(mode="json")  # base_dir included: trace paths resolve as before
+    data["name"] = f"{base.name}-{devices}"
+    data["fleet"]["devices"] = devices
+    if updates is not None:
+        data["budget"]["max_updates"] = updates
+    return build(data)
+
+
+def config_growth(path: Path, sizes: list[int], updates: int | None, profiles: Path | None) -> None:
+    """One table for the configuration in `path`: a row per fleet size, ratios to the first."""
+    base = load_config(path)
+    print(f"\nconfig {path} ({base.name}): {', '.join(cfg_label(a) for a in base.algorithms)}")
+    print(
+        f"| {'devices':>9} | {'wall s':>7} | {'× first':>7} | {'peak MB':>7} | {'× first':>7}"
+        f" | {'trainings':>9} | {'decided':>10} | {'applied':>8} | {'simulated s':>11} |"
+    )
+    print("|" + "|".join("-" * (w + 2) for w in (9, 7, 7, 7, 7, 9, 10, 8, 11)) + "|")
+    first: dict[str, Any] | None = None
+    for n in sizes:
+        profile = None if profiles is None else profiles / f"{base.name}-{n}.pstats"
+        r = in_child(sized(base, n, updates), profile)
+        first = first or r
+        print(
+            f"| {r['devices']:>9,} | {r['wall_s']:>7.1f} | {r['wall_s'] / first['wall_s']:>7.2f}"
+            f" | {r['peak_mb']:>7.0f} | {r['peak_mb'] / first['peak_mb']:>7.2f}"
+            f" | {r['trainings']:>9,} | {r['decided']:>10,} | {r['applied']:>8,}"
+            f" | {r['simulated_s']:>11,.0f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--updates", type=int, default=None)
     parser.add_argument("--devices", type=int, nargs="+", default=[50])
     parser.add_argument("--preset", action="append", default=[], help="add a preset's run")
+    parser.add_argument(
+        "--config", type=Path, action="append", default=[], help="grow this config file's fleet"
+    )
+    parser.add_argument("--profile", type=Path, help="with --config: keep each row's cProfile")
     args = parser.parse_args()
+    if args.config:
+        print(machine(), flush=True)
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        for path in args.config:
+            config_growth(path, args.devices, args.updates, args.profile)
+        print(f"\n{machine()}")
+        return
     if len(args.devices) > 1 or args.preset:
         growth(args.devices, args.updates or 20_000, args.preset)
         return

@@ -185,6 +185,41 @@ class AggregationState:
         """
         return base_version < self.dedup.floor or policy.is_stale(self.version - base_version)
 
+    def decide_unread(
+        self, update_id: str, client_id: str, base_version: int, num_samples: int, policy: Policy
+    ) -> Decision | None:
+        """The decision `apply` makes of an update it drops without reading its weights (stale,
+        or beyond the dedup horizon: `drops_unread`), from what the update says of itself and
+        with no weights at all; None, with nothing changed, for any update `apply` must decide.
+
+        For a driver that would otherwise build an update only to have its weights ignored: in
+        the simulator, with 100,000 devices training at once, almost every arrival is one
+        (issue 29). The checks are `apply`'s, in its order, and so are the counting, the dedup
+        memory and the record, so the decision, the state after it and every ledger are the
+        same as through `apply`; what is skipped is only what reads or checks weights.
+        """
+        if (
+            self.closed is not None
+            or not _valid_id(update_id)
+            or not _valid_id(client_id)
+            or update_id in self.dedup
+            or not is_count(base_version)
+        ):
+            return None  # rejected, a duplicate, closed or malformed: `apply` says which
+        tau = self.version - base_version
+        if base_version < self.dedup.floor:
+            return self._decided(
+                update_id, client_id, base_version, policy, Outcome.DROPPED, tau=tau,
+                reason=DropReason.BEYOND_DEDUP_HORIZON,
+            )  # fmt: skip
+        if tau < 0 or not is_count(num_samples) or num_samples < 1 or not policy.is_stale(tau):
+            return None  # a future base or a bad count is rejected; a fresh update is read
+        self.dedup.remember(update_id, base_version)  # `apply`'s key: the base is not ahead
+        return self._decided(
+            update_id, client_id, base_version, policy, Outcome.DROPPED, tau=tau,
+            reason=DropReason.STALE,
+        )  # fmt: skip
+
     def apply(self, update: Update, policy: Policy) -> Decision:
         """Decide one update under `policy` and, if accepted, fold it into the model."""
         if not _valid_id(update.update_id) or not _valid_id(update.client_id):
@@ -515,6 +550,30 @@ class AggregationState:
         clipped: bool = False,
     ) -> Decision:
         """Count `outcome` and record it: every decision, of every mode, is made here."""
+        return self._decided(
+            update.update_id, update.client_id, update.base_version, policy, outcome,
+            tau=tau, alpha=alpha, step_norm=step_norm, server_step=server_step, reason=reason,
+            detail=detail, delta_norm=delta_norm, clipped=clipped,
+        )  # fmt: skip
+
+    def _decided(
+        self,
+        update_id: str,
+        client_id: str,
+        base_version: int,
+        policy: Policy,
+        outcome: Outcome,
+        *,
+        tau: int | None = None,
+        alpha: float | None = None,
+        step_norm: float | None = None,
+        server_step: bool = False,
+        reason: str | None = None,
+        detail: str = "",
+        delta_norm: float | None = None,
+        clipped: bool = False,
+    ) -> Decision:
+        """`decide` from the update's ids and base alone (`decide_unread` has no `Update`)."""
         self.counters[outcome.value] += 1
         excluded: tuple[str, ...] = ()
         if self._step_note is not None:
@@ -525,9 +584,9 @@ class AggregationState:
         sampled, conservative = self.epsilon(policy)
         return Decision(
             outcome=outcome,
-            update_id=str(update.update_id),
-            client_id=str(update.client_id),
-            base_version=int(update.base_version),
+            update_id=str(update_id),
+            client_id=str(client_id),
+            base_version=int(base_version),
             version=self.version,
             policy_version=policy.version,
             tau=tau,

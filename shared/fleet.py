@@ -20,6 +20,8 @@ from typing import Protocol
 import numpy as np
 
 _NORMAL = NormalDist()
+#: NormalDist's own constant (statistics._SQRT2)
+_SQRT2 = math.sqrt(2.0)
 
 
 class RunLatency(Protocol):
@@ -66,6 +68,26 @@ class DeviceLatency:
     def scaled(self, factor: float) -> DeviceLatency:
         """The same shape in another time unit (a worker imitating this device in real time)."""
         return DeviceLatency(self.median_s * factor, self.jitter)
+
+
+def device_cdfs(medians_s: np.ndarray, jitters: np.ndarray, seconds: float) -> np.ndarray:
+    """`DeviceLatency(m, j).cdf(seconds)` for many laws at once, bit for bit the same values.
+
+    The τ advisor bisects on the fleet's CDF (sim/advisor.py): on a fleet of 100,000 distinct
+    laws (log-normal, Pareto, exponential medians) that was 40 million calls of `cdf` (issue
+    29). Divisions and the final affine step are IEEE operations, the same in numpy; the log
+    and erf are `math`'s own, mapped over the values, as `cdf` and `NormalDist.cdf` call them.
+    """
+    out = np.zeros(len(medians_s), dtype=np.float64)
+    if seconds <= 0:
+        return out
+    smooth = jitters != 0
+    out[~smooth] = (seconds >= medians_s[~smooth]).astype(np.float64)
+    ratio = (seconds / medians_s[smooth]).tolist()
+    z = np.fromiter(map(math.log, ratio), np.float64, len(ratio)) / jitters[smooth]
+    scaled = (z / _SQRT2).tolist()  # NormalDist(0, 1).cdf: 0.5 · (1 + erf((x − 0) / (1·√2)))
+    out[smooth] = 0.5 * (1.0 + np.fromiter(map(math.erf, scaled), np.float64, len(scaled)))
+    return out
 
 
 @dataclass(slots=True)

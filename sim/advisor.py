@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedasync.shared.fleet import RunLatency
+from fedasync.shared.fleet import DeviceLatency, RunLatency, device_cdfs
 from fedasync.shared.params import TAU_MAX_LIMIT
 
 #: a device counts as permanently dropped when at least this share of its runs is too slow
@@ -73,6 +73,23 @@ class Laws:
                 self.distinct.append(law)
             which[device] = found
         self.which = which
+        #: the distinct laws that are `DeviceLatency` (every profile's), as arrays, so that a
+        #: CDF over 100,000 distinct medians is one pass (`cdfs`) rather than 100,000 calls
+        self._smooth = np.array([isinstance(law, DeviceLatency) for law in self.distinct])
+        lognormal = [law for law in self.distinct if isinstance(law, DeviceLatency)]
+        self._medians = np.array([law.median_s for law in lognormal], dtype=np.float64)
+        self._jitters = np.array([law.jitter for law in lognormal], dtype=np.float64)
+        #: `fleet_quantile`'s answers, by quantile: each is a bisection over the whole fleet
+        self.quantiles: dict[float, float] = {}
+
+    def cdfs(self, seconds: float) -> np.ndarray:
+        """Each device's `law.cdf(seconds)`, in device order: `per_device` of the CDF, the
+        same values, with the `DeviceLatency` laws evaluated together (`device_cdfs`)."""
+        values = np.empty(len(self.distinct), dtype=np.float64)
+        values[self._smooth] = device_cdfs(self._medians, self._jitters, seconds)
+        for i in np.flatnonzero(~self._smooth).tolist():
+            values[i] = self.distinct[i].cdf(seconds)
+        return values[self.which]
 
     def __len__(self) -> int:
         return len(self.which)
@@ -103,14 +120,21 @@ def _total(values: np.ndarray) -> float:
 def fleet_quantile(latencies: Sequence[RunLatency] | Laws, q: float) -> float:
     """The q-quantile of a run's latency on a device chosen uniformly from the fleet."""
     laws = latencies if isinstance(latencies, Laws) else Laws(latencies)
+    known = laws.quantiles.get(q)
+    if known is not None:
+        return known
     low = min(law.quantile(1e-6) for law in laws.distinct)
     high = max(law.quantile(1 - 1e-6) for law in laws.distinct)
     for _ in range(200):  # bisection on the mixture's CDF; deterministic
         mid = (low + high) / 2
-        if laws.total(lambda law: law.cdf(mid)) / len(laws) >= q:  # noqa: B023 - used at once
+        settled = mid in (low, high)  # adjacent floats: after this step nothing moves again
+        if _total(laws.cdfs(mid)) / len(laws) >= q:
             high = mid
         else:
             low = mid
+        if settled:
+            break  # the remaining steps would repeat this one's mid and leave high as it is
+    laws.quantiles[q] = high
     return high
 
 
@@ -155,7 +179,7 @@ def advise(
     recommended = backed_off(backoff)
     evaluated = recommended if tau_max is None else tau_max
     cutoff = evaluated / rate_per_s  # τ ≈ r·L > τ_max  ⇔  L > τ_max / r
-    too_slow = laws.per_device(lambda law: 1.0 - law.cdf(cutoff))
+    too_slow = 1.0 - laws.cdfs(cutoff)
     dropped = tuple(np.flatnonzero(too_slow >= PERMANENT).tolist())
     weights = laws.per_device(lambda law: 1.0 / law.mean())  # fast devices submit more often
     dropped_updates = _total(weights * too_slow) / _total(weights)

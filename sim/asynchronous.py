@@ -99,7 +99,7 @@ _NEVER = float("inf")
 def make_devices(world: World) -> Devices:
     """This algorithm's fleet: fresh latency and availability state, devices made on first use."""
     fleet = world.new_fleet()
-    parked = ParkedStream()
+    parked = ParkedStream(world.num_devices)
     data = world.device_data
 
     def make(i: int) -> Device:
@@ -170,7 +170,7 @@ class AsyncRun:
         self.queue: EventQueue[Event] = EventQueue()
         self.waiting: deque[int] = deque()
         self.training = 0
-        fleet = world.config.fleet
+        fleet = self.fleet = world.config.fleet
         self.capacity = fleet.max_concurrency or world.num_devices
         self.dropout = fleet.dropout
         #: events that reschedule themselves for ever (evaluations, rule ticks)
@@ -287,6 +287,9 @@ class AsyncRun:
     def _ready(self, now: float, index: int) -> None:
         availability = self.devices.availability[index]
         if availability.online_at(now):
+            if not self.waiting and self.training < self.capacity:
+                self._start(now, index)  # what queueing it and starting the queue would do
+                return
             self.waiting.append(index)
             self._start_waiting(now)
             return
@@ -300,14 +303,19 @@ class AsyncRun:
             if not self.devices.availability[index].online_at(now):
                 self._ready(now, index)
                 continue
-            device = self.devices[index]
-            plan = device.plan_run(now, self.dropout, self.world.config.fleet.latency_factor(now))
-            self.training += 1
-            if plan.lost_at is not None:
-                self.queue.push(plan.lost_at, Lost(index))
-            else:
-                version, weights = self.state.version, self.state.weights_view()
-                self.queue.push(plan.end, Finish(index, plan, version, weights))
+            self._start(now, index)
+
+    def _start(self, now: float, index: int) -> None:
+        """Device `index`, online at `now` and given a free slot, starts a run."""
+        device = self.devices[index]
+        factor = self.fleet.latency_factor(now) if self.fleet.phases else 1.0
+        plan = device.plan_run(now, self.dropout, factor)
+        self.training += 1
+        if plan.lost_at is not None:
+            self.queue.push(plan.lost_at, Lost(index))
+        else:
+            version, weights = self.state.version, self.state.weights_view()
+            self.queue.push(plan.end, Finish(index, plan, version, weights))
 
     def _finish(self, now: float, event: Finish) -> int | None:
         """The update arrives and the device is ready again at once; returns the device if
@@ -358,30 +366,46 @@ class AsyncRun:
     def _decide(self, now: float, arrival: Arrival) -> None:
         """Decide an arrived update; train it first only if the core will read its weights.
 
-        An update the core drops without reading (`drops_unread`) is submitted with the model
-        it started from in place of its weights (float32 of the model's size, as training
-        returns): the core checks only their dtype and shape before dropping it.
+        An update the core drops without reading (`drops_unread`) is decided by the core from
+        its ids and base version alone (`decide_unread`), neither trained nor built as an
+        `Update`: at 100,000 devices almost every arrival is one (issue 29). Should the core
+        leave it to `apply` (a duplicate, training closed), it is submitted with the model it
+        started from in place of its weights (float32 of the model's size, as training
+        returns): the core checks only their dtype and shape before dropping it. The hook
+        `on_decision` gets such an `Update` too.
         """
+        device = self.devices[arrival.device]
+        update_id = f"{device.client_id}-r{arrival.run}"
+        num_samples = self.world.device_data.size(arrival.device)
         weights: np.ndarray
         metrics: Mapping[str, float]
+        unread = False
         if arrival.trained is not None:
             weights, metrics = arrival.trained
         elif self.state.drops_unread(arrival.base_version, self.policy):
-            weights, metrics = arrival.base_weights, {}
+            weights, metrics, unread = arrival.base_weights, {}, True
         else:
             weights, metrics = self._train(arrival)
-        device = self.devices[arrival.device]
-        update = Update(
-            update_id=f"{device.client_id}-r{arrival.run}",
-            client_id=device.client_id,
-            base_version=arrival.base_version,
-            num_samples=self.world.device_data.size(arrival.device),
-            weights=weights,
-            created_at=arrival.at,
-            metrics=metrics,
-        )
         self.state.zeno_prepare(self.policy, self.world.validation_gradient)  # Zeno++'s v
-        decision = self.state.apply(update, self.policy)
+        decision = None
+        if unread:
+            decision = self.state.decide_unread(
+                update_id, device.client_id, arrival.base_version, num_samples, self.policy
+            )
+        update = None
+        if decision is None or self.on_decision is not None:
+            update = Update(
+                update_id=update_id,
+                client_id=device.client_id,
+                base_version=arrival.base_version,
+                num_samples=num_samples,
+                weights=weights,
+                created_at=arrival.at,
+                metrics=metrics,
+            )
+        if decision is None:
+            assert update is not None
+            decision = self.state.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
         if self.accountants is not None:
             self.recorder.device_privacy.add(device.client_id, reported(metrics))
@@ -391,6 +415,7 @@ class AsyncRun:
                 now, decision.outcome.value, decision.client_id, decision.tau, decision.alpha
             )
         if self.on_decision is not None:
+            assert update is not None
             self.on_decision(update, decision)
         if self.progress is not None:
             self.progress(now, self.recorder.updates_applied)

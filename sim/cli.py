@@ -235,7 +235,7 @@ def _advise(args: argparse.Namespace) -> int:
         if args.config is None and args.preset is None:
             raise ConfigError("give --trace, --preset or --config")
         world = build_world(load_config(args.config, args.preset, args.seed))
-        latencies = world.new_fleet().latencies
+        latencies = world.new_latencies()
         concurrency = world.config.fleet.max_concurrency
         if args.rate is None:
             args.rate = fleet_advice(world).rate_per_s

@@ -9,7 +9,7 @@ import numpy as np
 
 from fedasync.learning.dataset import Dataset
 from fedasync.shared.fleet import Availability, RunLatency
-from fedasync.shared.seeds import DeviceStream, Stream, bits, device_stream
+from fedasync.shared.seeds import DeviceStream, PCG64Starts, Stream, device_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +36,20 @@ class ParkedStream:
     created from that stream's seed and only ever advanced by the device's own draws.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, devices: int) -> None:
         self._bits = np.random.PCG64()
         self.generator = np.random.Generator(self._bits)
+        self._devices = devices
+        self._starts: tuple[int, PCG64Starts] | None = None
 
     def initial(self, seed: int, index: int) -> tuple[int, int]:
-        """The (state, increment) device `index`'s latency stream starts from."""
-        state = bits(seed, Stream.DEVICE, index, DeviceStream.LATENCY).state
-        if state["has_uint32"]:  # pragma: no cover - a fresh generator holds no half draw
-            raise AssertionError("a fresh PCG64 holds no buffered 32-bit half")
-        return state["state"]["state"], state["state"]["inc"]
+        """The (state, increment) device `index`'s latency stream starts from: its own
+        `device_stream`'s, computed for the whole fleet at once on first use (a fresh PCG64
+        holds no buffered 32-bit half, so the two integers are all of it)."""
+        if self._starts is None or self._starts[0] != seed:
+            key = (Stream.DEVICE,), self._devices, (DeviceStream.LATENCY,)
+            self._starts = seed, PCG64Starts(seed, *key)
+        return self._starts[1].start(index)
 
     def borrow(self, state: int, inc: int) -> np.random.Generator:
         """The shared Generator, positioned where the device's own stream is."""

@@ -83,6 +83,19 @@ class DecisionLog(Sequence[DecisionRecord]):
         self._step_norm.append(0.0 if step_norm is None else step_norm)
         self._present.append((alpha is not None) | (step_norm is not None) << 1)
 
+    def add_decision(self, time_s: float, device: int, decision: Decision) -> None:
+        """`add` of a decision's values, written out: it runs once per decision, a million
+        times in a run of 100,000 devices (issue 29), and the call it saves is a tenth of it."""
+        tau, alpha, step_norm = decision.tau, decision.alpha, decision.step_norm
+        self._time.append(time_s)
+        self._device.append(device)
+        self._outcome.append(self._code(decision.outcome.value))
+        self._reason.append(self._code(decision.reason))
+        self._tau.append(self._NONE if tau is None else tau)
+        self._alpha.append(0.0 if alpha is None else alpha)
+        self._step_norm.append(0.0 if step_norm is None else step_norm)
+        self._present.append((alpha is not None) | (step_norm is not None) << 1)
+
     def __len__(self) -> int:
         return len(self._time)
 
@@ -168,15 +181,7 @@ class Recorder:
         if decision.applied:
             self.applied[device] += 1
             self.updates_applied += 1
-        self.decisions.add(
-            time_s,
-            device,
-            decision.outcome.value,
-            decision.reason,
-            decision.tau,
-            decision.alpha,
-            decision.step_norm,
-        )
+        self.decisions.add_decision(time_s, device, decision)
         if decision.epsilon_conservative is not None:
             self.epsilon_now = (decision.epsilon_sampled, decision.epsilon_conservative)
 

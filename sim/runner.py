@@ -21,18 +21,22 @@ class Simulation:
     results: list[RunResult]
 
 
-def fleet_advice(world: World, tau_max: int | None = None, buffer_size: int = 1) -> Advice:
+def fleet_advice(
+    world: World, tau_max: int | None = None, buffer_size: int = 1, laws: Laws | None = None
+) -> Advice:
     """Advice from the fleet's latency laws and the rate they sustain with everyone training.
 
     τ counts versions, and a version takes `buffer_size` updates (FedBuff's K; 1 in FedAsync), so
-    the advice is for the version rate: the update rate divided by K.
+    the advice is for the version rate: the update rate divided by K. `laws`, the fleet's laws
+    grouped once (`Laws(world.new_latencies())`), serves every algorithm's question.
     """
     fleet = world.config.fleet
     share = 1.0
     if isinstance(fleet.availability, cfg.IntermittentAvailability):
         on, off = fleet.availability.online_mean_s, fleet.availability.offline_mean_s
         share = on / (on + off)
-    laws = Laws(world.new_fleet().latencies)  # grouped once, for every question below
+    if laws is None:
+        laws = Laws(world.new_latencies())  # grouped once, for every question below
     rate = estimated_rate(laws, fleet.max_concurrency, share)
     return advise(laws, rate / buffer_size, tau_max)
 
@@ -52,7 +56,8 @@ def simulate(
     and summary (kept to prove exactly that).
     """
     world = world if world is not None else build_world(config)
-    advice = fleet_advice(world)
+    laws = Laws(world.new_latencies())  # one fleet: its laws and quantile, for every algorithm
+    advice = fleet_advice(world, laws=laws)
     results = []
     for index, algorithm in enumerate(config.algorithms):
         callback = progress(cfg.label(algorithm)) if progress is not None else None
@@ -62,7 +67,7 @@ def simulate(
             own = advice
             # every mode but FedAsync takes a server step per K updates (a tier round in tiered)
             if algorithm.kind != "fedasync" and algorithm.buffer_size > 1:
-                own = fleet_advice(world, buffer_size=algorithm.buffer_size)
+                own = fleet_advice(world, buffer_size=algorithm.buffer_size, laws=laws)
             policy = algorithm.policy(advised_tau_max=own.recommended_tau_max)
             result = run_async(world, index, policy, callback, on_decision, eager=eager)
         if callback is not None:

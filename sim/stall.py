@@ -20,6 +20,8 @@ from fedasync.shared.decision import Decision, Outcome
 
 #: rejected updates with none applied since the first of them: the run ends as "stalled"
 STALL_REFUSALS = 200
+#: the reasons' keys ("dropped stale"), by (outcome, reason): formatted once per pair
+_KEYS: dict[tuple[Outcome, str | None], str] = {}
 
 
 @dataclass(slots=True)
@@ -51,8 +53,12 @@ class Stall:
         if decision.applied:
             self.applied()
             return
-        what = decision.outcome.value
-        self.reasons[what if decision.reason is None else f"{what} {decision.reason}"] += 1
+        outcome, reason = decision.outcome, decision.reason
+        key = _KEYS.get((outcome, reason))
+        if key is None:  # "outcome reason", made once per pair: a drop is a million at 100K
+            what = outcome.value
+            key = _KEYS[outcome, reason] = what if reason is None else f"{what} {reason}"
+        self.reasons[key] += 1
         if decision.outcome is Outcome.REJECTED:
             self.streak += 1
             self.detail = decision.detail or self.detail

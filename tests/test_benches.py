@@ -290,3 +290,31 @@ def test_flsim_server_offers_everything_the_simulator_asks_of_its_server() -> No
     assert {"apply", "drops_unread", "weights_view", "version"} <= asked  # the check reads
     offered = _attributes_defined(ROOT / "bench" / "fedbuff_flsim.py", "FlsimServer")
     assert asked - offered == set()
+
+
+def test_simulator_bench_grows_a_config_file(tmp_path: Path) -> None:
+    """`bench/simulator.py --config` (issue 29): any config file's growth, one row per fleet
+    size with ratios to the first, the machine line first and last, and each row's profile
+    kept with `--profile`; run on both of bench/configs/ (neither is a preset), tiny."""
+    from fedasync.sim.presets import PRESETS
+
+    configs = sorted((ROOT / "bench" / "configs").glob("*.toml"))
+    assert [c.stem for c in configs] == ["fedasync-longtail", "fedbuff-intermittent"]
+    assert not {c.stem for c in configs} & set(PRESETS)
+    arguments = [a for c in configs for a in ("--config", str(c))]
+    sizes = ["--devices", "20", "40", "--updates", "30", "--profile", str(tmp_path)]
+    done = _run(sys.executable, "simulator.py", [*arguments, *sizes])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for machine_line in (lines[0], lines[-1]):
+        assert machine_line.startswith("commit "), done.stdout
+        assert "load average" in machine_line, done.stdout
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("|  ")]
+    assert len(rows) == 2 * 3, done.stdout  # per config: the header and a row per size
+    for header, first, second in (rows[0:3], rows[3:6]):
+        assert [h.strip() for h in header][:3] == ["devices", "wall s", "× first"]
+        assert [first[0].strip(), second[0].strip()] == ["20", "40"]
+        assert first[2].strip() == "1.00"  # the first row is the reference of the ratios
+        assert int(first[7].replace(",", "")) == int(second[7].replace(",", "")) == 30
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == [f"{c.stem}-{n}.pstats" for c in configs for n in (20, 40)]

@@ -13,7 +13,7 @@ from tests.sim.helpers import config
 
 
 def test_parked_devices_draw_exactly_their_own_streams_interleaved() -> None:
-    parked = ParkedStream()
+    parked = ParkedStream(3)
     law = DeviceLatency(30.0, 0.2)
     devices = [Device(i, f"d{i}", lambda: None, law, AlwaysOnline(), 5, parked) for i in range(3)]  # type: ignore[arg-type, return-value]
     plans = {i: [] for i in range(3)}  # type: dict[int, list[float]]

@@ -54,3 +54,64 @@ def test_a_fresh_update_is_not_called_unread(mode: str) -> None:
     assert not state.drops_unread(state.version, policy)
     assert not state.drops_unread(state.version - policy.tau_max, policy)
     assert state.drops_unread(state.version - policy.tau_max - 1, policy)
+
+
+def _state_bytes(state: AggregationState) -> tuple[object, ...]:
+    """What a decision may change: weights, version, counters, the dedup memory."""
+    return (
+        state.weights_view().tobytes(),
+        state.version,
+        dict(state.counters),
+        state.dedup.floor,
+        list(state.dedup.items()),
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_decide_unread_decides_as_apply_does_without_weights(mode: str) -> None:
+    """`decide_unread` (issue 29): for every update `drops_unread` names, the decision `apply`
+    makes and the same state after it; for every other, None and nothing changed."""
+    decided = 0
+    for base in range(13):
+        state, policy = advanced(mode, 12)
+        twin, _ = advanced(mode, 12)
+        before = _state_bytes(state)
+        fast = state.decide_unread("u", "c", base, 1, policy)
+        if not twin.drops_unread(base, policy):
+            assert fast is None
+            assert _state_bytes(state) == before
+            continue
+        assert fast is not None
+        slow = twin.apply(make_update("u", base, 0.5, client="c"), policy)
+        assert fast.to_dict() == slow.to_dict()
+        assert _state_bytes(state) == _state_bytes(twin)
+        decided += 1
+    assert decided == 9  # as many as `drops_unread` names: the stale and the beyond-horizon
+
+
+@pytest.mark.parametrize(
+    ("update_id", "client", "base", "samples", "why"),
+    [
+        ("", "c", 0, 1, "a bad id is rejected by apply"),
+        ("u", "c", 99, 1, "a base from the future is rejected"),
+        ("u", "c", 7, 0, "no samples is rejected"),
+        ("u", "c", True, 1, "a bool is not a version"),
+        ("seen", "c", 7, 1, "a duplicate"),
+    ],
+)
+def test_decide_unread_leaves_what_apply_refuses_to_apply(
+    update_id: str, client: str, base: int, samples: int, why: str
+) -> None:
+    state, policy = advanced("fedasync", 12)
+    state.apply(make_update("seen", 12, 0.5), policy)  # applied, and remembered
+    before = _state_bytes(state)
+    assert state.decide_unread(update_id, client, base, samples, policy) is None, why
+    assert _state_bytes(state) == before
+
+
+def test_decide_unread_leaves_a_closed_run_to_apply() -> None:
+    state, policy = advanced("fedbuff", 12)
+    state.close("max_updates")
+    before = _state_bytes(state)
+    assert state.decide_unread("u", "c", 7, 1, policy) is None
+    assert _state_bytes(state) == before
