@@ -28,6 +28,9 @@ EXAMPLE = ROOT / "examples" / "custom-model"
 CHANCE = 0.25
 #: the run `fedasync up` trains: the default key prefix (the test clears FEDASYNC_*)
 DEFAULT_RUN = RedisSettings.model_fields["key_prefix"].default
+#: the `up` run's budget: past chance long before it (0.5 at version 9, 0.86 at 30 and 0.94 at
+#: 80 in one run), and each update is real CNN training on a machine that may be loaded
+UP_UPDATES = 40
 
 
 @pytest.fixture(scope="session")
@@ -76,14 +79,14 @@ def test_the_example_trains_in_up_by_its_import_path(
     out = tmp_path / "run"
     done = fedasync(
         "up", "--no-live", "--out", str(out), "--task", "custom_model.task:make",
-        "--devices", "3", "--profile", "none", "--max-updates", "80",
+        "--devices", "3", "--profile", "none", "--max-updates", str(UP_UPDATES),
         cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["task"]["name"] == "custom_model.task:make"
     assert summary["ended_by"] == "max_updates"
-    assert summary["updates"]["applied"] == 80
+    assert summary["updates"]["applied"] == UP_UPDATES
     assert summary["updates"]["rejected"] == 0
     assert summary["final"]["accuracy"] > CHANCE, summary["final"]
 
