@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: modules in bench/ that benches import and nobody runs (bench/machine.py: the commit and load line)
+#: modules in bench/ that benches import and nobody runs (machine.py: the commit and load line)
 LIBRARIES = {"machine.py"}
 BENCHES = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not in LIBRARIES)
 
