@@ -5,7 +5,7 @@ creates the block and unlinks it; the reader only attaches. Two counters in the 
 with exactly one writer: `head`, the items published (the reader's), and `tail`, the items
 released (the decider's). Item `i` lives in slot `i % slots`:
 
-    header (64 bytes): magic, slots, slot_bytes, head, tail, waiting   (u64 each)
+    header (64 bytes): magic, slots, slot_bytes, head, tail, waiting, mark   (u64 each)
     slot:  seq, meta_len, body_len (u64 each) | meta | body
 
 A writer fills a slot's meta and body, then its slot header, and only then stores `head + 1`,
@@ -36,7 +36,7 @@ from typing import Any
 MAGIC = 0x31474E4952414446  # "FDARING1", little-endian
 HEADER_BYTES = 64
 SLOT_HEADER_BYTES = 24
-_MAGIC, _SLOTS, _SLOT_BYTES, _HEAD, _TAIL, _WAITING = range(6)
+_MAGIC, _SLOTS, _SLOT_BYTES, _HEAD, _TAIL, _WAITING, _MARK = range(7)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -54,7 +54,7 @@ class Ring:
         buf = shm.buf
         assert buf is not None
         self._buf: memoryview = buf
-        self._words = [ctypes.c_uint64.from_buffer(buf, 8 * i) for i in range(6)]
+        self._words = [ctypes.c_uint64.from_buffer(buf, 8 * i) for i in range(7)]
         if self._words[_MAGIC].value != MAGIC:
             self._drop_views()
             shm.close()
@@ -72,9 +72,9 @@ class Ring:
         slot_bytes = -(-slot_bytes // 8) * 8  # each slot header 8-byte aligned
         shm = shared_memory.SharedMemory(create=True, size=HEADER_BYTES + slots * slot_bytes)
         assert shm.buf is not None
-        words = (ctypes.c_uint64 * 6).from_buffer(shm.buf)
+        words = (ctypes.c_uint64 * 7).from_buffer(shm.buf)
         words[_SLOTS], words[_SLOT_BYTES] = slots, slot_bytes
-        words[_HEAD] = words[_TAIL] = words[_WAITING] = 0
+        words[_HEAD] = words[_TAIL] = words[_WAITING] = words[_MARK] = 0
         words[_MAGIC] = MAGIC
         del words
         return cls(shm, owner=True)
@@ -118,6 +118,16 @@ class Ring:
     @waiting.setter
     def waiting(self, value: bool) -> None:
         self._words[_WAITING].value = int(value)
+
+    @property
+    def mark(self) -> int:
+        """A word the writer sets for the consumer (the reader: 1 + `head` when its last read
+        found nothing new, so "caught up" is `mark == head + 1`); 0 until set."""
+        return int(self._words[_MARK].value)
+
+    @mark.setter
+    def mark(self, value: int) -> None:
+        self._words[_MARK].value = value
 
     # ------------------------------------------------------------------------------ writer
     def fits(self, meta_len: int, body_len: int) -> bool:
@@ -175,6 +185,20 @@ class Ring:
         meta = start + SLOT_HEADER_BYTES
         body = meta + meta_len
         return bytes(self._buf[meta:body]), self._buf[body : body + body_len]
+
+    def peek_at(self, item: int) -> bytes | None:
+        """The meta of published item `item` (the consumer's look at what the ring holds);
+        None if it is not published, released, or its slot was reused meanwhile."""
+        if not self.tail <= item < self.head:
+            return None
+        start = self._slot_start(item)
+        header = (ctypes.c_uint64 * 3).from_buffer(self._buf, start)
+        seq, meta_len = int(header[0]), int(header[1])
+        del header
+        if seq != item or meta_len > self.capacity:
+            return None
+        meta = start + SLOT_HEADER_BYTES
+        return bytes(self._buf[meta : meta + meta_len])
 
     def release(self) -> None:
         """The oldest item is no longer needed: its slot is the writer's again."""
