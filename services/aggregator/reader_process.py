@@ -126,7 +126,7 @@ def publish(ring: Ring, item: Item, archiving: bool, keep: int) -> None:
     """Into the next slot (the caller waited for one); as a `Spill` if it does not fit."""
     meta, body = encode(item, archiving, keep)
     if not ring.fits(len(meta), sum(memoryview(b).nbytes for b in body)):
-        meta, body = encode(Spill(item.stream_id), archiving, keep)  # type: ignore[union-attr]
+        meta, body = encode(Spill(item.stream_id), archiving, keep)
     ring.publish(meta, body)
 
 

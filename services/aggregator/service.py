@@ -272,7 +272,7 @@ class Aggregator:
         """Decide and commit until `stopping` is set (or, in burst mode, the stream is empty)."""
         self._stopping = stopping
         try:
-            if self.feed is not None:
+            if self.feed is not None and not self.feed.alive():  # (a bench starts it ahead)
                 self.feed.start(self.state.layout.size)
             await self._loop(stopping, burst)
         except (*TRANSIENT, ResponseError) as exc:
