@@ -17,7 +17,8 @@ writes: claim-check message missing, no message, unsigned, forged, undecodable, 
 client than the update names). Metrics are counted by the decider, from the flags each carries:
 the reader process's counters would never reach /metrics.
 
-This module must stay light: the reader process imports it, and must not import torch.
+This module must stay light: the reader process imports it, and must not import torch
+(tests/unit/test_reader_imports.py).
 """
 
 from __future__ import annotations

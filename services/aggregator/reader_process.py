@@ -20,8 +20,8 @@ itself). When a read of new entries finds none, the reader sets the ring's mark 
 ("caught up"): what an empty read tells the one-process loop, which the decider may ask again
 and again (a batch ends, the next begins) while nothing new arrives.
 
-Kept light (no torch, nothing of learning/): it is started with the spawn method and imports
-only this module's dependencies.
+Kept light (no torch: tests/unit/test_reader_imports.py): it is started with the spawn method
+and imports only this module's dependencies.
 """
 
 from __future__ import annotations
