@@ -37,7 +37,13 @@ ours ÷ raw ≤ raw wall ÷ (raw CPU + decide CPU). A bound under a target says 
 needs the reading or the deciding off the GIL (another process, compiled code) or another
 client, not better overlap.
 
+`--reader inline process` runs ours in one process and with the reader process
+(`aggregator.reader = "process"`: XREADGROUP, parsing, signature checks and decoding in a
+process of their own, handed over through shared memory) side by side with raw in one run; each
+start-up (the aggregator's, and the reader process's spawn, printed) is left out of the timing.
+
 Run: python bench/aggregator.py [--sizes 10000 100000 1000000] [--batch 32] [--fp16 1000000]
+     [--reader inline process]
      [--claim-check 1000000 10000000]
      python bench/aggregator.py --floor [--sizes ...] [--repeat 5]
 """
@@ -61,6 +67,7 @@ import redis.asyncio as aioredis
 from machine import machine
 
 from fedasync.learning.tasks import get_task
+from fedasync.services.aggregator.service import Aggregator
 from fedasync.services.aggregator.service import run as run_aggregator
 from fedasync.services.commands.redis_launch.server import RedisServer
 from fedasync.services.runtime.redis_conn import connect
@@ -193,21 +200,47 @@ async def ours(
     raw: list[bytes],
     store: ClaimStore | None = None,
     redis_pid: int | None = None,
-) -> tuple[float, float, float]:
-    """The aggregator in burst mode over `raw`: (updates/s, this process's CPU per update,
-    Redis's CPU per update, if its pid is given), the timed run only (not the fill)."""
+) -> tuple[float, float, float, float]:
+    """Our updates/s, timed from "all updates in the stream" to "all decided and committed";
+    the reader process's start-up (0 in one-process mode), which is not timed; and the CPU per
+    update of that timed stretch: ours (this process, plus the reader process's in process
+    mode) and Redis's (if its pid is given).
+
+    The aggregator is started (fenced, restored) before the stream is filled, in both modes;
+    in process mode its reader too, so the reader may read up to a ring's worth of the updates
+    while the stream fills (the raw consumer reads none before its clock starts)."""
     keys = Keys(settings.redis.key_prefix)
     initial = AggregationState(np.zeros(size, np.float32), Layout.flat(size))
     await run_aggregator(settings, redis=redis, initial=initial, handle_signals=False, burst=True)
+    aggregator = Aggregator(settings, redis, keys)
+    await aggregator.start(None)
+    spawn = 0.0
+    feed = aggregator.feed
+    if feed is not None:
+        began = time.perf_counter()
+        feed.start(size)
+        ring = feed._ring
+        assert ring is not None
+        while ring.mark != ring.head + 1:  # up, and its first read of the stream came back
+            await asyncio.sleep(0.001)
+        spawn = time.perf_counter() - began
+        head = ring.head
     await fill(redis, keys.updates, raw, store)
+    if feed is not None:  # the reader saw the new entries (its "caught up" is no longer true)
+        while ring.head == head:
+            await asyncio.sleep(0.0005)
+    reader_pid = feed.pid if feed is not None else None
     redis_before = process_cpu(redis_pid) if redis_pid is not None else 0.0
+    reader_before = process_cpu(reader_pid) if reader_pid is not None else 0.0
     start, cpu = time.perf_counter(), time.process_time()
-    await run_aggregator(settings, redis=redis, handle_signals=False, burst=True)
+    await aggregator.run(asyncio.Event(), burst=True)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if reader_pid is not None and feed is not None and feed.pid == reader_pid:
+        cpu += process_cpu(reader_pid) - reader_before
     redis_cpu = process_cpu(redis_pid) - redis_before if redis_pid is not None else 0.0
     pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
     assert pending["pending"] == 0
-    return len(raw) / elapsed, cpu / len(raw), redis_cpu / len(raw)
+    return len(raw) / elapsed, spawn, cpu / len(raw), redis_cpu / len(raw)
 
 
 async def next_decision(redis: aioredis.Redis, ledger: str, after: str) -> str:
@@ -262,6 +295,7 @@ async def main_async(
     fp16: list[int],
     claim_check: list[int],
     bound_only: bool = False,
+    readers: tuple[str, ...] = ("inline",),
 ) -> None:
     rows = [(size, "float32") for size in sizes]
     rows += [(size, "float16") for size in fp16] + [(size, "claim-check") for size in claim_check]
@@ -280,8 +314,8 @@ async def main_async(
             print(machine(), flush=True)
             print(f"median of {repeat} alternating runs; raw always consumes float32 in-stream")
             print(
-                f"{'parameters':>11} {'ours':>12} {'updates':>8} {'raw/s':>9} {'ours/s':>9} "
-                f"{'ours/raw':>9}"
+                f"{'parameters':>11} {'ours':>12} {'reader':>8} {'updates':>8} {'raw/s':>9} "
+                f"{'ours/s':>9} {'ours/raw':>9}"
             )
             for size, mode in rows:
                 count = COUNTS.get(size, 200)
@@ -290,24 +324,32 @@ async def main_async(
                 raw = payloads(size, count)
                 mine = payloads(size, count, "float16") if mode == "float16" else raw
                 claim_dir = Path(tmp) / f"objects-{size}"
-                settings = load_settings(
-                    redis={
-                        "url": server.url,
-                        "key_prefix": f"bench-{size}",
-                        "socket_timeout_s": 120,
-                    },
-                    aggregator={"read_count": per_read},
-                    budget={"max_updates": 10**9, "max_seconds": 10**9},
-                    wire={"claim_check_dir": str(claim_dir) if mode == "claim-check" else None},
-                )
-                redis = connect(settings.redis)
-                raw_rates, our_rates = [], []
+                by_reader = {
+                    reader: load_settings(
+                        redis={
+                            "url": server.url,
+                            "key_prefix": f"bench-{size}-{reader}",
+                            "socket_timeout_s": 120,
+                        },
+                        aggregator={"read_count": per_read, "reader": reader},
+                        budget={"max_updates": 10**9, "max_seconds": 10**9},
+                        wire={"claim_check_dir": str(claim_dir) if mode == "claim-check" else None},
+                    )
+                    for reader in readers
+                }
+                redis = connect(by_reader[readers[0]].redis)
+                raw_rates: list[float] = []
+                our_rates: dict[str, list[float]] = {reader: [] for reader in readers}
+                spawns: list[float] = []
                 assert server.process is not None
                 redis_pid = server.process.pid
-                #: CPU µs per update: the raw client, Redis for raw, our process, Redis for ours
-                cpu: dict[str, list[float]] = {"raw": [], "redis-raw": [], "ours": [], "redis": []}
+                #: CPU µs per update: the raw client, Redis for raw, then ours and Redis for ours
+                #: in each reader mode
+                cpu: dict[str, list[float]] = {"raw": [], "redis-raw": []}
+                for reader in readers:
+                    cpu[f"ours {reader}"], cpu[f"redis {reader}"] = [], []
                 try:
-                    for _ in range(repeat):
+                    for _ in range(repeat):  # raw, then each reader mode, alternating
                         await fill(redis, f"raw-{size}", raw)
                         before = process_cpu(redis_pid)
                         wall, client_cpu = await raw_cost(redis, f"raw-{size}", count, per_read)
@@ -316,28 +358,34 @@ async def main_async(
                         raw_rates.append(1 / wall)
                         await redis.flushall()
                         await settle_aof(redis)
-                        store = ClaimStore(claim_dir) if mode == "claim-check" else None
-                        rate, mine_cpu, redis_cpu = await ours(
-                            settings, redis, size, mine, store, redis_pid
-                        )
-                        our_rates.append(rate)
-                        cpu["ours"].append(mine_cpu)
-                        cpu["redis"].append(redis_cpu)
-                        await redis.flushall()
-                        await settle_aof(redis)
-                        shutil.rmtree(claim_dir, ignore_errors=True)
+                        for reader, settings in by_reader.items():
+                            store = ClaimStore(claim_dir) if mode == "claim-check" else None
+                            rate, spawn, mine_cpu, redis_cpu = await ours(
+                                settings, redis, size, mine, store, redis_pid
+                            )
+                            our_rates[reader].append(rate)
+                            cpu[f"ours {reader}"].append(mine_cpu)
+                            cpu[f"redis {reader}"].append(redis_cpu)
+                            if reader == "process":
+                                spawns.append(spawn)
+                            await redis.flushall()
+                            await settle_aof(redis)
+                            shutil.rmtree(claim_dir, ignore_errors=True)
                 finally:
                     await redis.aclose()
                 del raw, mine
-                raw_rate, our_rate = statistics.median(raw_rates), statistics.median(our_rates)
-                ratios = sorted(o / r for o, r in zip(our_rates, raw_rates, strict=True))
-                spread = ", ".join(f"{x:.2f}" for x in ratios)
-                print(
-                    f"{size:>11} {mode:>12} {count:>8} {raw_rate:>9.1f} {our_rate:>9.1f} "
-                    f"{statistics.median(ratios):>9.2f}   ({ratios[0]:.2f}–{ratios[-1]:.2f}; "
-                    f"ratios {spread}; load {os.getloadavg()[0]:.2f})",
-                    flush=True,
-                )
+                raw_rate = statistics.median(raw_rates)
+                for reader in readers:
+                    rates = our_rates[reader]
+                    ratios = sorted(o / r for o, r in zip(rates, raw_rates, strict=True))
+                    spread = ", ".join(f"{x:.2f}" for x in ratios)
+                    print(
+                        f"{size:>11} {mode:>12} {reader:>8} {count:>8} {raw_rate:>9.1f} "
+                        f"{statistics.median(rates):>9.1f} {statistics.median(ratios):>9.2f}   "
+                        f"({ratios[0]:.2f}–{ratios[-1]:.2f}; ratios {spread}; "
+                        f"load {os.getloadavg()[0]:.2f})",
+                        flush=True,
+                    )
                 print(
                     f"{'':>11} CPU µs per update, median: "
                     + ", ".join(
@@ -346,6 +394,12 @@ async def main_async(
                     ),
                     flush=True,
                 )
+                if spawns:
+                    print(
+                        f"{'':>11} reader process start-up (not timed): median "
+                        f"{statistics.median(spawns):.2f} s",
+                        flush=True,
+                    )
             settings = load_settings(redis={"url": server.url, "key_prefix": "bench-recovery"})
             redis = connect(settings.redis)
             try:
@@ -374,13 +428,28 @@ def main() -> None:
         help="sizes with claim-check updates (payloads in a directory store)",
     )
     parser.add_argument(
+        "--reader",
+        nargs="+",
+        choices=["inline", "process"],
+        default=["inline"],
+        help="aggregator.reader modes to run side by side (one-process, reader process)",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="print the bound on ours/raw at each size (raw wall, raw CPU, decide CPU) instead",
     )
     args = parser.parse_args()
     asyncio.run(
-        main_async(args.sizes, args.batch, args.repeat, args.fp16, args.claim_check, args.floor)
+        main_async(
+            args.sizes,
+            args.batch,
+            args.repeat,
+            args.fp16,
+            args.claim_check,
+            args.floor,
+            tuple(args.reader),
+        )
     )
 
 

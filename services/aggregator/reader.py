@@ -101,6 +101,18 @@ class Reader:
             await until_sent(self._ahead[1])
         return entries
 
+    async def read_once(
+        self, count: int, block: int | None, stopping: asyncio.Event | None
+    ) -> list[Entry]:
+        """One read of up to `count` entries from `start`, nothing sent ahead: the reader
+        process (services/aggregator/reader_process.py) never holds more than its ring has room
+        for."""
+        reply: Any = await self._xreadgroup(self.start, count, block, stopping)
+        entries: list[Entry] = reply[0][1] if reply else []
+        if entries and self._backlog is not None:
+            self._backlog = entries[-1][0].decode()
+        return entries
+
     async def _xreadgroup(
         self, start: str, count: int, block: int | None, stopping: asyncio.Event | None
     ) -> Any:

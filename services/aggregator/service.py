@@ -41,6 +41,7 @@ from redis.exceptions import ResponseError
 from fedasync.services.aggregator.claims import IdleClaims, claim
 from fedasync.services.aggregator.commit import Batch, Committer
 from fedasync.services.aggregator.deciding import Decider
+from fedasync.services.aggregator.feed import ProcessFeed
 from fedasync.services.aggregator.http import Readiness, create_app
 from fedasync.services.aggregator.inspection import StateMismatch, inspect
 from fedasync.services.aggregator.logger import log
@@ -115,6 +116,12 @@ class Aggregator:
             IngestMarkers(redis, keys),
             claim_source(wire.claim_check_store, wire.claim_check_dir, redis, keys.prefix),
             archiving=archive is not None,
+        )
+        #: process mode: the reader process and its ring (None: one process reads and decides)
+        self.feed = (
+            ProcessFeed(settings, redis, keys, self.decider.preparer, archive is not None)
+            if settings.aggregator.reader == "process"
+            else None
         )
         self.pipeline = CommitPipeline(
             redis,
@@ -265,6 +272,8 @@ class Aggregator:
         """Decide and commit until `stopping` is set (or, in burst mode, the stream is empty)."""
         self._stopping = stopping
         try:
+            if self.feed is not None and not self.feed.alive():  # (a bench starts it ahead)
+                self.feed.start(self.state.layout.size)
             await self._loop(stopping, burst)
         except (*TRANSIENT, ResponseError) as exc:
             refused = isinstance(exc, ResponseError)
@@ -274,6 +283,8 @@ class Aggregator:
             why = "Redis is out of memory" if refused else "Redis unreachable"
             log.warning("stopping without a final commit: %s (%s)", why, exc)
         finally:
+            if self.feed is not None:
+                await self.feed.stop()
             await self.reader.cancel_ahead()
             await self.pipeline.cancel()
             self.metrics.fold()
@@ -287,12 +298,19 @@ class Aggregator:
                 # an idle aggregator would otherwise carry on reading, and stranding, entries
                 await pipeline.finish()
             await self._claim_idle()
-            if reader.reread_pending:
+            if reader.reread_pending and self.feed is None:
                 # once the commit in flight lands, our pending entries are exactly those never
                 # decided: the ones a lost XREADGROUP reply delivered, or claimed from another
                 # consumer. Re-read them like a restart.
                 await pipeline.finish()
                 reader.reread_backlog()
+            elif self.feed is not None and (reader.reread_pending or self.feed.restart_needed):
+                # the same in process mode: the reader died, or entries were taken over (their
+                # ids may be below those it published). Once the commit lands, a new reader
+                # re-reads our pending entries, exactly the undecided ones, from "0"
+                await pipeline.finish()
+                reader.reread_pending = False
+                await self.feed.restart()
             await self.policy_refresh.refresh(self._stopping)
             policy = self.policy
             # an operator paused aggregation: leave updates in the stream (a stop still closes)
@@ -306,7 +324,24 @@ class Aggregator:
             self.decider.close_if_out_of_time(policy, self.started_at)
             batch = Batch(b"", self.state.version, b"")
             deadline = time.monotonic() + cfg.batch_ms / 1000
-            while len(batch.acks) < cfg.batch_max:
+            while self.feed is not None and len(batch.acks) < cfg.batch_max:
+                # process mode: the reader process read and prepared these, in stream order
+                room = min(cfg.read_count, cfg.batch_max - len(batch.acks))
+                idle = not (batch.acks or burst)
+                wait = (
+                    None
+                    if burst
+                    else self.claims.block_ms() / 1000
+                    if idle
+                    else deadline - time.monotonic()
+                )
+                items, threaded = await self.feed.take(
+                    room, wait, self._stopping, until_caught_up=not idle
+                )
+                await self.decider.decide_prepared(items, batch, policy, threaded)
+                if not items or time.monotonic() >= deadline or stopping.is_set():
+                    break
+            while self.feed is None and len(batch.acks) < cfg.batch_max:
                 backlog = reader.in_backlog
                 idle = not (batch.acks or burst or backlog)
                 block = self.claims.block_ms() if idle else None
@@ -320,7 +355,7 @@ class Aggregator:
             if batch.acks or pipeline.newly_closed(self.state):
                 # the next batch is read and decided while Redis runs this commit
                 await pipeline.submit(batch, self.state)
-            elif burst and not reader.reread_pending:
+            elif burst and not reader.reread_pending and not self._restart_due():
                 break
             else:  # at rest the figures must come back to 0 too, not stay at the last commit's
                 await self.gauges.update()
@@ -333,6 +368,8 @@ class Aggregator:
         Neither the commit in flight's entries nor the read-ahead's are taken: both are this
         aggregator's, on their way (a large read may take longer than `claim_idle_s` to decide)."""
         ahead = await self.reader.ahead_ids() if self.claims.due() else frozenset()
+        if self.feed is not None and self.claims.due():  # and what the reader's ring holds
+            ahead |= self.feed.held_ids()
         exclude = self.pipeline.inflight_acks | ahead
         taken = await self.claims.take(self.pipeline.committer.epoch, exclude, self._stopping)
         if taken:
@@ -344,6 +381,10 @@ class Aggregator:
                 ", ".join(f"{n} from {who}" for who, n in sorted(taken.items())),
             )
             self.reader.reread_pending = True
+
+    def _restart_due(self) -> bool:
+        """Process mode: whether the reader is to be restarted (it died with entries pending)."""
+        return self.feed is not None and self.feed.restart_needed
 
 
 def _secret_of(initial: AggregationState | None) -> bytes | None:

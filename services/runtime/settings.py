@@ -410,6 +410,19 @@ class AggregatorSettings(Section):
     claim_interval_s: float = Field(
         1.0, gt=0, description="how often entries idle under any consumer are taken over, s"
     )
+    reader: Literal["inline", "process"] = Field(
+        "inline",
+        description="inline: one process reads, decodes and decides; process: a reader "
+        "process of its own reads and decodes, and hands the updates over through shared "
+        "memory (two cores' worth of GIL; docs/architecture.md)",
+    )
+    ring_slots: int = Field(
+        64,
+        ge=2,
+        le=4096,
+        description="process mode: slots of the shared-memory ring (decoded updates the "
+        "reader holds ahead of the deciding; fewer for large models, 256 MB at most)",
+    )
     claim_idle_s: float = Field(
         2.0, gt=0, description="an entry pending this long without a decision is taken over, s"
     )
