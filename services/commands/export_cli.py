@@ -25,7 +25,6 @@ one line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import tempfile
@@ -100,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from fedasync.services.commands.redis_target import run_or_configured
     from fedasync.services.runtime.settings import load_settings
 
