@@ -128,7 +128,9 @@ def onnx_bytes(module: nn.Module, example: np.ndarray, metadata: Mapping[str, st
     inside the pinned torch and needs nothing more, where the dynamo exporter needs `onnxscript`
     (and its `onnx-ir`) on top, for the plain feed-forward modules tasks are (traced once on
     `example`, one batch of feature rows). torch 2.9+ warns that it is deprecated; the warning
-    is silenced here alone. When the torch pin moves to a release without it, switch to
+    is silenced here alone. It traces: a module whose forward branches in Python on a tensor's
+    value would be fixed to `example`'s branch, so torch's TracerWarning saying so is an
+    ExportError here. When the torch pin moves to a release without it, switch to
     `dynamo=True` with `onnxscript`: `agreement` is the check that says the switch is right.
     """
     _need_onnx()
@@ -139,7 +141,8 @@ def onnx_bytes(module: nn.Module, example: np.ndarray, metadata: Mapping[str, st
     with tempfile.TemporaryDirectory(prefix="fedasync-onnx-") as folder:
         out = Path(folder) / "model.onnx"
         try:
-            with warnings.catch_warnings(), torch.no_grad():
+            with warnings.catch_warnings(record=True) as said, torch.no_grad():
+                warnings.simplefilter("always")
                 warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX.*")
                 warnings.filterwarnings("ignore", message=".*feature will be removed.*")
                 torch.onnx.export(
@@ -154,6 +157,18 @@ def onnx_bytes(module: nn.Module, example: np.ndarray, metadata: Mapping[str, st
                 )
         except Exception as exc:  # the user's module: any failure is reported, none escapes
             raise ExportError(f"torch.onnx could not export the module: {reason(exc)}") from exc
+        # public as torch.jit.TracerWarning, which torch's own type hints do not re-export
+        tracer_warning: type[Warning] = torch.jit.TracerWarning  # type: ignore[attr-defined]
+        for warning in said:
+            if issubclass(warning.category, tracer_warning):
+                # a Python branch on a tensor's value: the file would hold the example's branch
+                raise ExportError(
+                    "torch.onnx traced the module into a graph that may not hold for other "
+                    f"inputs: {warning.category.__name__}: {' '.join(str(warning.message).split())}"
+                )
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
         model = onnx.load(out)
     onnx.helper.set_model_props(model, dict(metadata))
     return bytes(model.SerializeToString())
