@@ -150,8 +150,9 @@ async def _model(
     for _ in range(LATEST_TRIES if version is None else 1):
         wanted = version
         if wanted is None:
-            reply: Any = await redis.mget([keys.version, keys.announced])
-            committed, announced = reply
+            # two GETs, not an MGET: what the admin user may send (services/stores/acl.py)
+            announced: Any = await redis.get(keys.announced)
+            committed: Any = None if announced is not None else await redis.get(keys.version)
             latest = announced if announced is not None else committed
             if latest is None:
                 raise CommandError(

@@ -38,7 +38,14 @@ from fedasync.shared.model_format import ModelMessage, decode_model, to_safetens
 from fedasync.shared.seeds import Stream, stream
 from fedasync.shared.update import Update
 from fedasync.shared.wire import encode_update
-from tests.integration.helpers import publish, start_snapshot
+from tests.integration.helpers import (
+    ACL_PREFIX,
+    OBSERVER,
+    acl_redis,
+    acl_url,
+    publish,
+    start_snapshot,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -319,3 +326,19 @@ def test_without_a_redis_or_a_run_folder_one_line_says_what_to_give(
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("fedasync export: no Redis configured: set FEDASYNC_REDIS__URL")
     assert line.endswith("or give --run runs/up-… to export a model of a `fedasync up` run")
+
+
+def test_the_admin_user_of_the_acl_file_may_export(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deployment under the generated ACL file: `fedasync export` runs as `admin`, the user
+    of the other audit commands, and reads all it needs (GETs, the kept versions, the task)."""
+    with acl_redis(tmp_path) as server:
+        train(settings_for(acl_url(server, OBSERVER), ACL_PREFIX, "digits"))
+        clean_env.setenv("FEDASYNC_REDIS__URL", acl_url(server, "admin"))
+        out = tmp_path / "m.onnx"
+        assert main(["export", "--out", str(out)]) == 0, capsys.readouterr().err
+        assert f"version {UPDATES} of task 'digits' as ONNX" in capsys.readouterr().out
+        assert main(["export", "--version", "99"]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert f"(kept: 0, 1 … {UPDATES};" in line  # the kept versions, read as admin
