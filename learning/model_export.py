@@ -107,6 +107,8 @@ def torch_module(task: TorchTask, task_name: str, weights: np.ndarray) -> nn.Mod
         raise ExportError(
             f"task {task_name!r}: these weights do not fit its module: {exc}"
         ) from exc
+    except Exception as exc:  # the user's model(): any failure is reported, none escapes
+        raise ExportError(f"task {task_name!r}: building its module failed: {reason(exc)}") from exc
     module.eval()
     return module
 
@@ -192,9 +194,14 @@ def agreement(onnx_model: bytes, module: nn.Module, data: Dataset, num_classes: 
     equal, largest = 0, 0.0
     for start in range(0, len(X), BATCH):
         rows = X[start : start + BATCH]
-        ours = np.asarray(session.run([OUTPUT], {INPUT: rows})[0], np.float64)
-        with torch.no_grad():
-            theirs = module(torch.from_numpy(rows.copy())).double().numpy()
+        try:
+            ours = np.asarray(session.run([OUTPUT], {INPUT: rows})[0], np.float64)
+            with torch.no_grad():
+                theirs = module(torch.from_numpy(rows.copy())).double().numpy()
+        except Exception as exc:  # the user's module, or a graph that fails on other rows
+            raise ExportError(
+                f"running the model on the test samples failed: {reason(exc)}"
+            ) from exc
         ours, theirs = ours.reshape(len(rows), -1), theirs.reshape(len(rows), -1)
         if len(rows):
             largest = max(largest, float(np.max(np.abs(ours - theirs))))
