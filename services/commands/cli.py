@@ -119,39 +119,19 @@ def _ledger(args: argparse.Namespace) -> int:
     """Export or verify the ledger of the configured Redis, or of a `fedasync up` run folder."""
     import asyncio
 
-    from fedasync.services.commands.redis_target import configured, saved_run
-    from fedasync.services.runtime.settings import ENV_PREFIX, load_settings
+    from fedasync.services.commands.redis_target import run_or_configured
+    from fedasync.services.runtime.settings import load_settings
 
     settings = load_settings()
     command = f"ledger {args.ledger_command}"
-    if args.run is None:
-        redis_settings = configured(
-            settings.redis,
-            command,
-            f", or give --run runs/up-… to {args.ledger_command} the ledger of a `fedasync up` run",
-        )
+    alternative = (
+        f", or give --run runs/up-… to {args.ledger_command} the ledger of a `fedasync up` run"
+    )
+    with run_or_configured(args.run, settings.redis, command, alternative) as redis_settings:
         return asyncio.run(
             _ledger_job(
                 args,
                 redis_settings,
-                settings.wire.max_message_bytes,
-                settings.aggregator.archive_dir,
-                settings.wire,
-                settings.task,
-            )
-        )
-    prefix_given = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
-    with saved_run(args.run, settings.redis, prefix_given, command) as run:
-        if not run.finished:
-            print(
-                f"{args.run} has no summary.json (still running, or cut short): reading a copy "
-                "of its Redis as it is now",
-                file=sys.stderr,
-            )
-        return asyncio.run(
-            _ledger_job(
-                args,
-                run.redis,
                 settings.wire.max_message_bytes,
                 settings.aggregator.archive_dir,
                 settings.wire,
@@ -348,6 +328,12 @@ def _add_runs(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+def _add_export(parser: argparse.ArgumentParser) -> None:
+    from fedasync.services.commands.export_cli import add_arguments
+
+    add_arguments(parser)
+
+
 def _add_migrate(parser: argparse.ArgumentParser) -> None:
     from fedasync.services.commands.migrate_cli import add_arguments
 
@@ -381,6 +367,17 @@ COMMANDS = (
         )
     ),
     Command("ledger", "export or verify the decision ledger", _add_ledger),
+    Command(
+        "export",
+        "write a trained model version as ONNX, a torch state_dict or safetensors",
+        _add_export,
+        "Write a model version of a live deployment (FEDASYNC_REDIS__URL) or of a `fedasync up` "
+        "run folder (--run) for serving or on-device inference: ONNX (checked with onnx.checker "
+        "and against torch with onnxruntime on the task's test split), the torch state_dict, "
+        "or the safetensors file the snapshot service serves. Exit code 0: written; 1: Redis "
+        "unreachable, or the ONNX model did not predict what torch does (nothing written); 2: "
+        "nothing to export as asked.",
+    ),
     Command(
         "up",
         "run the whole system on this machine: Redis, services, a fleet; then a report",

@@ -8,7 +8,9 @@ again from a copy of its append-only file, so the ledger can be verified from th
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +24,7 @@ from redis.exceptions import RedisError
 
 from fedasync.services.commands.errors import CommandError
 from fedasync.services.commands.redis_launch.server import RedisNotFound, RedisServer
-from fedasync.services.runtime.settings import RedisSettings
+from fedasync.services.runtime.settings import ENV_PREFIX, RedisSettings
 
 T = TypeVar("T")
 
@@ -130,6 +132,27 @@ def saved_run(
             )
         finally:
             server.stop()
+
+
+@contextmanager
+def run_or_configured(
+    run: Path | None, settings: RedisSettings, command: str, alternative: str
+) -> Iterator[RedisSettings]:
+    """The Redis a command reads: a copy of the saved one of the run folder `run` (`saved_run`,
+    saying on standard error when the run has not finished), or for None the configured one
+    (`configured`, whose refusal names `alternative`, the --run way)."""
+    if run is None:
+        yield configured(settings, command, alternative)
+        return
+    prefix_given = f"{ENV_PREFIX}REDIS__KEY_PREFIX" in os.environ
+    with saved_run(run, settings, prefix_given, command) as saved:
+        if not saved.finished:
+            print(
+                f"{run} has no summary.json (still running, or cut short): reading a copy "
+                "of its Redis as it is now",
+                file=sys.stderr,
+            )
+        yield saved.redis
 
 
 def _run_of_many(run: Path) -> str | None:

@@ -324,7 +324,8 @@ def _users(tag: str, all_runs: bool) -> tuple[User, ...]:
         ),
         User(
             "admin",
-            "`fedasync ledger` (read-only audit), `fedasync devices` (keys written, never read) "
+            "`fedasync ledger` (read-only audit), `fedasync export` (a model version, read-only), "
+            "`fedasync devices` (keys written, never read) "
             "and `fedasync migrate` (rewrites the policy log once into today's format)",
             # UNWATCH: a migration that finds nothing to convert ends its WATCH without an EXEC
             Grant((*ping, "multi", "exec", "unwatch", "acl|log")),
@@ -361,6 +362,10 @@ def _users(tag: str, all_runs: bool) -> tuple[User, ...]:
                 Grant(("get",), read=(k.dp_secret,)),
                 # the run's recorded task, for a Zeno++ replay's validation gradient
                 run_task,
+                # `fedasync export`: the version served as latest, and for a version not kept
+                # the ones that are (services/commands/export_cli.py)
+                Grant(("get",), read=(k.announced,)),
+                Grant(("zrangebyscore",), read=(k.models,)),
                 Grant(("hset", "hdel", "hkeys"), keys=(k.device_keys, k.device_revoked)),
                 # `devices add --run R` checks that R exists (stores/runs.run_exists)
                 *run_known,
