@@ -12,6 +12,7 @@ from fedasync.shared.decision import Outcome
 from fedasync.shared.layout import Layout
 from fedasync.shared.policy import Policy
 from fedasync.shared.tree import (
+    Commit,
     LocalTree,
     Partial,
     Root,
@@ -140,7 +141,7 @@ def test_a_partial_never_spans_two_versions_and_its_tau_is_the_leaf_version_minu
     sent: list[Partial] = []
     commit = tree.root.commit
 
-    def spy(partial: Partial, p: Policy) -> object:
+    def spy(partial: Partial, p: Policy) -> Commit:
         sent.append(partial)
         return commit(partial, p)
 
