@@ -145,7 +145,7 @@ def test_a_partial_never_spans_two_versions_and_its_tau_is_the_leaf_version_minu
         sent.append(partial)
         return commit(partial, p)
 
-    tree.root.commit = spy  # type: ignore[method-assign]
+    tree.root.commit = spy  # type: ignore[method-assign,assignment]
     kept = {0: init.copy()}
     bases: dict[str, int] = {}
     for index, (client, behind, noise) in enumerate(_stream(300, 30, seed=8)):
