@@ -59,13 +59,21 @@ def _models(rng_seed: int = 0) -> np.ndarray:
     return np.random.default_rng(rng_seed).standard_normal(SIZE).astype(np.float32)
 
 
-def test_one_shard_flushing_each_update_decides_bit_for_bit_as_single_fedbuff() -> None:
-    """S = 1, leaf_flush = 1: the same τ, α, norms and outcome for every update, and after each
-    the same version and the same weights, to the bit (momentum and a clipping bound on)."""
-    policy = _policy()
+@pytest.mark.parametrize(
+    ("shards", "bound"),
+    [(1, 1.5), (4, None)],
+    ids=["one-shard-with-the-bound", "four-shards-no-bound"],
+)
+def test_flushing_each_update_decides_bit_for_bit_as_single_fedbuff(
+    shards: int, bound: float | None
+) -> None:
+    """leaf_flush = 1: the same τ, α, norms and outcome for every update, and after each the
+    same version and the same weights, to the bit (momentum on). With one shard also under a
+    clipping bound; with four, without one (the bound's median is per shard)."""
+    policy = _policy(norm_bound=bound)
     init = _models()
     single = AggregationState(init.copy(), Layout.flat(SIZE))
-    tree = LocalTree(init.copy(), Layout.flat(SIZE), TreeShape(shards=1, leaf_flush=1))
+    tree = LocalTree(init.copy(), Layout.flat(SIZE), TreeShape(shards=shards, leaf_flush=1))
     kept: dict[int, np.ndarray] = {0: init.copy()}  # version → weights, to build bases from
     steps = 0
     for index, (client, behind, noise) in enumerate(_stream(400, 7, seed=3)):
