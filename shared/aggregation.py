@@ -39,7 +39,7 @@ from fedasync.shared.dedup import DedupMemory
 from fedasync.shared.half import to_float32
 from fedasync.shared.layout import Layout
 from fedasync.shared.modes import HOLDERS, STRATEGIES
-from fedasync.shared.modes.base import Clip, Settlement, frozen
+from fedasync.shared.modes.base import Clip, Settlement, Strategy, frozen
 from fedasync.shared.modes.holdings import FedBuffBuffer, Memory, Tier
 from fedasync.shared.modes.memory import forget_delta
 from fedasync.shared.params import NORM_MIN_HISTORY, NORM_WINDOW_LIMIT
@@ -220,8 +220,13 @@ class AggregationState:
             reason=DropReason.STALE,
         )  # fmt: skip
 
-    def apply(self, update: Update, policy: Policy) -> Decision:
-        """Decide one update under `policy` and, if accepted, fold it into the model."""
+    def apply(
+        self, update: Update, policy: Policy, *, strategy: Strategy | None = None
+    ) -> Decision:
+        """Decide one update under `policy` and, if accepted, fold it into the model.
+
+        `strategy` replaces the policy mode's own after every shared check: a tree's leaf
+        (shared/tree.py) takes updates in as FedBuff does but never steps."""
         if not _valid_id(update.update_id) or not _valid_id(update.client_id):
             return self.decide(
                 update,
@@ -263,7 +268,8 @@ class AggregationState:
                 return refused
 
         new = to_float32(update.weights)
-        return STRATEGIES[policy.mode].take(self, update, new, tau, policy)
+        taker = STRATEGIES[policy.mode] if strategy is None else strategy
+        return taker.take(self, update, new, tau, policy)
 
     def _private_gate(self, update: Update, policy: Policy, tau: int) -> Decision | None:
         """DP's own refusals, before any value is read: the participation cap, then the

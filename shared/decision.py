@@ -64,7 +64,7 @@ class Decision:
     a reader of the ledger sees the C updates are clipped to now, not only the `dp_clip` it
     started from. `excluded` names the buffered updates a robust rule (policy `robust`,
     shared/robust.py) left out of the server step this decision takes, with the rule's account
-    in `detail`.
+    in `detail`. `partial` names the partial aggregate of a tree's leaf that took the update in.
 
     Fields added since the ledgers began (`QUIET`) are left out of `to_dict()` at their
     default, so that a run not using them records the bytes it always has.
@@ -88,6 +88,9 @@ class Decision:
     epsilon_sampled: float | None = None
     epsilon_conservative: float | None = None
     adaptive_clip: float | None = None
+    #: hierarchical FedBuff (shared/tree.py): the leaf's partial aggregate that took this update
+    #: in (`<shard>-<seq>`); the root's commit of that partial names the server step
+    partial: str | None = None
 
     @property
     def applied(self) -> bool:
@@ -114,4 +117,4 @@ class Decision:
 
 _FIELDS = fields(Decision)
 #: fields left out of `Decision.to_dict()` at their default (None, or nothing excluded)
-QUIET = ("excluded", "epsilon_sampled", "epsilon_conservative", "adaptive_clip")
+QUIET = ("excluded", "epsilon_sampled", "epsilon_conservative", "adaptive_clip", "partial")

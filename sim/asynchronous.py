@@ -28,9 +28,10 @@ from fedasync.shared.privacy.spent import PrivacySpent
 from fedasync.shared.rules import ActionKind, DecisionWindow, Rule, build_rules
 from fedasync.shared.seeds import simulated_dp_secret
 from fedasync.shared.switches import switch_off, switch_on
+from fedasync.shared.tree import LocalTree, TreeShape
 from fedasync.shared.update import Update
 from fedasync.sim.clock import EventQueue
-from fedasync.sim.config import FedAvgConfig, RulesConfig, label
+from fedasync.sim.config import FedAvgConfig, FedBuffConfig, RulesConfig, label
 from fedasync.sim.device import Device, Devices, ParkedStream, RunPlan
 from fedasync.sim.recorder import Recorder
 from fedasync.sim.result import DecisionHook, EndedBy, Progress, RunResult
@@ -130,6 +131,7 @@ class AsyncRun:
         decide_s: float = 0.0,
         *,
         eager: bool = False,
+        tree: TreeShape | None = None,
     ) -> None:
         self.name = name
         #: train every update when it arrives, as before issue 16; off, an update the core
@@ -158,10 +160,18 @@ class AsyncRun:
         self.world = world
         self.progress = progress
         self.on_decision = on_decision
-        self.state = AggregationState(
-            world.init_weights.copy(),
-            world.task.layout,
-            dp_secret=simulated_dp_secret(world.seed) if policy.private else None,
+        #: hierarchical FedBuff: the leaves decide, the root (`state`) steps (shared/tree.py)
+        self.tree = (
+            None if tree is None else LocalTree(world.init_weights.copy(), world.task.layout, tree)
+        )
+        self.state = (
+            AggregationState(
+                world.init_weights.copy(),
+                world.task.layout,
+                dp_secret=simulated_dp_secret(world.seed) if policy.private else None,
+            )
+            if self.tree is None
+            else self.tree.root.state
         )
         self.devices = make_devices(world)
         self.recorder = Recorder(world.num_devices)
@@ -236,7 +246,7 @@ class AsyncRun:
             end_s=end,
             version=self.state.version,
             weights=self.state.weights_view(),
-            counters=dict(self.state.counters),
+            counters=dict(self.state.counters) if self.tree is None else self.tree.counters(),
             trainings=self.trainings,
             policy_changes=tuple(self.policy_changes),
             alerts=tuple(self.alerts),
@@ -382,8 +392,9 @@ class AsyncRun:
         unread = False
         if arrival.trained is not None:
             weights, metrics = arrival.trained
-        elif self.state.drops_unread(arrival.base_version, self.policy):
-            weights, metrics, unread = arrival.base_weights, {}, True
+        elif self._decider(arrival.device).drops_unread(arrival.base_version, self.policy):
+            # a tree's leaf decides it through the tree (its partial's bookkeeping), untrained
+            weights, metrics, unread = arrival.base_weights, {}, self.tree is None
         else:
             weights, metrics = self._train(arrival)
         self.state.zeno_prepare(self.policy, self.world.validation_gradient)  # Zeno++'s v
@@ -405,7 +416,10 @@ class AsyncRun:
             )
         if decision is None:
             assert update is not None
-            decision = self.state.apply(update, self.policy)
+            if self.tree is None:
+                decision = self.state.apply(update, self.policy)
+            else:
+                decision = self.tree.apply(update, self.policy)
         self.recorder.decision(now, arrival.device, decision)
         if self.accountants is not None:
             self.recorder.device_privacy.add(device.client_id, reported(metrics))
@@ -419,6 +433,12 @@ class AsyncRun:
             self.on_decision(update, decision)
         if self.progress is not None:
             self.progress(now, self.recorder.updates_applied)
+
+    def _decider(self, device: int) -> AggregationState:
+        """The state that decides the device's updates: the one aggregator, or its leaf."""
+        if self.tree is None:
+            return self.state
+        return self.tree.leaf_of(self.world.client_ids[device]).state
 
     def _evaluate(self, now: float) -> None:
         result = self.world.task.evaluate(self.state.weights_view(), self.world.test)
@@ -437,6 +457,7 @@ def run_async(
     """Run the configured algorithm at `algorithm_index` with its resolved `policy`."""
     algorithm = world.config.algorithms[algorithm_index]
     assert not isinstance(algorithm, FedAvgConfig)
+    tree = algorithm.tree if isinstance(algorithm, FedBuffConfig) else None
     return AsyncRun(
         label(algorithm),
         policy,
@@ -446,6 +467,7 @@ def run_async(
         algorithm.rules,
         algorithm.decide_s,
         eager=eager,
+        tree=None if tree is None else tree.shape(),
     ).run()
 
 

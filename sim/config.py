@@ -36,6 +36,7 @@ from fedasync.shared.policy import (
     apply_mode_preset,
 )
 from fedasync.shared.policy_schema import policy_model
+from fedasync.shared.tree import TreeShape, tree_problem
 
 
 class ConfigError(ValueError):
@@ -361,6 +362,8 @@ class AsyncAlgorithmConfig(Strict):
             for name in QUIET:
                 if name in out and out[name] == FIELDS[name].default:
                     del out[name]
+            if "tree" in out and out["tree"] is None:  # one aggregator: the bytes it always had
+                del out["tree"]
         return out
 
     @model_validator(mode="after")
@@ -402,9 +405,36 @@ class FedAsyncConfig(_AsyncPolicyConfig):
     name: str | None = Field(None, description=_NAME)
 
 
+class TreeConfig(Strict):
+    """Hierarchical FedBuff (shared/tree.py): the devices split over `shards` leaves by client
+    id, each leaf summing its shard's weighted deltas and handing the root a partial when it
+    holds `leaf_flush` of them or the root's version moves; the root steps at K."""
+
+    shards: int = Field(1, ge=1, description="S: leaves, each taking the updates of its shard")
+    leaf_flush: int = Field(
+        1, ge=1, description="contributions a leaf holds before it hands the root its partial"
+    )
+
+    def shape(self) -> TreeShape:
+        return TreeShape(self.shards, self.leaf_flush)
+
+
 class FedBuffConfig(_AsyncPolicyConfig):
     kind: Literal["fedbuff"]
     name: str | None = Field(None, description=_NAME)
+    tree: TreeConfig | None = Field(
+        None, description="`[algorithms.tree]`: run as a tree of leaves and a root; unset: one"
+    )
+
+    @model_validator(mode="after")
+    def _tree_runs(self) -> FedBuffConfig:
+        if self.tree is not None:
+            problem = tree_problem(self.policy(_AUTO_PLACEHOLDER))
+            if problem is not None:
+                raise ValueError(problem)
+            if self.decide_s > 0:
+                raise ValueError("a tree does not model decide_s yet: each leaf decides at once")
+        return self
 
 
 class FairModeConfig(_AsyncPolicyConfig):

@@ -50,7 +50,18 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str], ...] = (
         'same defaults, ranges and mode presets, and `tau_max = "auto"` for the advisor\'s '
         "recommendation",
     ),
+    (
+        '[[algorithms]] kind = "fedbuff"',
+        cfg.FedBuffConfig,
+        "FedBuff takes the keys above and this one",
+    ),
     ("[algorithms.rules]", cfg.RulesConfig, "the control service's rules on virtual time"),
+    (
+        "[algorithms.tree]",
+        cfg.TreeConfig,
+        "hierarchical FedBuff: leaves over shards of the fleet, a root that steps "
+        "(shared/tree.py, docs/plans/issue-29-tree.md)",
+    ),
     ("[attack]", cfg.AttackConfig, "malicious devices and what they send (sim/attacks.py)"),
     ("[validation]", cfg.ValidationConfig, "the server's held-out set, for Zeno++"),
 )
@@ -134,9 +145,15 @@ def fields(model: type[BaseModel]) -> list[str]:
     return [n for n in model.model_fields if n not in policy and n not in _NOT_KEYS]
 
 
+#: a kind whose section lists only the keys it adds to another's (the shared async section)
+_ADDS: dict[type[BaseModel], type[BaseModel]] = {cfg.FedBuffConfig: cfg.FedAsyncConfig}
+
+
 def table(model: type[BaseModel]) -> str:
     rows = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for name in fields(model):
+    base = _ADDS.get(model)
+    shared = fields(base) if base is not None else []
+    for name in [n for n in fields(model) if n not in shared]:
         field = model.model_fields[name]
         meaning = (field.description or "").replace("|", "\\|")
         rows.append(

@@ -50,6 +50,19 @@ class FedBuff(DeltaStrategy):
         x: np.ndarray,
         optimizer: OptimizerState,
     ) -> tuple[float, np.ndarray, OptimizerState, bool]:
+        alpha = self.contribute(state, taking, taken)
+        policy = taking.policy
+        if state.buffer.count < policy.buffer_size:
+            return alpha, x, optimizer, False
+        x, optimizer = self.step(state, x, optimizer, policy)
+        self.empty(state)
+        state.counters["server_steps"] += 1
+        return alpha, x, optimizer, True
+
+    def contribute(self, state: State, taking: Taking, taken: np.ndarray) -> float:
+        """Add w·s(τ)·Δ (`taken`: Δ, clipped) to the buffer and return α, the update's weight
+        in the step: server_lr·w·s(τ)/K. Steps nothing: `fold` (here) and a tree's leaf
+        (shared/tree.py, which hands its buffer to the root as a partial) share this one sum."""
         update, tau, s, _, policy, _ = taking
         weight = self.weight(state, update, tau, policy)
         buffer = state.buffer
@@ -64,13 +77,7 @@ class FedBuff(DeltaStrategy):
             buffer.kept.append(Kept(str(update.update_id), weight, frozen(contribution)))
         buffer.count += 1
         buffer.weight += weight
-        alpha = policy.server_lr * weight * s / policy.buffer_size
-        if buffer.count < policy.buffer_size:
-            return alpha, x, optimizer, False
-        x, optimizer = self._step(state, x, optimizer, policy)
-        self.empty(state)
-        state.counters["server_steps"] += 1
-        return alpha, x, optimizer, True
+        return policy.server_lr * weight * s / policy.buffer_size
 
     def held(self, state: State, incoming: Strategy, policy: Policy) -> bool:
         buffer = state.buffer
@@ -81,7 +88,7 @@ class FedBuff(DeltaStrategy):
     def settled(
         self, state: State, x: np.ndarray, optimizer: OptimizerState, policy: Policy
     ) -> tuple[np.ndarray, OptimizerState, int]:
-        weights, optimizer = self._step(state, x, optimizer, policy)
+        weights, optimizer = self.step(state, x, optimizer, policy)
         return frozen(weights), optimizer, 1
 
     def empty(self, state: State) -> None:
@@ -92,7 +99,7 @@ class FedBuff(DeltaStrategy):
         buffer.rule = None
         buffer.kept = []
 
-    def _step(
+    def step(
         self, state: State, x: np.ndarray, optimizer: OptimizerState, policy: Policy
     ) -> tuple[np.ndarray, OptimizerState]:
         """The server step on the buffer: its mean, or its robust rule's Δ̄ (which notes on the
