@@ -271,6 +271,21 @@ def _attributes_read(path: Path, owner: str) -> set[str]:
     }
 
 
+def _attributes_of_calls(path: Path, method: str) -> set[str]:
+    """Names X in `self.<method>(...).X` anywhere in the module."""
+    tree = ast.parse(path.read_text())
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr == method
+        and isinstance(node.value.func.value, ast.Name)
+        and node.value.func.value.id == "self"
+    }
+
+
 def _attributes_defined(path: Path, cls: str) -> set[str]:
     """Methods and properties of class `cls`, and the `self.X` it assigns."""
     tree = ast.parse(path.read_text())
@@ -287,9 +302,11 @@ def _attributes_defined(path: Path, cls: str) -> set[str]:
 
 def test_flsim_server_offers_everything_the_simulator_asks_of_its_server() -> None:
     """Without FLSim: the bench's FlsimServer stands in for `AsyncRun.state`, so it must have
-    every attribute the simulator reads there (it lacked `drops_unread` once, unnoticed)."""
-    asked = _attributes_read(ROOT / "sim" / "asynchronous.py", "state")
-    assert {"apply", "drops_unread", "weights_view", "version"} <= asked  # the check reads
+    every attribute the simulator reads there (it lacked `drops_unread` once, unnoticed), as
+    `self.state.X` or through `self._decider(device).X` (the state itself, without a tree)."""
+    module = ROOT / "sim" / "asynchronous.py"
+    asked = _attributes_read(module, "state") | _attributes_of_calls(module, "_decider")
+    assert {"apply", "drops_unread", "decide_unread", "weights_view", "version"} <= asked
     offered = _attributes_defined(ROOT / "bench" / "fedbuff_flsim.py", "FlsimServer")
     assert asked - offered == set()
 
