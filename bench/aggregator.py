@@ -188,6 +188,11 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _ours_cpu(reader: str) -> str:
+    """The CPU column of our side: in process mode the decider's (the reader's is not counted)."""
+    return "ours inline" if reader == "inline" else f"decider {reader} (reader not counted)"
+
+
 def entries_per_read(batch: int, size: int) -> int:
     """`batch` entries per XREADGROUP, fewer if they would exceed ~256 MB of float32."""
     return min(batch, max(1, (256 << 20) // (4 * size)))
@@ -203,8 +208,9 @@ async def ours(
 ) -> tuple[float, float, float, float]:
     """Our updates/s, timed from "all updates in the stream" to "all decided and committed";
     the reader process's start-up (0 in one-process mode), which is not timed; and the CPU per
-    update of that timed stretch: ours (this process, plus the reader process's in process
-    mode) and Redis's (if its pid is given).
+    update of that timed stretch: ours (this process, plus the reader process's if it is still
+    running at the end; a burst run stops its reader first, so in process mode the figure is
+    in practice the deciding process's alone) and Redis's (if its pid is given).
 
     The aggregator is started (fenced, restored) before the stream is filled, in both modes;
     in process mode its reader too, so the reader may read up to a ring's worth of the updates
@@ -347,7 +353,7 @@ async def main_async(
                 #: in each reader mode
                 cpu: dict[str, list[float]] = {"raw": [], "redis-raw": []}
                 for reader in readers:
-                    cpu[f"ours {reader}"], cpu[f"redis {reader}"] = [], []
+                    cpu[_ours_cpu(reader)], cpu[f"redis {reader}"] = [], []
                 try:
                     for _ in range(repeat):  # raw, then each reader mode, alternating
                         await fill(redis, f"raw-{size}", raw)
@@ -364,7 +370,7 @@ async def main_async(
                                 settings, redis, size, mine, store, redis_pid
                             )
                             our_rates[reader].append(rate)
-                            cpu[f"ours {reader}"].append(mine_cpu)
+                            cpu[_ours_cpu(reader)].append(mine_cpu)
                             cpu[f"redis {reader}"].append(redis_cpu)
                             if reader == "process":
                                 spawns.append(spawn)
