@@ -212,29 +212,28 @@ async def ours(
     running at the end; a burst run stops its reader first, so in process mode the figure is
     in practice the deciding process's alone) and Redis's (if its pid is given).
 
-    The aggregator is started (fenced, restored) before the stream is filled, in both modes;
-    in process mode its reader too, so the reader may read up to a ring's worth of the updates
-    while the stream fills (the raw consumer reads none before its clock starts)."""
+    The aggregator is started (fenced, restored) before the stream is filled, in both modes. In
+    process mode the reader is spawned after the fill and the clock starts when it connects to
+    Redis, so it has read nothing before the clock starts (an earlier version spawned it before
+    the fill, and it read up to a ring's worth ahead: up to 62 of 100 updates at 1M)."""
     keys = Keys(settings.redis.key_prefix)
     initial = AggregationState(np.zeros(size, np.float32), Layout.flat(size))
     await run_aggregator(settings, redis=redis, initial=initial, handle_signals=False, burst=True)
     aggregator = Aggregator(settings, redis, keys)
     await aggregator.start(None)
+    await fill(redis, keys.updates, raw, store)
     spawn = 0.0
     feed = aggregator.feed
     if feed is not None:
+        # the reader is spawned once the stream is full, and the clock starts when it connects
+        # to Redis (its first command is its first read): its spawn is left out, and it reads
+        # nothing before the clock starts, as the raw consumer reads nothing before its own
+        before: Any = {client["id"] for client in await redis.client_list()}
         began = time.perf_counter()
         feed.start(size)
-        ring = feed._ring
-        assert ring is not None
-        while ring.mark != ring.head + 1:  # up, and its first read of the stream came back
+        while not {client["id"] for client in await redis.client_list()} - before:
             await asyncio.sleep(0.001)
         spawn = time.perf_counter() - began
-        head = ring.head
-    await fill(redis, keys.updates, raw, store)
-    if feed is not None:  # the reader saw the new entries (its "caught up" is no longer true)
-        while ring.head == head:
-            await asyncio.sleep(0.0005)
     reader_pid = feed.pid if feed is not None else None
     redis_before = process_cpu(redis_pid) if redis_pid is not None else 0.0
     reader_before = process_cpu(reader_pid) if reader_pid is not None else 0.0
