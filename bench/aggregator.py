@@ -23,7 +23,8 @@ services/stores/claim_check.py, fetched and checked ahead of deciding).
 Every run prints the commit, the cores and the load average first and last (bench/machine.py),
 each row's spread (the lowest and highest ratio of its runs) and the load when the row ended, and
 under each row the CPU per update of each side, median of its runs: the raw client's, Redis's
-while the raw client consumed, our process's, and Redis's while we consumed. Rates move with the
+while the raw client consumed, ours (with `--reader process`, the deciding and the reader
+process together), and Redis's while we consumed. Rates move with the
 machine's load and the disk's fsync time; CPU per update moves far less, so a change in it is
 a change in the work done per update (code), not a busier machine.
 
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -189,8 +191,8 @@ def process_cpu(pid: int) -> float:
 
 
 def _ours_cpu(reader: str) -> str:
-    """The CPU column of our side: in process mode the decider's (the reader's is not counted)."""
-    return "ours inline" if reader == "inline" else f"decider {reader} (reader not counted)"
+    """The CPU column of our side: one process, or the decider and the reader together."""
+    return "ours inline" if reader == "inline" else f"ours {reader} (decider + reader)"
 
 
 def entries_per_read(batch: int, size: int) -> int:
@@ -208,9 +210,8 @@ async def ours(
 ) -> tuple[float, float, float, float]:
     """Our updates/s, timed from "all updates in the stream" to "all decided and committed";
     the reader process's start-up (0 in one-process mode), which is not timed; and the CPU per
-    update of that timed stretch: ours (this process, plus the reader process's if it is still
-    running at the end; a burst run stops its reader first, so in process mode the figure is
-    in practice the deciding process's alone) and Redis's (if its pid is given).
+    update of that timed stretch: ours (this process, plus the reader process's in process
+    mode, followed while it runs) and Redis's (if its pid is given).
 
     The aggregator is started (fenced, restored) before the stream is filled, in both modes. In
     process mode the reader is spawned after the fill and the clock starts when it connects to
@@ -236,12 +237,26 @@ async def ours(
         spawn = time.perf_counter() - began
     reader_pid = feed.pid if feed is not None else None
     redis_before = process_cpu(redis_pid) if redis_pid is not None else 0.0
-    reader_before = process_cpu(reader_pid) if reader_pid is not None else 0.0
+    reader_cpu = [process_cpu(reader_pid)] * 2 if reader_pid is not None else [0.0, 0.0]
+
+    async def follow_reader() -> None:
+        """The reader's CPU, read every 5 ms: a burst run stops it before returning, and its
+        /proc entry goes with it, so the last reading is the figure (at most 5 ms short)."""
+        assert reader_pid is not None
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            while True:
+                reader_cpu[1] = process_cpu(reader_pid)
+                await asyncio.sleep(0.005)
+
+    follower = asyncio.ensure_future(follow_reader()) if reader_pid is not None else None
     start, cpu = time.perf_counter(), time.process_time()
     await aggregator.run(asyncio.Event(), burst=True)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    if reader_pid is not None and feed is not None and feed.pid == reader_pid:
-        cpu += process_cpu(reader_pid) - reader_before
+    if follower is not None:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+    cpu += reader_cpu[1] - reader_cpu[0]
     redis_cpu = process_cpu(redis_pid) - redis_before if redis_pid is not None else 0.0
     pending: Any = await redis.xpending(keys.updates, AGGREGATOR_GROUP)
     assert pending["pending"] == 0
