@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
-from machine import machine
+from machine import machine, process_cpu
 
 from fedasync.learning.tasks import get_task
 from fedasync.services.aggregator.service import Aggregator
@@ -179,15 +179,6 @@ async def floor(redis: aioredis.Redis, sizes: list[int], batch: int, repeat: int
             flush=True,
         )
         del raw
-
-
-def process_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) process `pid` has used: /proc/PID/stat's utime and stime.
-
-    CPU per update moves far less with the machine's load than updates per second do, so it
-    tells a change of code (more work per update) from a busier or slower machine (issue 29)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ours_cpu(reader: str) -> str:

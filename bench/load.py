@@ -67,6 +67,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import redis.asyncio as aioredis
+from machine import process_cpu
 
 from fedasync.services.commands.redis_launch.server import RedisServer, free_port
 from fedasync.services.runtime.redis_conn import connect, stream_entries
@@ -538,17 +539,15 @@ class CpuClock:
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self.tick = os.sysconf("SC_CLK_TCK")
         self.marks: list[tuple[float, dict[str, float]]] = []
 
     def _cpu(self, pid: int, name: str) -> float:
         """The process's CPU seconds; the snapshot service's with its workers' (its children)."""
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            own = process_cpu(pid)
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
             return math.nan
-        own = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
         if name != "snapshot":
             return own
         return own + sum(self._cpu(int(child), name) for child in children)

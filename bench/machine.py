@@ -36,3 +36,13 @@ def machine() -> str:
     """One line: commit, cores, and the 1/5/15-minute load averages at this moment."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return f"commit {code_commit()}; nproc {os.cpu_count()}; load average {load}"
+
+
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) process `pid` has used: /proc/PID/stat's utime and stime.
+
+    CPU per unit of work moves far less with the machine's load than rates do, so it tells a
+    change of code (more work done) from a busier or slower machine (issue 29). Raises OSError
+    once the process is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
